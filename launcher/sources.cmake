@@ -1,0 +1,9 @@
+list(APPEND TSR_LAUNCHER_SOURCES
+  launcher/main.c
+  launcher/cmd_generate.c
+  launcher/cmd_logits.c
+  launcher/cmd_inspect.c
+  launcher/cmd_synth.c
+  launcher/cmd_tokenize.c
+  launcher/cmd_template.c
+)
