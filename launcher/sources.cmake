@@ -1,5 +1,6 @@
 list(APPEND TSR_LAUNCHER_SOURCES
   launcher/main.c
+  launcher/cli.c
   launcher/cmd_generate.c
   launcher/cmd_logits.c
   launcher/cmd_inspect.c

@@ -2,3 +2,14 @@
 list(APPEND TSR_CORE_SOURCES
   runtime/status.c
 )
+list(APPEND TSR_CORE_SOURCES
+  runtime/dtype.c
+  runtime/safetensors.c
+  runtime/config.c
+  runtime/rope.c
+  runtime/exl2.c
+  runtime/kv_cache.c
+  runtime/model.c
+  runtime/forward.c
+  runtime/engine.c
+)

@@ -1,0 +1,98 @@
+/* EXL2 matrix multiplication on the CPU, dequantizing tile by tile.
+ *
+ * Work is split over blocks of TILE_N output columns. For each block, every group is walked in chunks of up to
+ * 32 stored rows: the chunk's packed words (b words per 32 rows at b bits, since each column is an independent bit
+ * stream) are loaded for the block's columns, unpacked, offset by 2^(b-1) and multiplied by the fp16-rounded
+ * column scale into a small fp32 tile [32][TILE_N] on the stack. Every input row then accumulates
+ * x[m][perm[row]] · tile into y: the activation is gathered through the permutation, the weights stay in stored
+ * order, and no full-precision copy of the matrix ever exists. Each weight value (code − offset) · scale is exact
+ * in fp32; accumulation is fp32. */
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/threadpool.h"
+#include "runtime/half.h"
+
+#include <string.h>
+
+#define TILE_N 32
+#define CHUNK_ROWS 32
+
+typedef struct {
+    const tsr_qmatrix *q;
+    int N; /* output columns computed */
+    const float *x;
+    int M;
+    float *y;
+} exl2_job;
+
+/* Decodes rows [j0, j0 + rows) of group g for columns [n0, n0 + nb) into tile[rows][TILE_N] (scaled). */
+static void decode_chunk(const tsr_qmatrix *q, const tsr_qgroup *g, int j0, int rows, int n0, int nb,
+                         const float *scale, float tile[CHUNK_ROWS][TILE_N])
+{
+    const int b = g->bits;
+    const uint32_t mask = (1u << b) - 1u;
+    const float off = (float)(1 << (b - 1));
+    const size_t N = (size_t)q->N;
+    /* j0 is a multiple of 32 within the group, so the chunk starts on a word boundary */
+    const size_t w0 = (size_t)g->qrow0 + (size_t)j0 * (size_t)b / 32;
+    const int n_words = (rows * b + 31) / 32;
+    uint32_t words[8][TILE_N];
+    for (int t = 0; t < n_words; t++) {
+        const uint32_t *src = q->q_weight + (w0 + (size_t)t) * N + (size_t)n0;
+        for (int c = 0; c < nb; c++) words[t][c] = src[c];
+        for (int c = nb; c < TILE_N; c++) words[t][c] = 0;
+    }
+    for (int j = 0; j < rows; j++) {
+        const int bit = j * b, t = bit >> 5, sh = bit & 31;
+        float *dst = tile[j];
+        if (sh + b <= 32) {
+            for (int c = 0; c < TILE_N; c++) dst[c] = ((float)((words[t][c] >> sh) & mask) - off) * scale[c];
+        } else {
+            for (int c = 0; c < TILE_N; c++) {
+                uint32_t v = (words[t][c] >> sh) | (words[t + 1][c] << (32 - sh));
+                dst[c] = ((float)(v & mask) - off) * scale[c];
+            }
+        }
+    }
+}
+
+static void exl2_range(void *ctx, int begin, int end)
+{
+    const exl2_job *job = ctx;
+    const tsr_qmatrix *q = job->q;
+    float tile[CHUNK_ROWS][TILE_N];
+    float scale[TILE_N];
+    float acc[TILE_N];
+    for (int blk = begin; blk < end; blk++) {
+        const int n0 = blk * TILE_N;
+        const int nb = job->N - n0 < TILE_N ? job->N - n0 : TILE_N;
+        for (int m = 0; m < job->M; m++) {
+            float *yr = job->y + (size_t)m * job->N + n0;
+            for (int c = 0; c < nb; c++) yr[c] = q->bias ? tsr_half_to_float(q->bias[n0 + c]) : 0.0f;
+        }
+        for (int gi = 0; gi < q->G; gi++) {
+            const tsr_qgroup *g = &q->groups[gi];
+            for (int c = 0; c < TILE_N; c++) scale[c] = c < nb ? tsr_qmatrix_scale(q, gi, n0 + c) : 0.0f;
+            for (int j0 = 0; j0 < g->rows; j0 += CHUNK_ROWS) {
+                const int rows = g->rows - j0 < CHUNK_ROWS ? g->rows - j0 : CHUNK_ROWS;
+                decode_chunk(q, g, j0, rows, n0, nb, scale, tile);
+                const int32_t *perm = q->perm + g->row0 + j0;
+                for (int m = 0; m < job->M; m++) {
+                    const float *xr = job->x + (size_t)m * q->K;
+                    for (int c = 0; c < TILE_N; c++) acc[c] = 0.0f;
+                    for (int j = 0; j < rows; j++) {
+                        const float xv = xr[perm[j]];
+                        for (int c = 0; c < TILE_N; c++) acc[c] += xv * tile[j][c];
+                    }
+                    float *yr = job->y + (size_t)m * job->N + n0;
+                    for (int c = 0; c < nb; c++) yr[c] += acc[c];
+                }
+            }
+        }
+    }
+}
+
+void tsr_cpu_linear_exl2(const tsr_qmatrix *q, int N, const float *x, int M, float *y)
+{
+    exl2_job job = {q, N, x, M, y};
+    tsr_parallel_for((N + TILE_N - 1) / TILE_N, exl2_range, &job);
+}

@@ -1,0 +1,80 @@
+/* Command-line helpers (see cli.h). */
+#include "launcher/cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int tsr_cli_int(const char *cmd, const char *what, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "tessera %s: %s must be an integer in [%ld, %ld], got '%s'\n", cmd, what, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int tsr_cli_float(const char *cmd, const char *what, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi) {
+        fprintf(stderr, "tessera %s: %s must be a number in [%g, %g], got '%s'\n", cmd, what, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int tsr_cli_ids(const char *cmd, const char *s, int32_t **ids, int *n)
+{
+    int cap = 16, count = 0;
+    int32_t *v = malloc((size_t)cap * sizeof *v);
+    const char *p = s;
+    while (v && *p) {
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (errno || end == p || x < 0 || x > INT32_MAX || (*end && *end != ',')) {
+            fprintf(stderr, "tessera %s: --ids must be comma-separated token ids, got '%s'\n", cmd, s);
+            free(v);
+            return -1;
+        }
+        if (count == cap) {
+            int32_t *g = realloc(v, (size_t)(cap *= 2) * sizeof *g);
+            if (!g) break;
+            v = g;
+        }
+        v[count++] = (int32_t)x;
+        p = *end ? end + 1 : end;
+    }
+    if (!v || count == 0) {
+        fprintf(stderr, "tessera %s: --ids is empty\n", cmd);
+        free(v);
+        return -1;
+    }
+    *ids = v;
+    *n = count;
+    return 0;
+}
+
+int tsr_cli_error(const char *cmd, tsr_status st)
+{
+    fprintf(stderr, "tessera %s: %s: %s\n", cmd, tsr_status_str(st), tsr_last_error());
+    return 1;
+}
+
+const char *tsr_cli_value(const char *cmd, int argc, char **argv, int *i)
+{
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "tessera %s: option %s needs a value\n", cmd, argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}

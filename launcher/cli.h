@@ -1,0 +1,20 @@
+/* Small helpers shared by the subcommands: strict number parsing, id lists, error reporting. */
+#ifndef TSR_LAUNCHER_CLI_H
+#define TSR_LAUNCHER_CLI_H
+
+#include "runtime/status.h"
+
+#include <stdint.h>
+
+/* Parses a whole string as an integer in [lo, hi]; returns 0 on success, -1 (with a message on stderr naming
+ * `what`) otherwise. */
+int tsr_cli_int(const char *cmd, const char *what, const char *s, long lo, long hi, long *out);
+int tsr_cli_float(const char *cmd, const char *what, const char *s, double lo, double hi, double *out);
+/* Parses "1,2,3" into a malloc'd array. */
+int tsr_cli_ids(const char *cmd, const char *s, int32_t **ids, int *n);
+/* Prints "tessera <cmd>: <status>: <last error>" to stderr and returns 1. */
+int tsr_cli_error(const char *cmd, tsr_status st);
+/* Value of option argv[*i] (advancing *i), or NULL with a usage message when it is missing. */
+const char *tsr_cli_value(const char *cmd, int argc, char **argv, int *i);
+
+#endif

@@ -1,0 +1,246 @@
+/* config.json / generation_config.json reader (see config.h). */
+#include "runtime/config.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+    const char *path;
+    json_t *root; /* the object holding the model keys (root or root.text_config) */
+} cfg_src;
+
+static json_t *get(const cfg_src *s, const char *key) { return json_object_get(s->root, key); }
+
+static tsr_status get_int(const cfg_src *s, const char *key, int required, int dflt, int *out)
+{
+    json_t *v = get(s, key);
+    if (!v || json_is_null(v)) {
+        if (required) return tsr_fail(TSR_ERR_MISSING, "%s: required key '%s' is missing", s->path, key);
+        *out = dflt;
+        return TSR_OK;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > (1 << 30))
+        return tsr_fail(TSR_ERR_FORMAT, "%s: '%s' must be a non-negative integer", s->path, key);
+    *out = (int)json_integer_value(v);
+    return TSR_OK;
+}
+
+static tsr_status get_num(const cfg_src *s, json_t *obj, const char *key, int required, double dflt, float *out)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        if (required) return tsr_fail(TSR_ERR_MISSING, "%s: required key '%s' is missing", s->path, key);
+        *out = (float)dflt;
+        return TSR_OK;
+    }
+    if (!json_is_number(v) || !isfinite(json_number_value(v)))
+        return tsr_fail(TSR_ERR_FORMAT, "%s: '%s' must be a number", s->path, key);
+    *out = (float)json_number_value(v);
+    return TSR_OK;
+}
+
+static tsr_status read_eos(const char *path, json_t *v, tsr_model_config *cfg)
+{
+    if (!v || json_is_null(v)) return TSR_OK;
+    int n = 0;
+    if (json_is_integer(v)) {
+        cfg->eos_ids[n++] = (int)json_integer_value(v);
+    } else if (json_is_array(v)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e) {
+            if (!json_is_integer(e)) return tsr_fail(TSR_ERR_FORMAT, "%s: eos_token_id entries must be integers", path);
+            if (n < TSR_MAX_EOS) cfg->eos_ids[n++] = (int)json_integer_value(e);
+        }
+    } else {
+        return tsr_fail(TSR_ERR_FORMAT, "%s: eos_token_id must be an integer or a list", path);
+    }
+    cfg->n_eos = n;
+    return TSR_OK;
+}
+
+static tsr_status read_rope(const cfg_src *s, tsr_model_config *cfg)
+{
+    tsr_rope_config *r = &cfg->rope;
+    json_t *rs = get(s, "rope_scaling");
+    json_t *rp = get(s, "rope_parameters"); /* transformers >= 5 spelling, also carries rope_theta */
+    TSR_TRY(get_num(s, s->root, "rope_theta", 0, 10000.0, &r->theta));
+    if (!get(s, "rope_theta") && json_is_object(rp)) TSR_TRY(get_num(s, rp, "rope_theta", 0, 10000.0, &r->theta));
+    float partial = 1.0f;
+    TSR_TRY(get_num(s, s->root, "partial_rotary_factor", 0, 1.0, &partial));
+    r->dim = (int)(cfg->head_dim * partial);
+    if (r->dim <= 0 || r->dim > cfg->head_dim || r->dim % 2)
+        return tsr_fail(TSR_ERR_FORMAT, "%s: partial_rotary_factor gives %d rotary dims", s->path, r->dim);
+    r->max_pos = 2048;
+    TSR_TRY(get_int(s, "max_position_embeddings", 0, 2048, &r->max_pos));
+    r->type = TSR_ROPE_DEFAULT;
+    r->factor = 1.0f;
+    if (!json_is_object(rs)) rs = json_is_object(rp) ? rp : NULL;
+    if (!rs) return TSR_OK;
+
+    json_t *t = json_object_get(rs, "rope_type");
+    if (!json_is_string(t)) t = json_object_get(rs, "type");
+    if (!json_is_string(t)) return tsr_fail(TSR_ERR_FORMAT, "%s: rope_scaling has no 'rope_type'/'type'", s->path);
+    const char *name = json_string_value(t);
+    if (!strcmp(name, "default")) return TSR_OK;
+    TSR_TRY(get_num(s, rs, "factor", 1, 1.0, &r->factor));
+    if (!(r->factor >= 1.0f) && strcmp(name, "linear") != 0)
+        return tsr_fail(TSR_ERR_FORMAT, "%s: rope_scaling.factor must be >= 1 (is %g)", s->path, r->factor);
+    if (r->factor <= 0) return tsr_fail(TSR_ERR_FORMAT, "%s: rope_scaling.factor must be positive", s->path);
+    float omp = (float)r->max_pos;
+    TSR_TRY(get_num(s, rs, "original_max_position_embeddings", 0, r->max_pos, &omp));
+    r->original_max_pos = (int)omp;
+    if (!strcmp(name, "linear")) {
+        r->type = TSR_ROPE_LINEAR;
+    } else if (!strcmp(name, "dynamic")) {
+        r->type = TSR_ROPE_DYNAMIC;
+        r->original_max_pos = r->max_pos; /* HF's dynamic NTK compares against max_position_embeddings */
+    } else if (!strcmp(name, "llama3")) {
+        r->type = TSR_ROPE_LLAMA3;
+        TSR_TRY(get_num(s, rs, "low_freq_factor", 1, 1.0, &r->low_freq_factor));
+        TSR_TRY(get_num(s, rs, "high_freq_factor", 1, 4.0, &r->high_freq_factor));
+        if (!json_object_get(rs, "original_max_position_embeddings"))
+            return tsr_fail(TSR_ERR_MISSING, "%s: llama3 rope_scaling needs original_max_position_embeddings", s->path);
+        if (!(r->high_freq_factor > r->low_freq_factor))
+            return tsr_fail(TSR_ERR_FORMAT, "%s: llama3 rope_scaling needs high_freq_factor > low_freq_factor", s->path);
+    } else if (!strcmp(name, "yarn")) {
+        r->type = TSR_ROPE_YARN;
+        TSR_TRY(get_num(s, rs, "beta_fast", 0, 32.0, &r->beta_fast));
+        TSR_TRY(get_num(s, rs, "beta_slow", 0, 1.0, &r->beta_slow));
+        TSR_TRY(get_num(s, rs, "attention_factor", 0, -1.0, &r->attention_factor));
+        TSR_TRY(get_num(s, rs, "mscale", 0, 0.0, &r->mscale));
+        TSR_TRY(get_num(s, rs, "mscale_all_dim", 0, 0.0, &r->mscale_all_dim));
+        json_t *tr = json_object_get(rs, "truncate");
+        r->truncate = tr ? json_is_true(tr) : 1;
+        /* HF: when original_max_position_embeddings is given in rope_scaling, the factor used for the
+           attention scaling is max_position_embeddings / original_max_position_embeddings */
+        if (json_object_get(rs, "original_max_position_embeddings") && r->original_max_pos > 0)
+            r->factor = (float)r->max_pos / (float)r->original_max_pos;
+    } else {
+        return tsr_fail(TSR_ERR_UNSUPPORTED, "%s: rope_scaling type '%s' is not supported (linear, dynamic, llama3, yarn are)",
+                        s->path, name);
+    }
+    return TSR_OK;
+}
+
+static tsr_status read_generation_config(const char *dir, tsr_model_config *cfg)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return TSR_OK; /* optional */
+    fclose(f);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (!root) return tsr_fail(TSR_ERR_FORMAT, "%s: invalid JSON at line %d: %s", path, jerr.line, jerr.text);
+    tsr_status st = TSR_OK;
+    if (!json_is_object(root)) {
+        st = tsr_fail(TSR_ERR_FORMAT, "%s: not a JSON object", path);
+    } else {
+        cfg_src s = {path, root};
+        json_t *eos = json_object_get(root, "eos_token_id");
+        if (eos && !json_is_null(eos)) st = read_eos(path, eos, cfg);
+        json_t *bos = json_object_get(root, "bos_token_id");
+        if (st == TSR_OK && json_is_integer(bos)) cfg->bos_id = (int)json_integer_value(bos);
+        if (st == TSR_OK) st = get_num(&s, root, "temperature", 0, 1.0, &cfg->gen_temperature);
+        if (st == TSR_OK) st = get_num(&s, root, "top_p", 0, 1.0, &cfg->gen_top_p);
+        if (st == TSR_OK) st = get_int(&s, "top_k", 0, 50, &cfg->gen_top_k);
+        cfg->gen_do_sample = json_is_true(json_object_get(root, "do_sample"));
+    }
+    json_decref(root);
+    return st;
+}
+
+static tsr_status parse_config(const char *path, json_t *top, tsr_model_config *cfg)
+{
+    if (!json_is_object(top)) return tsr_fail(TSR_ERR_FORMAT, "%s: not a JSON object", path);
+    cfg_src s = {path, top};
+    json_t *text_cfg = json_object_get(top, "text_config");
+    json_t *archs = json_object_get(top, "architectures");
+    if (json_is_object(text_cfg)) s.root = text_cfg;
+    if (!json_is_array(archs) || json_array_size(archs) < 1 || !json_is_string(json_array_get(archs, 0)))
+        return tsr_fail(TSR_ERR_MISSING, "%s: 'architectures' must list the model class", path);
+    const char *arch = json_string_value(json_array_get(archs, 0));
+    snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", arch);
+    if (!strcmp(arch, "LlamaForCausalLM"))
+        cfg->arch = TSR_ARCH_LLAMA;
+    else if (!strcmp(arch, "MistralForCausalLM"))
+        cfg->arch = TSR_ARCH_MISTRAL;
+    else if (!strcmp(arch, "Qwen2ForCausalLM"))
+        cfg->arch = TSR_ARCH_QWEN2;
+    else
+        return tsr_fail(TSR_ERR_UNSUPPORTED,
+                        "%s: architecture '%s' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM are)",
+                        path, arch);
+
+    TSR_TRY(get_int(&s, "hidden_size", 1, 0, &cfg->hidden));
+    TSR_TRY(get_int(&s, "num_hidden_layers", 1, 0, &cfg->n_layers));
+    TSR_TRY(get_int(&s, "num_attention_heads", 1, 0, &cfg->n_heads));
+    TSR_TRY(get_int(&s, "num_key_value_heads", 0, cfg->n_heads, &cfg->n_kv_heads));
+    TSR_TRY(get_int(&s, "intermediate_size", 1, 0, &cfg->intermediate));
+    TSR_TRY(get_int(&s, "vocab_size", 1, 0, &cfg->vocab_size));
+    if (cfg->hidden <= 0 || cfg->n_layers <= 0 || cfg->n_heads <= 0 || cfg->intermediate <= 0 || cfg->vocab_size <= 0)
+        return tsr_fail(TSR_ERR_FORMAT, "%s: model dimensions must be positive", path);
+    TSR_TRY(get_int(&s, "head_dim", 0, cfg->hidden / cfg->n_heads, &cfg->head_dim));
+    if (cfg->head_dim <= 0 || cfg->head_dim % 2)
+        return tsr_fail(TSR_ERR_FORMAT, "%s: head_dim %d must be positive and even", path, cfg->head_dim);
+    if (cfg->n_kv_heads <= 0 || cfg->n_heads % cfg->n_kv_heads)
+        return tsr_fail(TSR_ERR_FORMAT, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path,
+                        cfg->n_heads, cfg->n_kv_heads);
+    TSR_TRY(get_num(&s, s.root, "rms_norm_eps", 1, 1e-6, &cfg->norm_eps));
+    TSR_TRY(read_rope(&s, cfg));
+    cfg->tie_word_embeddings = json_is_true(get(&s, "tie_word_embeddings")) ||
+                               (!get(&s, "tie_word_embeddings") && json_is_true(json_object_get(top, "tie_word_embeddings")));
+    cfg->attention_bias = cfg->arch == TSR_ARCH_QWEN2 || json_is_true(get(&s, "attention_bias"));
+    if (json_is_true(get(&s, "mlp_bias")))
+        return tsr_fail(TSR_ERR_UNSUPPORTED, "%s: mlp_bias is not supported", path);
+
+    int window = 0;
+    json_t *sw = get(&s, "sliding_window");
+    if (json_is_integer(sw) && json_integer_value(sw) > 0) window = (int)json_integer_value(sw);
+    if (cfg->arch == TSR_ARCH_QWEN2) {
+        if (!json_is_true(get(&s, "use_sliding_window"))) window = 0;
+        TSR_TRY(get_int(&s, "max_window_layers", 0, cfg->n_layers, &cfg->max_window_layers));
+    } else {
+        cfg->max_window_layers = 0;
+    }
+    if (cfg->arch == TSR_ARCH_LLAMA) window = 0;
+    cfg->sliding_window = window;
+
+    cfg->bos_id = -1;
+    json_t *bos = get(&s, "bos_token_id");
+    if (json_is_integer(bos)) cfg->bos_id = (int)json_integer_value(bos);
+    TSR_TRY(read_eos(path, get(&s, "eos_token_id"), cfg));
+    return TSR_OK;
+}
+
+tsr_status tsr_config_load(const char *dir, tsr_model_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (!root) {
+        FILE *f = fopen(path, "rb");
+        if (!f) return tsr_fail(TSR_ERR_IO, "%s: cannot open (is '%s' a model directory?)", path, dir);
+        fclose(f);
+        return tsr_fail(TSR_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", path, jerr.line, jerr.column, jerr.text);
+    }
+    tsr_status st = parse_config(path, root, cfg);
+    json_decref(root);
+    if (st != TSR_OK) return st;
+    cfg->gen_temperature = 1.0f;
+    cfg->gen_top_p = 1.0f;
+    cfg->gen_top_k = 50;
+    return read_generation_config(dir, cfg);
+}
+
+int tsr_config_layer_window(const tsr_model_config *cfg, int layer)
+{
+    if (cfg->sliding_window <= 0) return 0;
+    if (cfg->arch == TSR_ARCH_QWEN2 && layer < cfg->max_window_layers) return 0;
+    return cfg->sliding_window;
+}

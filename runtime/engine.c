@@ -1,0 +1,125 @@
+/* Single-process engine (see engine.h). */
+#include "runtime/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+tsr_status tsr_engine_open(const char *model_dir, const tsr_engine_opts *opts, tsr_engine **out)
+{
+    tsr_engine_opts o = opts ? *opts : (tsr_engine_opts){0};
+    if (o.max_tokens <= 0) o.max_tokens = 512;
+    if (o.page_size <= 0) o.page_size = 16;
+    if (!o.ops) o.ops = tsr_ops_cpu();
+    if (o.kv_dtype == TSR_DTYPE_INVALID) o.kv_dtype = TSR_F16;
+    tsr_engine *e = calloc(1, sizeof *e);
+    if (!e) return tsr_fail(TSR_ERR_NOMEM, "out of memory");
+    e->ops = o.ops;
+    e->max_tokens = o.max_tokens;
+    tsr_status st = tsr_model_load(model_dir, &e->model);
+    if (st == TSR_OK) {
+        const tsr_model_config *c = &e->model->cfg;
+        long tokens = o.kv_tokens > 0 ? o.kv_tokens : c->rope.max_pos;
+        long pages = (tokens + o.page_size - 1) / o.page_size;
+        if (pages < 4) pages = 4;
+        if (pages > (1L << 30)) pages = 1L << 30;
+        st = tsr_kv_init(&e->kv, c->n_layers, c->n_kv_heads, c->head_dim, o.page_size, (int)pages, o.kv_dtype);
+    }
+    if (st == TSR_OK) st = tsr_forward_ctx_new(e->model, e->ops, &e->kv, o.max_tokens, &e->fwd);
+    if (st != TSR_OK) {
+        tsr_engine_close(e);
+        return st;
+    }
+    *out = e;
+    return TSR_OK;
+}
+
+void tsr_engine_close(tsr_engine *e)
+{
+    if (!e) return;
+    tsr_forward_ctx_free(e->fwd);
+    tsr_kv_free(&e->kv);
+    tsr_model_free(e->model);
+    free(e);
+}
+
+void tsr_engine_seq_release(tsr_engine *e, tsr_seq *seq)
+{
+    for (int i = 0; i < seq->n_pages; i++) tsr_kv_release_page(&e->kv, seq->pages[i]);
+    free(seq->pages);
+    memset(seq, 0, sizeof *seq);
+}
+
+/* Makes seq's page table cover `len` tokens. */
+static tsr_status reserve(tsr_engine *e, tsr_seq *seq, int len)
+{
+    int need = (len + e->kv.page_size - 1) / e->kv.page_size;
+    if (need > seq->cap_pages) {
+        int cap = seq->cap_pages ? seq->cap_pages * 2 : 8;
+        while (cap < need) cap *= 2;
+        int32_t *grown = realloc(seq->pages, (size_t)cap * sizeof *grown);
+        if (!grown) return tsr_fail(TSR_ERR_NOMEM, "out of memory");
+        seq->pages = grown;
+        seq->cap_pages = cap;
+    }
+    while (seq->n_pages < need) {
+        int32_t p = tsr_kv_alloc_page(&e->kv);
+        if (p < 0)
+            return tsr_fail(TSR_ERR_NOMEM, "KV cache full: %d pages of %d tokens are in use (raise the KV pool size)",
+                            e->kv.n_pages, e->kv.page_size);
+        seq->pages[seq->n_pages++] = p;
+    }
+    return TSR_OK;
+}
+
+tsr_status tsr_engine_feed(tsr_engine *e, tsr_feed *feeds, int n)
+{
+    const int vocab = e->model->cfg.vocab_size;
+    int *done = calloc((size_t)n, sizeof *done);
+    tsr_seq_input *batch = malloc((size_t)n * sizeof *batch);
+    int *owner = malloc((size_t)n * sizeof *owner);
+    float *logits = NULL;
+    tsr_status st = TSR_OK;
+    if (!done || !batch || !owner) st = tsr_fail(TSR_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == TSR_OK && i < n; i++)
+        if (feeds[i].n_tokens < 0 || (feeds[i].logits != TSR_LOGITS_NONE && !feeds[i].out))
+            st = tsr_fail(TSR_ERR_ARG, "engine: feed %d is invalid", i);
+    if (st == TSR_OK) {
+        logits = malloc((size_t)e->max_tokens * (size_t)vocab * sizeof(float));
+        if (!logits) st = tsr_fail(TSR_ERR_NOMEM, "out of memory for logits");
+    }
+    for (;;) {
+        if (st != TSR_OK) break;
+        int nb = 0, budget = e->max_tokens;
+        for (int i = 0; i < n && budget > 0; i++) {
+            tsr_feed *f = &feeds[i];
+            int left = f->n_tokens - done[i];
+            if (left <= 0) continue;
+            int take = left < budget ? left : budget;
+            if ((st = reserve(e, f->seq, f->seq->len + take)) != TSR_OK) break;
+            int last_chunk = done[i] + take == f->n_tokens;
+            tsr_logits_mode mode = f->logits == TSR_LOGITS_ALL ? TSR_LOGITS_ALL
+                                   : f->logits == TSR_LOGITS_LAST && last_chunk ? TSR_LOGITS_LAST
+                                                                                : TSR_LOGITS_NONE;
+            batch[nb] = (tsr_seq_input){f->tokens + done[i], take, f->seq->len, f->seq->pages, f->seq->n_pages, mode};
+            owner[nb++] = i;
+            budget -= take;
+        }
+        if (st != TSR_OK || nb == 0) break;
+        if ((st = tsr_forward(e->fwd, batch, nb, logits)) != TSR_OK) break;
+        int row = 0;
+        for (int b = 0; b < nb; b++) {
+            tsr_feed *f = &feeds[owner[b]];
+            int rows = batch[b].logits == TSR_LOGITS_ALL ? batch[b].n_tokens : batch[b].logits == TSR_LOGITS_LAST;
+            float *dst = f->logits == TSR_LOGITS_ALL ? f->out + (size_t)done[owner[b]] * vocab : f->out;
+            if (rows) memcpy(dst, logits + (size_t)row * vocab, (size_t)rows * vocab * sizeof(float));
+            row += rows;
+            done[owner[b]] += batch[b].n_tokens;
+            f->seq->len += batch[b].n_tokens;
+        }
+    }
+    free(logits);
+    free(done);
+    free(batch);
+    free(owner);
+    return st;
+}

@@ -1,0 +1,53 @@
+/* A single-process engine: one model, one backend, one paged KV pool, and sequences that own pages.
+ *
+ * This is what the commands (generate, logits, bench) and, later, each worker rank drive. tsr_engine_feed()
+ * appends tokens to several sequences at once: it packs them into forward calls of at most max_tokens tokens
+ * (prefill chunks of different sequences share a call), reserving KV pages as the sequences grow, and hands back
+ * the logits each sequence asked for. */
+#ifndef TSR_ENGINE_H
+#define TSR_ENGINE_H
+
+#include "runtime/forward.h"
+
+typedef struct tsr_engine_opts {
+    int max_tokens;       /* tokens per forward call (default 512) */
+    int page_size;        /* tokens per KV page (default 16) */
+    long kv_tokens;       /* KV pool size in tokens (default: max_position_embeddings, at least 4 pages) */
+    tsr_dtype kv_dtype;   /* TSR_F16 (default) or TSR_F32 */
+    const tsr_ops *ops;   /* default: the CPU backend */
+} tsr_engine_opts;
+
+typedef struct tsr_engine {
+    tsr_model *model;
+    const tsr_ops *ops;
+    tsr_kv_cache kv;
+    tsr_forward_ctx *fwd;
+    int max_tokens;
+} tsr_engine;
+
+typedef struct tsr_seq {
+    int32_t *pages;
+    int n_pages, cap_pages;
+    int len;              /* tokens already in the cache */
+} tsr_seq;
+
+/* One sequence's part of a tsr_engine_feed() call. */
+typedef struct tsr_feed {
+    tsr_seq *seq;
+    const int32_t *tokens;
+    int n_tokens;
+    tsr_logits_mode logits;
+    float *out;           /* [n_tokens or 1][vocab] as asked; NULL with TSR_LOGITS_NONE */
+} tsr_feed;
+
+tsr_status tsr_engine_open(const char *model_dir, const tsr_engine_opts *opts, tsr_engine **out);
+void tsr_engine_close(tsr_engine *e);
+
+/* Processes every feed's tokens. On failure (e.g. the KV pool is full) the sequences keep what was cached before
+ * the failing forward call. */
+tsr_status tsr_engine_feed(tsr_engine *e, tsr_feed *feeds, int n);
+
+/* Frees a sequence's pages and resets it to empty. */
+void tsr_engine_seq_release(tsr_engine *e, tsr_seq *seq);
+
+#endif
