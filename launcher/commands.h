@@ -8,6 +8,7 @@ int tsr_cmd_generate(int argc, char **argv);
 int tsr_cmd_logits(int argc, char **argv);
 int tsr_cmd_inspect(int argc, char **argv);
 int tsr_cmd_synth(int argc, char **argv);
+int tsr_cmd_bench(int argc, char **argv);
 int tsr_cmd_tokenize(int argc, char **argv);
 int tsr_cmd_template(int argc, char **argv);
 

@@ -15,6 +15,7 @@ static const command commands[] = {
     {"logits", tsr_cmd_logits, "write the logits of prompts to a safetensors file"},
     {"inspect", tsr_cmd_inspect, "describe a model: dimensions, bits per weight, memory needs"},
     {"synth", tsr_cmd_synth, "write a random EXL2 model of any shape (for benchmarks)"},
+    {"bench", tsr_cmd_bench, "measure prefill and decode speed and memory"},
     {"tokenize", tsr_cmd_tokenize, "encode and decode strings with a tokenizer.json"},
     {"template", tsr_cmd_template, "render a chat template for a conversation"},
 };

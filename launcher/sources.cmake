@@ -5,6 +5,7 @@ list(APPEND TSR_LAUNCHER_SOURCES
   launcher/cmd_logits.c
   launcher/cmd_inspect.c
   launcher/cmd_synth.c
+  launcher/cmd_bench.c
   launcher/cmd_tokenize.c
   launcher/cmd_template.c
 )
