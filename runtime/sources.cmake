@@ -12,4 +12,5 @@ list(APPEND TSR_CORE_SOURCES
   runtime/model.c
   runtime/forward.c
   runtime/engine.c
+  runtime/sampler.c
 )
