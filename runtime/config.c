@@ -125,16 +125,8 @@ static tsr_status read_rope(const cfg_src *s, tsr_model_config *cfg)
     return TSR_OK;
 }
 
-static tsr_status read_generation_config(const char *dir, tsr_model_config *cfg)
+static tsr_status parse_generation_config(const char *path, json_t *root, tsr_model_config *cfg)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) return TSR_OK; /* optional */
-    fclose(f);
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
-    if (!root) return tsr_fail(TSR_ERR_FORMAT, "%s: invalid JSON at line %d: %s", path, jerr.line, jerr.text);
     tsr_status st = TSR_OK;
     if (!json_is_object(root)) {
         st = tsr_fail(TSR_ERR_FORMAT, "%s: not a JSON object", path);
@@ -149,7 +141,6 @@ static tsr_status read_generation_config(const char *dir, tsr_model_config *cfg)
         if (st == TSR_OK) st = get_int(&s, "top_k", 0, 50, &cfg->gen_top_k);
         cfg->gen_do_sample = json_is_true(json_object_get(root, "do_sample"));
     }
-    json_decref(root);
     return st;
 }
 
@@ -216,26 +207,86 @@ static tsr_status parse_config(const char *path, json_t *top, tsr_model_config *
     return TSR_OK;
 }
 
-tsr_status tsr_config_load(const char *dir, tsr_model_config *cfg)
+tsr_status tsr_config_parse(const char *config_json, size_t len, const char *generation_json, size_t gen_len,
+                            const char *label, tsr_model_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
     json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
-    if (!root) {
-        FILE *f = fopen(path, "rb");
-        if (!f) return tsr_fail(TSR_ERR_IO, "%s: cannot open (is '%s' a model directory?)", path, dir);
-        fclose(f);
-        return tsr_fail(TSR_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", path, jerr.line, jerr.column, jerr.text);
-    }
+    json_t *root = json_loadb(config_json, len, 0, &jerr);
+    if (!root)
+        return tsr_fail(TSR_ERR_FORMAT, "%s/config.json: invalid JSON at line %d column %d: %s", label, jerr.line,
+                        jerr.column, jerr.text);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", label);
     tsr_status st = parse_config(path, root, cfg);
     json_decref(root);
     if (st != TSR_OK) return st;
     cfg->gen_temperature = 1.0f;
     cfg->gen_top_p = 1.0f;
     cfg->gen_top_k = 50;
-    return read_generation_config(dir, cfg);
+    if (!generation_json) return TSR_OK;
+    snprintf(path, sizeof path, "%s/generation_config.json", label);
+    root = json_loadb(generation_json, gen_len, 0, &jerr);
+    if (!root) return tsr_fail(TSR_ERR_FORMAT, "%s: invalid JSON at line %d: %s", path, jerr.line, jerr.text);
+    st = parse_generation_config(path, root, cfg);
+    json_decref(root);
+    return st;
+}
+
+/* Reads a whole file; returns NULL (with *missing set when it does not exist) on failure. */
+static char *read_file(const char *path, size_t *len, int *missing)
+{
+    FILE *f = fopen(path, "rb");
+    *missing = !f;
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    for (;;) {
+        if (n == cap) {
+            char *g = cap > (64u << 20) ? NULL : realloc(buf, cap = cap ? cap * 2 : 4096);
+            if (!g) {
+                free(buf);
+                fclose(f);
+                return NULL;
+            }
+            buf = g;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err) {
+        free(buf);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+tsr_status tsr_config_load(const char *dir, tsr_model_config *cfg)
+{
+    char path[4096];
+    size_t len = 0, gen_len = 0;
+    int missing;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *text = read_file(path, &len, &missing);
+    if (!text) {
+        memset(cfg, 0, sizeof *cfg);
+        if (missing) return tsr_fail(TSR_ERR_IO, "%s: cannot open (is '%s' a model directory?)", path, dir);
+        return tsr_fail(TSR_ERR_IO, "%s: cannot read (or larger than 128 MiB)", path);
+    }
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    char *gen = read_file(path, &gen_len, &missing);
+    tsr_status st;
+    if (!gen && !missing)
+        st = tsr_fail(TSR_ERR_IO, "%s: cannot read", path);
+    else
+        st = tsr_config_parse(text, len, gen, gen_len, dir, cfg);
+    free(text);
+    free(gen);
+    return st;
 }
 
 int tsr_config_layer_window(const tsr_model_config *cfg, int layer)

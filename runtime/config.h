@@ -8,6 +8,7 @@
 
 #include "runtime/status.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum tsr_arch { TSR_ARCH_LLAMA, TSR_ARCH_MISTRAL, TSR_ARCH_QWEN2 } tsr_arch;
@@ -61,6 +62,10 @@ typedef struct tsr_model_config {
     int gen_top_k;
     int gen_do_sample;
 } tsr_model_config;
+
+/* Parses config.json text (and generation_config.json text, or NULL); `label` (the directory) prefixes errors. */
+tsr_status tsr_config_parse(const char *config_json, size_t len, const char *generation_json, size_t gen_len,
+                            const char *label, tsr_model_config *cfg);
 
 /* Reads DIR/config.json and (optional) DIR/generation_config.json. */
 tsr_status tsr_config_load(const char *dir, tsr_model_config *cfg);

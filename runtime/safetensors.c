@@ -21,6 +21,7 @@ typedef struct {
     char *path;
     void *map;
     size_t size;
+    int borrowed; /* map is the caller's buffer (tsr_st_parse_buffer), not an mmap */
 } st_file;
 
 struct tsr_st_set {
@@ -47,7 +48,7 @@ void tsr_st_set_free(tsr_st_set *set)
     if (!set) return;
     for (size_t i = 0; i < set->n_tensors; i++) free((char *)set->tensors[i].name);
     for (size_t i = 0; i < set->n_files; i++) {
-        if (set->files[i].map && set->files[i].size) munmap(set->files[i].map, set->files[i].size);
+        if (set->files[i].map && set->files[i].size && !set->files[i].borrowed) munmap(set->files[i].map, set->files[i].size);
         free(set->files[i].path);
     }
     free(set->files);
@@ -143,6 +144,11 @@ static tsr_status parse_header(tsr_st_set *set, const st_file *f)
             break;
         }
         t.data = data + b;
+        if ((uintptr_t)t.data % tsr_dtype_size(t.dtype)) {
+            st = tsr_fail(TSR_ERR_UNSUPPORTED, "%s: tensor '%s' is not aligned to its %zu-byte elements (offset %lld after a %llu-byte header); rewrite the file with a padded header",
+                          f->path, name, tsr_dtype_size(t.dtype), (long long)b, (unsigned long long)hlen);
+            break;
+        }
         t.nbytes = (size_t)(e - b);
         t.name = strdup(name);
         if (!t.name) {
@@ -216,6 +222,28 @@ static tsr_status open_paths(char **paths, size_t n, tsr_st_set **out)
         set->n_files++;
         if (st == TSR_OK) st = parse_header(set, &set->files[set->n_files - 1]);
     }
+    if (st == TSR_OK) st = finish_set(set);
+    if (st != TSR_OK) {
+        tsr_st_set_free(set);
+        return st;
+    }
+    *out = set;
+    return TSR_OK;
+}
+
+tsr_status tsr_st_parse_buffer(const void *data, size_t size, const char *name, tsr_st_set **out)
+{
+    tsr_st_set *set = calloc(1, sizeof *set);
+    if (!set || !(set->files = calloc(1, sizeof *set->files)) || !(set->files[0].path = strdup(name))) {
+        if (set) free(set->files);
+        free(set);
+        return tsr_fail(TSR_ERR_NOMEM, "out of memory");
+    }
+    set->n_files = 1;
+    set->files[0].map = (void *)data;
+    set->files[0].size = size;
+    set->files[0].borrowed = 1;
+    tsr_status st = parse_header(set, &set->files[0]);
     if (st == TSR_OK) st = finish_set(set);
     if (st != TSR_OK) {
         tsr_st_set_free(set);

@@ -32,6 +32,8 @@ typedef struct tsr_st_set tsr_st_set;
 
 /* Maps one file. */
 tsr_status tsr_st_open_file(const char *path, tsr_st_set **out);
+/* Parses a safetensors image held in memory (borrowed: it must outlive the set); `name` labels errors. */
+tsr_status tsr_st_parse_buffer(const void *data, size_t size, const char *name, tsr_st_set **out);
 /* Maps the safetensors files of a model directory: the files named by model.safetensors.index.json when it
  * exists and every file it names is present, otherwise every *.safetensors file (EXL2 directories have no index,
  * and a copied index may be stale). Fails when there is none. */
