@@ -77,7 +77,9 @@ static tsr_status read_rope(const cfg_src *s, tsr_model_config *cfg)
     TSR_TRY(get_int(s, "max_position_embeddings", 0, 2048, &r->max_pos));
     r->type = TSR_ROPE_DEFAULT;
     r->factor = 1.0f;
-    if (!json_is_object(rs)) rs = json_is_object(rp) ? rp : NULL;
+    /* transformers 5 writes rope_parameters (canonical) and may keep the older rope_scaling beside it */
+    if (json_is_object(rp)) rs = rp;
+    if (!json_is_object(rs)) rs = NULL;
     if (!rs) return TSR_OK;
 
     json_t *t = json_object_get(rs, "rope_type");
@@ -85,13 +87,21 @@ static tsr_status read_rope(const cfg_src *s, tsr_model_config *cfg)
     if (!json_is_string(t)) return tsr_fail(TSR_ERR_FORMAT, "%s: rope_scaling has no 'rope_type'/'type'", s->path);
     const char *name = json_string_value(t);
     if (!strcmp(name, "default")) return TSR_OK;
-    TSR_TRY(get_num(s, rs, "factor", 1, 1.0, &r->factor));
-    if (!(r->factor >= 1.0f) && strcmp(name, "linear") != 0)
-        return tsr_fail(TSR_ERR_FORMAT, "%s: rope_scaling.factor must be >= 1 (is %g)", s->path, r->factor);
-    if (r->factor <= 0) return tsr_fail(TSR_ERR_FORMAT, "%s: rope_scaling.factor must be positive", s->path);
+    /* the original context length: top level first (Phi-3 style), then the rope dict, then max_position_embeddings */
     float omp = (float)r->max_pos;
     TSR_TRY(get_num(s, rs, "original_max_position_embeddings", 0, r->max_pos, &omp));
+    if (json_is_number(get(s, "original_max_position_embeddings")))
+        omp = (float)json_number_value(get(s, "original_max_position_embeddings"));
+    if (!(omp >= 1 && omp <= (float)(1 << 30)))
+        return tsr_fail(TSR_ERR_FORMAT, "%s: original_max_position_embeddings must be positive", s->path);
     r->original_max_pos = (int)omp;
+    int yarn_without_factor = !strcmp(name, "yarn") && !json_is_number(json_object_get(rs, "factor"));
+    if (yarn_without_factor)
+        r->factor = (float)r->max_pos / (float)r->original_max_pos; /* HF: factor defaults to max / original */
+    else
+        TSR_TRY(get_num(s, rs, "factor", 1, 1.0, &r->factor));
+    if (!(r->factor > 0) || !(r->factor < 1e6))
+        return tsr_fail(TSR_ERR_FORMAT, "%s: rope_scaling.factor must be positive (is %g)", s->path, r->factor);
     if (!strcmp(name, "linear")) {
         r->type = TSR_ROPE_LINEAR;
     } else if (!strcmp(name, "dynamic")) {
@@ -101,8 +111,6 @@ static tsr_status read_rope(const cfg_src *s, tsr_model_config *cfg)
         r->type = TSR_ROPE_LLAMA3;
         TSR_TRY(get_num(s, rs, "low_freq_factor", 1, 1.0, &r->low_freq_factor));
         TSR_TRY(get_num(s, rs, "high_freq_factor", 1, 4.0, &r->high_freq_factor));
-        if (!json_object_get(rs, "original_max_position_embeddings"))
-            return tsr_fail(TSR_ERR_MISSING, "%s: llama3 rope_scaling needs original_max_position_embeddings", s->path);
         if (!(r->high_freq_factor > r->low_freq_factor))
             return tsr_fail(TSR_ERR_FORMAT, "%s: llama3 rope_scaling needs high_freq_factor > low_freq_factor", s->path);
     } else if (!strcmp(name, "yarn")) {
@@ -114,10 +122,6 @@ static tsr_status read_rope(const cfg_src *s, tsr_model_config *cfg)
         TSR_TRY(get_num(s, rs, "mscale_all_dim", 0, 0.0, &r->mscale_all_dim));
         json_t *tr = json_object_get(rs, "truncate");
         r->truncate = tr ? json_is_true(tr) : 1;
-        /* HF: when original_max_position_embeddings is given in rope_scaling, the factor used for the
-           attention scaling is max_position_embeddings / original_max_position_embeddings */
-        if (json_object_get(rs, "original_max_position_embeddings") && r->original_max_pos > 0)
-            r->factor = (float)r->max_pos / (float)r->original_max_pos;
     } else {
         return tsr_fail(TSR_ERR_UNSUPPORTED, "%s: rope_scaling type '%s' is not supported (linear, dynamic, llama3, yarn are)",
                         s->path, name);

@@ -29,6 +29,8 @@ struct tsr_st_set {
     size_t n_files;
     tsr_st_tensor *tensors; /* sorted by name */
     size_t n_tensors;
+    void **copies;          /* aligned copies of misaligned tensors */
+    size_t n_copies;
 };
 
 static int cmp_tensor_name(const void *a, const void *b)
@@ -51,6 +53,8 @@ void tsr_st_set_free(tsr_st_set *set)
         if (set->files[i].map && set->files[i].size && !set->files[i].borrowed) munmap(set->files[i].map, set->files[i].size);
         free(set->files[i].path);
     }
+    for (size_t i = 0; i < set->n_copies; i++) free(set->copies[i]);
+    free(set->copies);
     free(set->files);
     free(set->tensors);
     free(set);
@@ -145,9 +149,19 @@ static tsr_status parse_header(tsr_st_set *set, const st_file *f)
         }
         t.data = data + b;
         if ((uintptr_t)t.data % tsr_dtype_size(t.dtype)) {
-            st = tsr_fail(TSR_ERR_UNSUPPORTED, "%s: tensor '%s' is not aligned to its %zu-byte elements (offset %lld after a %llu-byte header); rewrite the file with a padded header",
-                          f->path, name, tsr_dtype_size(t.dtype), (long long)b, (unsigned long long)hlen);
-            break;
+            /* files written without header padding: keep an aligned copy (rare; costs the tensor's size) */
+            void *copy = malloc(t.nbytes ? t.nbytes : 1);
+            void **grown_copies = realloc(set->copies, (set->n_copies + 1) * sizeof *grown_copies);
+            if (!copy || !grown_copies) {
+                free(copy);
+                if (grown_copies) set->copies = grown_copies;
+                st = tsr_fail(TSR_ERR_NOMEM, "%s: out of memory copying misaligned tensor '%s'", f->path, name);
+                break;
+            }
+            memcpy(copy, t.data, t.nbytes);
+            set->copies = grown_copies;
+            set->copies[set->n_copies++] = copy;
+            t.data = copy;
         }
         t.nbytes = (size_t)(e - b);
         t.name = strdup(name);

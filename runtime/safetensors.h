@@ -2,7 +2,8 @@
  *
  * A tsr_st_set is every tensor of a model directory: all its *.safetensors files mapped read-only, with one
  * name → tensor table. Tensor data points into the mappings and stays valid until tsr_st_set_free(); nothing
- * is copied. Every header is validated before use (offsets in range, sizes matching dtype × shape, no overlap,
+ * is copied, except tensors misaligned for their element type (files written without header padding), which get an
+ * aligned heap copy. Every header is validated before use (offsets in range, sizes matching dtype × shape, no overlap,
  * no duplicate names across files); a failure names the file and the tensor.
  *
  * The writer streams: declare every tensor (name, dtype, shape) first, then write the header, then each
