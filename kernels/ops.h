@@ -1,29 +1,36 @@
 /* The operation table: every computation of the forward pass, behind one struct of function pointers.
  *
  * runtime/forward.c calls only this table, so the forward pass is written once for every backend. The CPU table
- * (kernels/cpu/) is the reference: plain C, threaded, fp32 accumulation. Activations are fp32 row-major
- * [tokens][features] buffers in the backend's memory; weights are the views of runtime/weights.h; the KV cache
- * is runtime/kv_cache.h. No op allocates. Ops cannot fail on valid arguments (the forward validates shapes
- * before it calls them), so they return nothing. */
+ * (kernels/cpu/) is the reference: plain C, threaded, fp32 accumulation; the CUDA table (kernels/cuda/) is the
+ * fast path. Activations are fp32 row-major [rows][features] buffers in the backend's memory (alloc/release);
+ * weights are the views of runtime/weights.h, which a backend may mirror into its own memory in prepare_model
+ * (handles in tsr_dense.dev / tsr_linear.dev); the KV cache is runtime/kv_cache.h with storage from alloc.
+ * Ops do not allocate and cannot fail on valid arguments (the forward validates a batch before it calls them). */
 #ifndef TSR_OPS_H
 #define TSR_OPS_H
 
 #include "runtime/kv_cache.h"
+#include "runtime/status.h"
 #include "runtime/weights.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
-/* One sequence's slice of an attention call: its rows in q/out are [row0, row0 + n_tokens), at positions
- * pos0 .. pos0 + n_tokens - 1; every position up to pos0 + n_tokens - 1 is already in the KV cache. */
-typedef struct tsr_attn_seq {
-    int row0, n_tokens, pos0;
-    const int32_t *page_table;
-} tsr_attn_seq;
+struct tsr_model;
+
+/* Where each row of a batch belongs, in backend memory. Rows of one sequence are consecutive, at consecutive
+ * positions; when a call runs, every position up to a row's own is already in the KV cache. */
+typedef struct tsr_batch_layout {
+    int n_seqs, n_rows, max_pages;
+    const int32_t *row_seq;     /* [n_rows] sequence of each row */
+    const int32_t *positions;   /* [n_rows] position of each row */
+    const int32_t *seq_row0;    /* [n_seqs + 1] first row of each sequence; seq_row0[n_seqs] = n_rows */
+    const int32_t *page_tables; /* [n_seqs][max_pages] */
+    const float *inv_freq;      /* [n_seqs][rot_dim / 2] RoPE frequencies (per sequence: dynamic NTK) */
+    const float *attn_factor;   /* [n_seqs] multiplies cos and sin (YaRN) */
+} tsr_batch_layout;
 
 typedef struct tsr_attn_args {
-    int n_seqs;
-    const tsr_attn_seq *seqs;
     int n_heads, n_kv_heads, head_dim;
     float scale;   /* usually 1/sqrt(head_dim) */
     int window;    /* sliding window in tokens, 0 = full causal */
@@ -33,25 +40,36 @@ typedef struct tsr_attn_args {
 typedef struct tsr_ops {
     const char *name;
 
+    /* ---- memory ---- */
+    void *(*alloc)(size_t bytes); /* zero-filled backend memory, NULL on failure */
+    void (*release)(void *p);
+    void (*to_device)(void *dst, const void *src, size_t bytes);
+    void (*to_host)(void *dst, const void *src, size_t bytes);
+    /* Mirrors the model's weights into backend memory (CPU: nothing to do). */
+    tsr_status (*prepare_model)(struct tsr_model *m);
+    void (*release_model)(struct tsr_model *m);
+
+    /* ---- compute ---- */
     /* out[i][:] = table[ids[i]][:] (table: dense [vocab][dim]) */
     void (*embed)(const tsr_dense *table, const int32_t *ids, int n, float *out);
     /* out[r] = x[r] / rms(x[r]) * w, per row; x and out may alias */
     void (*rmsnorm)(const float *x, const tsr_dense *w, float eps, int rows, int dim, float *out);
     /* y[M][L->N] = x[M][L->K] · W + bias */
     void (*linear)(const tsr_linear *L, const float *x, int M, float *y);
-    /* Rotates the first rot_dim dims of each head (half-split pairs (i, i + rot_dim/2)) of x[n][n_heads][head_dim]
-     * at positions pos[i], with angles pos·inv_freq, cos/sin multiplied by attn_factor. */
-    void (*rope)(float *x, int n, int n_heads, int head_dim, int rot_dim, const int32_t *pos, const float *inv_freq,
-                 float attn_factor);
-    /* Stores k and v ([n][n_kv_heads][head_dim]) as fp16 at positions pos0.. of a sequence, for one layer. */
-    void (*kv_store)(tsr_kv_cache *kv, int layer, const int32_t *page_table, int pos0, int n, const float *k,
-                     const float *v);
-    /* out[row][n_heads][head_dim] = causal softmax(q·kᵀ·scale)·v over the cached positions (GQA). */
-    void (*attention)(const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q, float *out);
+    /* Rotates the first rot_dim dims of each head (half-split pairs (i, i + rot_dim/2)) of x[rows][n_heads][head_dim]
+     * at each row's position with its sequence's frequencies. */
+    void (*rope)(const tsr_batch_layout *b, float *x, int n_heads, int head_dim, int rot_dim);
+    /* Stores every row's k and v ([rows][n_kv_heads][head_dim]) into the cache at the row's position. */
+    void (*kv_store)(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v);
+    /* out[row][n_heads][head_dim] = causal softmax(q·kᵀ·scale)·v over the row's cached positions (GQA). */
+    void (*attention)(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
+                      float *out);
     /* out = silu(gate) * up, elementwise over n */
     void (*silu_mul)(const float *gate, const float *up, size_t n, float *out);
     /* x += y over n */
     void (*add)(float *x, const float *y, size_t n);
+    /* out[i] = rows[index[i]] for n rows of dim floats (gathering the rows whose logits are wanted) */
+    void (*gather_rows)(const float *x, const int32_t *index, int n, int dim, float *out);
 } tsr_ops;
 
 /* The CPU reference backend. */

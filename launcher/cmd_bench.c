@@ -1,9 +1,351 @@
-/* PLACEHOLDER while the session builds it: tessera bench. */
+/* tessera bench: prefill and decode throughput, weight bandwidth and memory of one model on the CPU backend.
+ *
+ * For each batch size: a fresh engine with a KV pool of batch × (prompt-len + gen) tokens; `batch` random prompts
+ * (ids < vocab from a fixed seed) prefilled together in one tsr_engine_feed call (the engine chunks them into
+ * forward calls of --max-tokens), then `gen` decode steps that feed one greedily chosen token per sequence, all
+ * sequences in one call. Before timing, one token is run through the model so page faults of the mapped weights
+ * are not billed to prefill. Bytes per decode step = stored bytes of every linear layer (the head included) +
+ * the embedding rows of the step's tokens. The CPU reference bandwidth is the best of a few 256 MiB memcpy runs,
+ * counted as read + write bytes (STREAM "copy" convention), measured in a child process so its buffers do not
+ * count toward this process's peak RSS (VmHWM). Exit codes: 0 ok, 1 failure, 2 usage error. */
+#include "kernels/cpu/threadpool.h"
+#include "launcher/cli.h"
 #include "launcher/commands.h"
+#include "runtime/engine.h"
+#include "runtime/kv_cache.h"
+
+#include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: tessera bench --model DIR [--device cpu] [--batch 1,8] [--prompt-len 128] [--gen 32]\n"
+               "                     [--threads N] [--kv-dtype f16|f32] [--max-tokens 512] [--seed S] [--json FILE]\n"
+               "Prefills `batch` random prompts, then decodes `gen` tokens per sequence (greedy), for each batch size.\n");
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* VmHWM of this process in bytes (0 if unknown). */
+static uint64_t peak_rss(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    uint64_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kb = strtoull(line + 6, NULL, 10);
+    fclose(f);
+    return kb * 1024;
+}
+
+/* Best memcpy bandwidth over a 256 MiB buffer (bytes read + written per second), in a child process. */
+static double memcpy_bandwidth(void)
+{
+    int fd[2];
+    if (pipe(fd) != 0) return 0;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fd[0]);
+        close(fd[1]);
+        return 0;
+    }
+    if (pid == 0) {
+        close(fd[0]);
+        const size_t n = (size_t)256 << 20;
+        char *a = malloc(n), *b = malloc(n);
+        double best = 0;
+        if (a && b) {
+            memset(a, 1, n);
+            memset(b, 2, n);
+            for (int i = 0; i < 5; i++) {
+                double t0 = now_s();
+                memcpy(i % 2 ? a : b, i % 2 ? b : a, n);
+                double dt = now_s() - t0;
+                if (dt > 0 && 2.0 * (double)n / dt > best) best = 2.0 * (double)n / dt;
+            }
+        }
+        if (write(fd[1], &best, sizeof best) != (ssize_t)sizeof best) _exit(1);
+        _exit(0);
+    }
+    close(fd[1]);
+    double bw = 0;
+    if (read(fd[0], &bw, sizeof bw) != (ssize_t)sizeof bw) bw = 0;
+    close(fd[0]);
+    waitpid(pid, NULL, 0);
+    return bw;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int32_t argmax(const float *x, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+typedef struct {
+    int batch;
+    double prefill_s, prefill_tps;
+    double decode_s, decode_tps, ms_per_step;
+    uint64_t bytes_per_step;
+    double bandwidth, bw_fraction;
+    uint64_t kv_bytes, peak_rss;
+    int nonfinite;
+} bench_row;
+
+/* Stored bytes of every linear layer of the model, the head included. */
+static uint64_t linear_bytes(const tsr_model *m)
+{
+    uint64_t b = tsr_linear_bytes(&m->head);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const tsr_layer *y = &m->layers[l];
+        b += tsr_linear_bytes(&y->q) + tsr_linear_bytes(&y->k) + tsr_linear_bytes(&y->v) + tsr_linear_bytes(&y->o) +
+             tsr_linear_bytes(&y->gate) + tsr_linear_bytes(&y->up) + tsr_linear_bytes(&y->down);
+    }
+    return b;
+}
+
+static tsr_status run_batch(const char *model, int batch, int prompt_len, int gen, int max_tokens, tsr_dtype kv_dtype,
+                            uint64_t seed, double memcpy_bw, bench_row *row, tsr_model_config *cfg_out,
+                            uint64_t *file_bytes)
+{
+    memset(row, 0, sizeof *row);
+    row->batch = batch;
+    /* KV pool: batch × (prompt + gen) tokens, rounded up to whole pages per sequence */
+    const int page = 16;
+    const long per_seq = ((long)prompt_len + gen + page - 1) / page * page;
+    tsr_engine_opts o = {.max_tokens = max_tokens, .page_size = page, .kv_tokens = (long)batch * per_seq, .kv_dtype = kv_dtype};
+    tsr_engine *e = NULL;
+    TSR_TRY(tsr_engine_open(model, &o, &e));
+    const tsr_model_config *c = &e->model->cfg;
+    *cfg_out = *c;
+    *file_bytes = e->model->file_bytes;
+    const int V = c->vocab_size;
+    row->kv_bytes = (uint64_t)e->kv.n_pages * (uint64_t)e->kv.page_size *
+                    tsr_kv_bytes_per_token(c->n_layers, c->n_kv_heads, c->head_dim, kv_dtype);
+    tsr_seq *seqs = calloc((size_t)batch, sizeof *seqs);
+    tsr_feed *feeds = calloc((size_t)batch, sizeof *feeds);
+    int32_t *prompts = malloc((size_t)batch * (size_t)prompt_len * sizeof *prompts);
+    int32_t *next = malloc((size_t)batch * sizeof *next);
+    float *logits = malloc((size_t)batch * (size_t)V * sizeof *logits);
+    tsr_status st = TSR_OK;
+    if (!seqs || !feeds || !prompts || !next || !logits) st = tsr_fail(TSR_ERR_NOMEM, "bench: out of memory");
+
+    /* warm-up: one token through every layer (faults the mapped weights in), then release */
+    if (st == TSR_OK) {
+        tsr_seq warm = {0};
+        int32_t tok = 1 % V;
+        tsr_feed f = {&warm, &tok, 1, TSR_LOGITS_LAST, logits};
+        st = tsr_engine_feed(e, &f, 1);
+        tsr_engine_seq_release(e, &warm);
+    }
+
+    uint64_t s = seed;
+    for (long i = 0; st == TSR_OK && i < (long)batch * prompt_len; i++) prompts[i] = (int32_t)(rng_next(&s) % (uint64_t)V);
+    if (st == TSR_OK) {
+        for (int b = 0; b < batch; b++)
+            feeds[b] = (tsr_feed){&seqs[b], prompts + (size_t)b * prompt_len, prompt_len, TSR_LOGITS_LAST,
+                                  logits + (size_t)b * V};
+        double t0 = now_s();
+        st = tsr_engine_feed(e, feeds, batch);
+        row->prefill_s = now_s() - t0;
+        row->prefill_tps = (double)batch * prompt_len / row->prefill_s;
+    }
+    double t_dec = 0;
+    for (int step = 0; st == TSR_OK && step < gen; step++) {
+        for (int b = 0; b < batch; b++) {
+            const float *lg = logits + (size_t)b * V;
+            for (int i = 0; i < V; i++)
+                if (!(lg[i] == lg[i]) || lg[i] - lg[i] != 0) {
+                    row->nonfinite = 1;
+                    break;
+                }
+            next[b] = argmax(lg, V);
+            feeds[b] = (tsr_feed){&seqs[b], &next[b], 1, TSR_LOGITS_LAST, logits + (size_t)b * V};
+        }
+        double t0 = now_s();
+        st = tsr_engine_feed(e, feeds, batch);
+        t_dec += now_s() - t0;
+    }
+    if (st == TSR_OK && gen > 0) {
+        row->decode_s = t_dec;
+        row->decode_tps = (double)batch * gen / t_dec;
+        row->ms_per_step = 1e3 * t_dec / gen;
+        row->bytes_per_step = linear_bytes(e->model) + (uint64_t)batch * c->hidden * tsr_dtype_size(e->model->embed.dtype);
+        row->bandwidth = (double)row->bytes_per_step / (t_dec / gen);
+        row->bw_fraction = memcpy_bw > 0 ? row->bandwidth / memcpy_bw : 0;
+    }
+    row->peak_rss = peak_rss();
+    for (int b = 0; b < batch && seqs; b++) tsr_engine_seq_release(e, &seqs[b]);
+    free(seqs);
+    free(feeds);
+    free(prompts);
+    free(next);
+    free(logits);
+    tsr_engine_close(e);
+    return st;
+}
+
 int tsr_cmd_bench(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "tessera bench: not built yet\n");
-    return 1;
+    const char *model = NULL, *json_path = NULL, *device = "cpu";
+    int32_t *batches = NULL;
+    int n_batches = 0;
+    long prompt_len = 128, gen = 32, threads = 0, max_tokens = 512, seed = 1234;
+    tsr_dtype kv_dtype = TSR_F16;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            free(batches);
+            return 0;
+        } else if (!strcmp(a, "--model")) {
+            if (!(model = tsr_cli_value("bench", argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--device")) {
+            if (!(device = tsr_cli_value("bench", argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--json")) {
+            if (!(json_path = tsr_cli_value("bench", argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--batch")) {
+            free(batches);
+            batches = NULL;
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_ids("bench", v, &batches, &n_batches)) return 2;
+            for (int b = 0; b < n_batches; b++)
+                if (batches[b] < 1 || batches[b] > 4096) {
+                    fprintf(stderr, "tessera bench: --batch sizes must be in 1..4096\n");
+                    free(batches);
+                    return 2;
+                }
+        } else if (!strcmp(a, "--prompt-len")) {
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 1, 1 << 20, &prompt_len)) return 2;
+        } else if (!strcmp(a, "--gen")) {
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 0, 1 << 20, &gen)) return 2;
+        } else if (!strcmp(a, "--threads")) {
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 1, 4096, &threads)) return 2;
+        } else if (!strcmp(a, "--max-tokens")) {
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 1, 1 << 20, &max_tokens)) return 2;
+        } else if (!strcmp(a, "--seed")) {
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 0, 0x7fffffffL, &seed)) return 2;
+        } else if (!strcmp(a, "--kv-dtype")) {
+            if (!(v = tsr_cli_value("bench", argc, argv, &i))) return 2;
+            if (!strcmp(v, "f16") || !strcmp(v, "fp16"))
+                kv_dtype = TSR_F16;
+            else if (!strcmp(v, "f32") || !strcmp(v, "fp32"))
+                kv_dtype = TSR_F32;
+            else {
+                fprintf(stderr, "tessera bench: --kv-dtype must be f16 or f32\n");
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "tessera bench: unknown option '%s'\n", a);
+            usage(stderr);
+            free(batches);
+            return 2;
+        }
+    }
+    if (!model) {
+        usage(stderr);
+        free(batches);
+        return 2;
+    }
+    if (strcmp(device, "cpu")) {
+        fprintf(stderr, "tessera bench: --device %s is not supported yet (cpu only)\n", device);
+        free(batches);
+        return 2;
+    }
+    if (!batches) {
+        batches = malloc(2 * sizeof *batches);
+        batches[0] = 1;
+        batches[1] = 8;
+        n_batches = 2;
+    }
+    if (threads > 0) tsr_threads_set((int)threads);
+    const int n_threads = tsr_threads_count();
+    const double bw = memcpy_bandwidth();
+
+    bench_row *rows = calloc((size_t)n_batches, sizeof *rows);
+    tsr_model_config cfg;
+    uint64_t file_bytes = 0;
+    int rc = 0;
+    for (int b = 0; b < n_batches; b++) {
+        tsr_status st = run_batch(model, batches[b], (int)prompt_len, (int)gen, (int)max_tokens, kv_dtype, (uint64_t)seed,
+                                  bw, &rows[b], &cfg, &file_bytes);
+        if (st != TSR_OK) {
+            rc = tsr_cli_error("bench", st);
+            break;
+        }
+        if (b == 0) {
+            printf("model    %s: %s, %d layers, hidden %d, heads %d/%d, intermediate %d, vocab %d; files %.3f GB\n", model,
+                   cfg.arch_name, cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.intermediate,
+                   cfg.vocab_size, (double)file_bytes / 1e9);
+            printf("setup    cpu, %d threads, kv %s, prompt %ld, gen %ld, max-tokens %ld; memcpy %.2f GB/s (read+write)\n",
+                   n_threads, kv_dtype == TSR_F32 ? "f32" : "f16", prompt_len, gen, max_tokens, bw / 1e9);
+            printf("%5s %13s %12s %9s %9s %8s %8s %9s %9s\n", "batch", "prefill tok/s", "decode tok/s", "ms/step",
+                   "MB/step", "GB/s", "%memcpy", "KV MB", "peak MB");
+        }
+        bench_row *r = &rows[b];
+        printf("%5d %13.1f %12.2f %9.2f %9.1f %8.2f %7.1f%% %9.1f %9.1f\n", r->batch, r->prefill_tps, r->decode_tps,
+               r->ms_per_step, (double)r->bytes_per_step / 1e6, r->bandwidth / 1e9, 100.0 * r->bw_fraction,
+               (double)r->kv_bytes / 1e6, (double)r->peak_rss / 1e6);
+        fflush(stdout);
+        if (r->nonfinite) fprintf(stderr, "tessera bench: warning: non-finite logits at batch %d\n", r->batch);
+    }
+    if (rc == 0 && json_path) {
+        json_t *root = json_object();
+        json_object_set_new(root, "model", json_string(model));
+        json_object_set_new(root, "arch", json_string(cfg.arch_name));
+        json_object_set_new(root, "file_bytes", json_integer((json_int_t)file_bytes));
+        json_object_set_new(root, "device", json_string("cpu"));
+        json_object_set_new(root, "threads", json_integer(n_threads));
+        json_object_set_new(root, "kv_dtype", json_string(kv_dtype == TSR_F32 ? "f32" : "f16"));
+        json_object_set_new(root, "prompt_len", json_integer(prompt_len));
+        json_object_set_new(root, "gen", json_integer(gen));
+        json_object_set_new(root, "max_tokens", json_integer(max_tokens));
+        json_object_set_new(root, "memcpy_bytes_per_s", json_real(bw));
+        json_t *arr = json_array();
+        for (int b = 0; b < n_batches; b++) {
+            const bench_row *r = &rows[b];
+            json_t *o = json_object();
+            json_object_set_new(o, "batch", json_integer(r->batch));
+            json_object_set_new(o, "prefill_s", json_real(r->prefill_s));
+            json_object_set_new(o, "prefill_tokens_per_s", json_real(r->prefill_tps));
+            json_object_set_new(o, "decode_s", json_real(r->decode_s));
+            json_object_set_new(o, "decode_tokens_per_s", json_real(r->decode_tps));
+            json_object_set_new(o, "ms_per_decode_step", json_real(r->ms_per_step));
+            json_object_set_new(o, "bytes_per_decode_step", json_integer((json_int_t)r->bytes_per_step));
+            json_object_set_new(o, "bandwidth_bytes_per_s", json_real(r->bandwidth));
+            json_object_set_new(o, "bandwidth_fraction_of_memcpy", json_real(r->bw_fraction));
+            json_object_set_new(o, "kv_pool_bytes", json_integer((json_int_t)r->kv_bytes));
+            json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)r->peak_rss));
+            json_object_set_new(o, "logits_finite", json_boolean(!r->nonfinite));
+            json_array_append_new(arr, o);
+        }
+        json_object_set_new(root, "runs", arr);
+        if (json_dump_file(root, json_path, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0) {
+            fprintf(stderr, "tessera bench: cannot write %s\n", json_path);
+            rc = 1;
+        }
+        json_decref(root);
+    }
+    free(rows);
+    free(batches);
+    return rc;
 }

@@ -1,9 +1,139 @@
-/* PLACEHOLDER while the session builds it: tessera inspect. */
+/* tessera inspect: describes a model directory without running it: architecture and dimensions, the format and
+ * bits per weight of every layer, total weight bytes, and the memory a given context length and batch would need
+ * (weights + KV pool + activation workspace). */
+#include "launcher/cli.h"
 #include "launcher/commands.h"
+#include "runtime/kv_cache.h"
+#include "runtime/model.h"
+
 #include <stdio.h>
+#include <string.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: tessera inspect --model DIR [--context N] [--batch B] [--kv-dtype f16|f32] [--max-batch-tokens T]\n"
+               "Memory is estimated for B sequences of N tokens each (default: max_position_embeddings, batch 1).\n");
+}
+
+static double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
+
+static const char *rope_name(tsr_rope_type t)
+{
+    switch (t) {
+    case TSR_ROPE_LINEAR: return "linear";
+    case TSR_ROPE_DYNAMIC: return "dynamic";
+    case TSR_ROPE_LLAMA3: return "llama3";
+    case TSR_ROPE_YARN: return "yarn";
+    default: return "default";
+    }
+}
+
+static const char *arch_name(tsr_arch a)
+{
+    switch (a) {
+    case TSR_ARCH_MISTRAL: return "mistral";
+    case TSR_ARCH_QWEN2: return "qwen2";
+    default: return "llama";
+    }
+}
+
+/* bits per weight of a linear layer as stored */
+static double linear_bpw(const tsr_linear *L)
+{
+    if (L->kind == TSR_LINEAR_EXL2) return tsr_qmatrix_bpw(&L->q);
+    return 8.0 * (double)tsr_dtype_size(L->w.dtype);
+}
+
 int tsr_cmd_inspect(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "tessera inspect: not built yet\n");
-    return 1;
+    const char *dir = NULL;
+    long context = 0, batch = 1, max_tokens = 512;
+    tsr_dtype kv_dtype = TSR_F16;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!(v = tsr_cli_value("inspect", argc, argv, &i))) return 2;
+        if (!strcmp(a, "--model"))
+            dir = v;
+        else if (!strcmp(a, "--context")) {
+            if (tsr_cli_int("inspect", a, v, 1, 1L << 30, &context)) return 2;
+        } else if (!strcmp(a, "--batch")) {
+            if (tsr_cli_int("inspect", a, v, 1, 1 << 20, &batch)) return 2;
+        } else if (!strcmp(a, "--max-batch-tokens")) {
+            if (tsr_cli_int("inspect", a, v, 1, 1 << 20, &max_tokens)) return 2;
+        } else if (!strcmp(a, "--kv-dtype")) {
+            if (!strcmp(v, "f16"))
+                kv_dtype = TSR_F16;
+            else if (!strcmp(v, "f32"))
+                kv_dtype = TSR_F32;
+            else {
+                fprintf(stderr, "tessera inspect: --kv-dtype must be f16 or f32\n");
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "tessera inspect: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!dir) {
+        usage(stderr);
+        return 2;
+    }
+    tsr_model *m;
+    tsr_status st = tsr_model_load(dir, &m);
+    if (st != TSR_OK) return tsr_cli_error("inspect", st);
+    const tsr_model_config *c = &m->cfg;
+    if (!context) context = c->rope.max_pos;
+
+    printf("model          %s\n", dir);
+    printf("architecture   %s (%s)\n", c->arch_name, arch_name(c->arch));
+    printf("format         %s\n", tsr_model_format(m));
+    if (!strcmp(c->quant.method, "gptq")) printf("quantization   gptq %d-bit, group size %d%s%s\n", c->quant.bits, c->quant.group_size, c->quant.desc_act ? ", act-order" : "", c->quant.gptq_v2 ? ", gptq_v2 zeros" : "");
+    printf("layers         %d\n", c->n_layers);
+    printf("hidden         %d\n", c->hidden);
+    printf("heads          %d query, %d key/value, head_dim %d\n", c->n_heads, c->n_kv_heads, c->head_dim);
+    printf("intermediate   %d\n", c->intermediate);
+    printf("vocabulary     %d\n", c->vocab_size);
+    printf("rope           %s, theta %g, %d rotary dims, factor %g, max positions %d\n", rope_name(c->rope.type),
+           c->rope.theta, c->rope.dim, c->rope.factor, c->rope.max_pos);
+    if (c->sliding_window) printf("sliding window %d tokens\n", c->sliding_window);
+    printf("tied head      %s\n", m->head.kind == TSR_LINEAR_DENSE && m->head.w.data == m->embed.data ? "yes" : "no");
+
+    printf("\nbits per weight per layer (q k v o | gate up down | layer average)\n");
+    uint64_t linear_bytes = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const tsr_layer *ly = &m->layers[l];
+        const tsr_linear *all[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->up, &ly->down};
+        double bits = 0, weights = 0;
+        printf("  layer %3d ", l);
+        for (int i = 0; i < 7; i++) {
+            printf("%s%5.2f", i == 4 ? " |" : " ", linear_bpw(all[i]));
+            uint64_t b = tsr_linear_bytes(all[i]);
+            linear_bytes += b;
+            bits += linear_bpw(all[i]) * all[i]->K * all[i]->N;
+            weights += (double)all[i]->K * all[i]->N;
+        }
+        printf(" | %5.2f\n", bits / weights);
+    }
+    int tied = m->head.kind == TSR_LINEAR_DENSE && m->head.w.data == m->embed.data;
+    printf("  head      %5.2f%s\n", linear_bpw(&m->head), tied ? " (the embedding)" : "");
+    if (!tied) linear_bytes += tsr_linear_bytes(&m->head);
+
+    uint64_t embed_bytes = (uint64_t)m->embed.rows * m->embed.cols * tsr_dtype_size(m->embed.dtype);
+    double kv = (double)tsr_kv_bytes_per_token(c->n_layers, c->n_kv_heads, c->head_dim, kv_dtype) * context * batch;
+    double per_tok = 4.0 * (3.0 * c->hidden + 2.0 * c->n_heads * c->head_dim + 2.0 * c->n_kv_heads * c->head_dim +
+                            2.0 * c->intermediate + c->vocab_size);
+    double work = per_tok * max_tokens;
+    printf("\nweights        %.1f MiB in files (%.1f MiB linear layers, %.1f MiB embedding)\n", mib((double)m->file_bytes),
+           mib((double)linear_bytes), mib((double)embed_bytes));
+    printf("KV cache       %.1f MiB for %ld sequence(s) x %ld tokens (%s, %zu bytes per token)\n", mib(kv), batch, context,
+           kv_dtype == TSR_F32 ? "f32" : "f16", tsr_kv_bytes_per_token(c->n_layers, c->n_kv_heads, c->head_dim, kv_dtype));
+    printf("workspace      %.1f MiB for %ld tokens per forward call\n", mib(work), max_tokens);
+    printf("total          %.1f MiB\n", mib((double)m->file_bytes + kv + work));
+    tsr_model_free(m);
+    return 0;
 }

@@ -129,6 +129,59 @@ static tsr_status read_rope(const cfg_src *s, tsr_model_config *cfg)
     return TSR_OK;
 }
 
+/* ---- quantization_config (GPTQ) ----
+ *
+ * `qc` is config.json's "quantization_config" object or the whole of quantize_config.json (`implicit_gptq`: that
+ * file is AutoGPTQ's and may omit quant_method). Only GPTQ is interpreted: bits (4 only; anything else is
+ * TSR_ERR_UNSUPPORTED), group_size (-1 = one group per matrix), desc_act, sym and checkpoint_format ("gptq":
+ * qzeros store zero - 1; "gptq_v2": the exact zero; other formats, e.g. Marlin repacks, are unsupported). For any
+ * other method only its name is kept; the tensors decide how layers load. */
+static tsr_status read_quantization_config(const char *path, json_t *qc, int implicit_gptq, tsr_model_config *cfg)
+{
+    tsr_quant_config *q = &cfg->quant;
+    memset(q, 0, sizeof *q);
+    if (!json_is_object(qc)) return tsr_fail(TSR_ERR_FORMAT, "%s: quantization config must be a JSON object", path);
+    json_t *meth = json_object_get(qc, "quant_method");
+    const char *name = json_is_string(meth) ? json_string_value(meth) : implicit_gptq ? "gptq" : "";
+    if (meth && !json_is_null(meth) && !json_is_string(meth))
+        return tsr_fail(TSR_ERR_FORMAT, "%s: quant_method must be a string", path);
+    snprintf(q->method, sizeof q->method, "%s", name);
+    if (strcmp(name, "gptq")) return TSR_OK;
+
+    json_t *bits = json_object_get(qc, "bits");
+    if (!json_is_number(bits) || json_number_value(bits) != floor(json_number_value(bits)) ||
+        fabs(json_number_value(bits)) > 64)
+        return tsr_fail(TSR_ERR_FORMAT, "%s: GPTQ quantization config needs an integer 'bits'", path);
+    q->bits = (int)json_number_value(bits);
+    if (q->bits != 4)
+        return tsr_fail(TSR_ERR_UNSUPPORTED, "%s: GPTQ with %d-bit weights is not supported (only 4-bit GPTQ is)", path,
+                        q->bits);
+
+    json_t *gs = json_object_get(qc, "group_size");
+    if (gs && !json_is_null(gs)) {
+        double v = json_is_number(gs) ? json_number_value(gs) : 0;
+        if (!json_is_number(gs) || v != floor(v) || !(v == -1 || (v >= 1 && v <= (1 << 30))))
+            return tsr_fail(TSR_ERR_FORMAT, "%s: GPTQ group_size must be a positive integer or -1", path);
+        q->group_size = (int)v;
+    }
+    q->desc_act = json_is_true(json_object_get(qc, "desc_act"));
+    json_t *sym = json_object_get(qc, "sym");
+    q->sym = sym ? json_is_true(sym) : 1;
+    if (json_is_true(json_object_get(qc, "is_marlin_format")))
+        return tsr_fail(TSR_ERR_UNSUPPORTED, "%s: Marlin-format GPTQ checkpoints are not supported", path);
+    json_t *fmt = json_object_get(qc, "checkpoint_format");
+    if (fmt && !json_is_null(fmt)) {
+        if (!json_is_string(fmt)) return tsr_fail(TSR_ERR_FORMAT, "%s: checkpoint_format must be a string", path);
+        const char *f = json_string_value(fmt);
+        if (!strcmp(f, "gptq_v2"))
+            q->gptq_v2 = 1;
+        else if (strcmp(f, "gptq"))
+            return tsr_fail(TSR_ERR_UNSUPPORTED, "%s: GPTQ checkpoint_format '%s' is not supported (gptq, gptq_v2 are)",
+                            path, f);
+    }
+    return TSR_OK;
+}
+
 static tsr_status parse_generation_config(const char *path, json_t *root, tsr_model_config *cfg)
 {
     tsr_status st = TSR_OK;
@@ -208,6 +261,9 @@ static tsr_status parse_config(const char *path, json_t *top, tsr_model_config *
     json_t *bos = get(&s, "bos_token_id");
     if (json_is_integer(bos)) cfg->bos_id = (int)json_integer_value(bos);
     TSR_TRY(read_eos(path, get(&s, "eos_token_id"), cfg));
+    json_t *qc = json_object_get(top, "quantization_config");
+    if (!qc && s.root != top) qc = get(&s, "quantization_config");
+    if (qc && !json_is_null(qc)) TSR_TRY(read_quantization_config(path, qc, 0, cfg));
     return TSR_OK;
 }
 
@@ -290,6 +346,19 @@ tsr_status tsr_config_load(const char *dir, tsr_model_config *cfg)
         st = tsr_config_parse(text, len, gen, gen_len, dir, cfg);
     free(text);
     free(gen);
+    if (st == TSR_OK && !cfg->quant.method[0]) { /* AutoGPTQ's quantize_config.json, when config.json has none */
+        snprintf(path, sizeof path, "%s/quantize_config.json", dir);
+        char *qtext = read_file(path, &len, &missing);
+        if (!qtext && !missing) return tsr_fail(TSR_ERR_IO, "%s: cannot read", path);
+        if (qtext) {
+            json_error_t jerr;
+            json_t *root = json_loadb(qtext, len, 0, &jerr);
+            free(qtext);
+            if (!root) return tsr_fail(TSR_ERR_FORMAT, "%s: invalid JSON at line %d: %s", path, jerr.line, jerr.text);
+            st = read_quantization_config(path, root, 1, cfg);
+            json_decref(root);
+        }
+    }
     return st;
 }
 

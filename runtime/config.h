@@ -38,6 +38,19 @@ typedef struct tsr_rope_config {
 
 #define TSR_MAX_EOS 8
 
+/* Quantization settings from config.json's `quantization_config` or, when that is absent, the model directory's
+ * quantize_config.json (AutoGPTQ). Only GPTQ settings are interpreted (read_quantization_config in config.c);
+ * for other methods (e.g. "exl2") only the name is kept. GPTQ with bits other than 4 is refused there with
+ * TSR_ERR_UNSUPPORTED. */
+typedef struct tsr_quant_config {
+    char method[16];           /* "gptq", "exl2", ... ; "" when the model has no quantization config */
+    int bits;                  /* GPTQ: 4 (the only width accepted); 0 otherwise */
+    int group_size;            /* GPTQ: rows per group; -1 = one group per matrix; 0 = not given */
+    int desc_act;              /* GPTQ act-order (g_idx not sequential) */
+    int sym;                   /* GPTQ symmetric quantization (informational: zeros are read per group anyway) */
+    int gptq_v2;               /* checkpoint_format "gptq_v2": qzeros hold the exact zero, not zero - 1 */
+} tsr_quant_config;
+
 typedef struct tsr_model_config {
     tsr_arch arch;
     char arch_name[64];
@@ -61,13 +74,15 @@ typedef struct tsr_model_config {
     float gen_temperature, gen_top_p;
     int gen_top_k;
     int gen_do_sample;
+    tsr_quant_config quant;    /* quantization_config / quantize_config.json */
 } tsr_model_config;
 
 /* Parses config.json text (and generation_config.json text, or NULL); `label` (the directory) prefixes errors. */
 tsr_status tsr_config_parse(const char *config_json, size_t len, const char *generation_json, size_t gen_len,
                             const char *label, tsr_model_config *cfg);
 
-/* Reads DIR/config.json and (optional) DIR/generation_config.json. */
+/* Reads DIR/config.json, (optional) DIR/generation_config.json and, when config.json has no
+ * quantization_config, (optional) DIR/quantize_config.json. */
 tsr_status tsr_config_load(const char *dir, tsr_model_config *cfg);
 
 /* Layer `layer`'s attention window (0 = full causal attention). */

@@ -22,7 +22,9 @@ tsr_status tsr_engine_open(const char *model_dir, const tsr_engine_opts *opts, t
         long pages = (tokens + o.page_size - 1) / o.page_size;
         if (pages < 4) pages = 4;
         if (pages > (1L << 30)) pages = 1L << 30;
-        st = tsr_kv_init(&e->kv, c->n_layers, c->n_kv_heads, c->head_dim, o.page_size, (int)pages, o.kv_dtype);
+        st = e->ops->prepare_model(e->model);
+        if (st == TSR_OK)
+            st = tsr_kv_init(&e->kv, e->ops, c->n_layers, c->n_kv_heads, c->head_dim, o.page_size, (int)pages, o.kv_dtype);
     }
     if (st == TSR_OK) st = tsr_forward_ctx_new(e->model, e->ops, &e->kv, o.max_tokens, &e->fwd);
     if (st != TSR_OK) {
@@ -38,6 +40,7 @@ void tsr_engine_close(tsr_engine *e)
     if (!e) return;
     tsr_forward_ctx_free(e->fwd);
     tsr_kv_free(&e->kv);
+    if (e->model) e->ops->release_model(e->model);
     tsr_model_free(e->model);
     free(e);
 }

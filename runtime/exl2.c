@@ -20,8 +20,10 @@ void tsr_qmatrix_free(tsr_qmatrix *m)
     if (!m) return;
     free(m->perm);
     free(m->groups);
+    free(m->q_weight_owned);
     m->perm = NULL;
     m->groups = NULL;
+    m->q_weight_owned = NULL;
 }
 
 tsr_status tsr_qmatrix_load(const tsr_st_set *set, const char *key, int K, int N, int has_bias, float prescale,
@@ -123,9 +125,21 @@ tsr_status tsr_qmatrix_load(const tsr_st_set *set, const char *key, int K, int N
 
 float tsr_qmatrix_scale(const tsr_qmatrix *m, int g, int n)
 {
+    if (m->kind == TSR_QMATRIX_GPTQ) {
+        size_t i = (size_t)g * (size_t)m->N + (size_t)n;
+        if (m->g_scales_f32) return tsr_round_half(((const float *)m->g_scales)[i]);
+        return tsr_half_to_float(((const uint16_t *)m->g_scales)[i]);
+    }
     uint32_t code = (m->q_scale[(size_t)g * (m->N / 8) + n / 8] >> (4 * (n % 8))) & 0xfu;
     float q = (float)((code + 1) * (code + 1));
     return tsr_round_half(q * m->groups[g].scale_m);
+}
+
+int tsr_qmatrix_zero(const tsr_qmatrix *m, int g, int n)
+{
+    if (m->kind == TSR_QMATRIX_GPTQ)
+        return (int)((m->g_zeros[(size_t)g * (size_t)(m->N / 8) + (size_t)(n / 8)] >> (4 * (n % 8))) & 0xfu) + m->zero_add;
+    return 1 << (m->groups[g].bits - 1);
 }
 
 uint32_t tsr_qmatrix_code(const tsr_qmatrix *m, const tsr_qgroup *g, int j, int n)
@@ -142,8 +156,8 @@ void tsr_qmatrix_dequant_ref(const tsr_qmatrix *m, int round_fp16, float *W)
 {
     for (int g = 0; g < m->G; g++) {
         const tsr_qgroup *gr = &m->groups[g];
-        int off = 1 << (gr->bits - 1);
         for (int n = 0; n < m->N; n++) {
+            int off = tsr_qmatrix_zero(m, g, n);
             float S = tsr_qmatrix_scale(m, g, n);
             for (int j = 0; j < gr->rows; j++) {
                 float v = (float)((int)tsr_qmatrix_code(m, gr, j, n) - off) * S;

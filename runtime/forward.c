@@ -1,7 +1,10 @@
 /* Forward pass over the ops table (see forward.h). Per layer:
  *   h = RMSNorm(x); q,k,v = h·Wq, h·Wk, h·Wv (+bias); RoPE(q, k); store k, v; x += Attention(q)·Wo;
  *   h = RMSNorm(x); x += (silu(h·Wg) ⊙ h·Wu)·Wd
- * then RMSNorm and the head on the rows whose logits are wanted. */
+ * then RMSNorm and the head on the rows whose logits are wanted.
+ *
+ * Each call builds the batch layout (row → sequence, positions, page tables, RoPE frequencies) on the host and
+ * copies it into the backend's memory once; every op then reads it there. */
 #include "runtime/forward.h"
 
 #include "runtime/rope.h"
@@ -12,41 +15,63 @@
 
 #define MAX_BATCH_SEQS 4096
 
+/* The batch layout's arrays, one host staging copy and one in backend memory. */
+typedef struct {
+    int32_t *tokens, *row_seq, *positions, *seq_row0, *page_tables, *out_index;
+    float *inv_freq, *attn_factor;
+} layout_arrays;
+
 struct tsr_forward_ctx {
     const tsr_model *model;
     const tsr_ops *ops;
     tsr_kv_cache *kv;
-    int max_tokens;
-    float *x, *h, *q, *k, *v, *attn, *gate, *up, *out_rows;
-    int32_t *tokens, *positions;
-    float *inv_freq;       /* [n_seqs max][rot_dim/2] */
-    float *attn_factor;
-    tsr_attn_seq *attn_seqs;
-    int *out_row_index;
+    int max_tokens, max_seqs, pages_per_seq;
+    /* activations, backend memory */
+    float *x, *h, *q, *k, *v, *attn, *gate, *up, *out_rows, *logits;
+    layout_arrays host, dev;
 };
+
+static void free_arrays(const tsr_ops *ops, layout_arrays *a, int on_host)
+{
+    void *all[] = {a->tokens, a->row_seq, a->positions, a->seq_row0, a->page_tables, a->out_index, a->inv_freq,
+                   a->attn_factor};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (on_host)
+            free(all[i]);
+        else if (all[i])
+            ops->release(all[i]);
+    }
+}
 
 void tsr_forward_ctx_free(tsr_forward_ctx *c)
 {
     if (!c) return;
-    free(c->x);
-    free(c->h);
-    free(c->q);
-    free(c->k);
-    free(c->v);
-    free(c->attn);
-    free(c->gate);
-    free(c->up);
-    free(c->out_rows);
-    free(c->tokens);
-    free(c->positions);
-    free(c->inv_freq);
-    free(c->attn_factor);
-    free(c->attn_seqs);
-    free(c->out_row_index);
+    float *bufs[] = {c->x, c->h, c->q, c->k, c->v, c->attn, c->gate, c->up, c->out_rows, c->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) c->ops->release(bufs[i]);
+    free_arrays(c->ops, &c->host, 1);
+    free_arrays(c->ops, &c->dev, 0);
     free(c);
 }
 
 int tsr_forward_max_tokens(const tsr_forward_ctx *ctx) { return ctx->max_tokens; }
+
+/* Allocates the layout arrays with `alloc` (host calloc or the backend's allocator); returns 0 on failure. */
+static int alloc_arrays(layout_arrays *a, void *(*alloc)(size_t), size_t T, size_t S, size_t pages, size_t half)
+{
+    a->tokens = alloc(T * sizeof(int32_t));
+    a->row_seq = alloc(T * sizeof(int32_t));
+    a->positions = alloc(T * sizeof(int32_t));
+    a->seq_row0 = alloc((S + 1) * sizeof(int32_t));
+    a->page_tables = alloc(S * pages * sizeof(int32_t));
+    a->out_index = alloc(T * sizeof(int32_t));
+    a->inv_freq = alloc(S * half * sizeof(float));
+    a->attn_factor = alloc(S * sizeof(float));
+    return a->tokens && a->row_seq && a->positions && a->seq_row0 && a->page_tables && a->out_index && a->inv_freq &&
+           a->attn_factor;
+}
+
+static void *host_calloc(size_t n) { return calloc(1, n ? n : 1); }
 
 tsr_status tsr_forward_ctx_new(const tsr_model *model, const tsr_ops *ops, tsr_kv_cache *kv, int max_tokens,
                                tsr_forward_ctx **out)
@@ -56,33 +81,34 @@ tsr_status tsr_forward_ctx_new(const tsr_model *model, const tsr_ops *ops, tsr_k
     if (kv->n_layers != c->n_layers || kv->n_kv_heads != c->n_kv_heads || kv->head_dim != c->head_dim)
         return tsr_fail(TSR_ERR_ARG, "forward: KV cache geometry does not match the model");
     if (c->head_dim > 512 || c->rope.dim / 2 > 512)
-        return tsr_fail(TSR_ERR_UNSUPPORTED, "forward: head_dim %d exceeds the CPU kernels' limit of 512", c->head_dim);
+        return tsr_fail(TSR_ERR_UNSUPPORTED, "forward: head_dim %d exceeds the kernels' limit of 512", c->head_dim);
     tsr_forward_ctx *x = calloc(1, sizeof *x);
     if (!x) return tsr_fail(TSR_ERR_NOMEM, "out of memory");
     x->model = model;
     x->ops = ops;
     x->kv = kv;
     x->max_tokens = max_tokens;
-    size_t T = (size_t)max_tokens;
+    x->max_seqs = max_tokens < MAX_BATCH_SEQS ? max_tokens : MAX_BATCH_SEQS;
+    /* a sequence may span the model's context or the whole pool, whichever is smaller */
+    long ctx_pages = (c->rope.max_pos + kv->page_size - 1) / kv->page_size + 1;
+    x->pages_per_seq = (int)(ctx_pages < kv->n_pages ? ctx_pages : kv->n_pages);
+    size_t T = (size_t)max_tokens, S = (size_t)x->max_seqs;
     size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
-    int n_seq_max = max_tokens < MAX_BATCH_SEQS ? max_tokens : MAX_BATCH_SEQS;
-    x->x = malloc(T * c->hidden * sizeof(float));
-    x->h = malloc(T * c->hidden * sizeof(float));
-    x->q = malloc(T * qd * sizeof(float));
-    x->k = malloc(T * kvd * sizeof(float));
-    x->v = malloc(T * kvd * sizeof(float));
-    x->attn = malloc(T * qd * sizeof(float));
-    x->gate = malloc(T * c->intermediate * sizeof(float));
-    x->up = malloc(T * c->intermediate * sizeof(float));
-    x->out_rows = malloc(T * c->hidden * sizeof(float));
-    x->tokens = malloc(T * sizeof(int32_t));
-    x->positions = malloc(T * sizeof(int32_t));
-    x->inv_freq = malloc((size_t)n_seq_max * (size_t)(c->rope.dim / 2) * sizeof(float));
-    x->attn_factor = malloc((size_t)n_seq_max * sizeof(float));
-    x->attn_seqs = malloc((size_t)n_seq_max * sizeof *x->attn_seqs);
-    x->out_row_index = malloc(T * sizeof(int));
-    if (!x->x || !x->h || !x->q || !x->k || !x->v || !x->attn || !x->gate || !x->up || !x->out_rows || !x->tokens ||
-        !x->positions || !x->inv_freq || !x->attn_factor || !x->attn_seqs || !x->out_row_index) {
+    size_t half = (size_t)c->rope.dim / 2;
+    x->x = ops->alloc(T * c->hidden * sizeof(float));
+    x->h = ops->alloc(T * c->hidden * sizeof(float));
+    x->q = ops->alloc(T * qd * sizeof(float));
+    x->k = ops->alloc(T * kvd * sizeof(float));
+    x->v = ops->alloc(T * kvd * sizeof(float));
+    x->attn = ops->alloc(T * qd * sizeof(float));
+    x->gate = ops->alloc(T * c->intermediate * sizeof(float));
+    x->up = ops->alloc(T * c->intermediate * sizeof(float));
+    x->out_rows = ops->alloc(T * c->hidden * sizeof(float));
+    x->logits = ops->alloc(T * (size_t)c->vocab_size * sizeof(float));
+    int ok = x->x && x->h && x->q && x->k && x->v && x->attn && x->gate && x->up && x->out_rows && x->logits;
+    ok = ok && alloc_arrays(&x->host, host_calloc, T, S, (size_t)x->pages_per_seq, half);
+    ok = ok && alloc_arrays(&x->dev, ops->alloc, T, S, (size_t)x->pages_per_seq, half);
+    if (!ok) {
         tsr_forward_ctx_free(x);
         return tsr_fail(TSR_ERR_NOMEM, "forward: cannot allocate the workspace for %d tokens", max_tokens);
     }
@@ -101,15 +127,17 @@ int tsr_forward_logit_rows(const tsr_seq_input *seqs, int n_seqs)
 static tsr_status validate(const tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs, int *total)
 {
     const tsr_model_config *cfg = &c->model->cfg;
-    if (n_seqs <= 0 || n_seqs > MAX_BATCH_SEQS || n_seqs > c->max_tokens)
-        return tsr_fail(TSR_ERR_ARG, "forward: %d sequences in one batch (1..%d allowed)", n_seqs,
-                        c->max_tokens < MAX_BATCH_SEQS ? c->max_tokens : MAX_BATCH_SEQS);
+    if (n_seqs <= 0 || n_seqs > c->max_seqs)
+        return tsr_fail(TSR_ERR_ARG, "forward: %d sequences in one batch (1..%d allowed)", n_seqs, c->max_seqs);
     long sum = 0;
     for (int s = 0; s < n_seqs; s++) {
         const tsr_seq_input *q = &seqs[s];
         if (q->n_tokens <= 0 || q->pos0 < 0) return tsr_fail(TSR_ERR_ARG, "forward: sequence %d has no tokens", s);
         sum += q->n_tokens;
         long last = (long)q->pos0 + q->n_tokens - 1;
+        if (last >= (long)c->pages_per_seq * c->kv->page_size)
+            return tsr_fail(TSR_ERR_ARG, "forward: sequence %d reaches position %ld, beyond the context (%d tokens)", s,
+                            last, c->pages_per_seq * c->kv->page_size);
         if (last / c->kv->page_size >= q->n_pages)
             return tsr_fail(TSR_ERR_ARG, "forward: sequence %d's page table (%d pages) does not cover position %ld", s,
                             q->n_pages, last);
@@ -127,6 +155,49 @@ static tsr_status validate(const tsr_forward_ctx *c, const tsr_seq_input *seqs, 
     return TSR_OK;
 }
 
+/* Fills the host layout for the batch and copies it to the backend; returns the number of logit rows. */
+static int build_layout(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs, int T, tsr_batch_layout *b)
+{
+    const tsr_model_config *cfg = &c->model->cfg;
+    const int half = cfg->rope.dim / 2, P = c->pages_per_seq, page = c->kv->page_size;
+    layout_arrays *h = &c->host, *d = &c->dev;
+    int row = 0, n_out = 0, max_pages = 1;
+    for (int s = 0; s < n_seqs; s++) {
+        int used = (seqs[s].pos0 + seqs[s].n_tokens + page - 1) / page;
+        if (used > max_pages) max_pages = used;
+    }
+    for (int s = 0; s < n_seqs; s++) {
+        const tsr_seq_input *q = &seqs[s];
+        tsr_rope_freqs(&cfg->rope, q->pos0 + q->n_tokens, h->inv_freq + (size_t)s * half, &h->attn_factor[s]);
+        h->seq_row0[s] = row;
+        int used = (q->pos0 + q->n_tokens + page - 1) / page;
+        memcpy(h->page_tables + (size_t)s * max_pages, q->page_table, (size_t)used * sizeof(int32_t));
+        for (int p = used; p < max_pages; p++) h->page_tables[(size_t)s * max_pages + p] = 0;
+        for (int t = 0; t < q->n_tokens; t++) {
+            h->tokens[row + t] = q->tokens[t];
+            h->row_seq[row + t] = s;
+            h->positions[row + t] = q->pos0 + t;
+            if (q->logits == TSR_LOGITS_ALL || (q->logits == TSR_LOGITS_LAST && t == q->n_tokens - 1))
+                h->out_index[n_out++] = row + t;
+        }
+        row += q->n_tokens;
+    }
+    h->seq_row0[n_seqs] = row;
+    (void)P;
+    const tsr_ops *ops = c->ops;
+    ops->to_device(d->tokens, h->tokens, (size_t)T * sizeof(int32_t));
+    ops->to_device(d->row_seq, h->row_seq, (size_t)T * sizeof(int32_t));
+    ops->to_device(d->positions, h->positions, (size_t)T * sizeof(int32_t));
+    ops->to_device(d->seq_row0, h->seq_row0, (size_t)(n_seqs + 1) * sizeof(int32_t));
+    ops->to_device(d->page_tables, h->page_tables, (size_t)n_seqs * max_pages * sizeof(int32_t));
+    ops->to_device(d->out_index, h->out_index, (size_t)n_out * sizeof(int32_t));
+    ops->to_device(d->inv_freq, h->inv_freq, (size_t)n_seqs * half * sizeof(float));
+    ops->to_device(d->attn_factor, h->attn_factor, (size_t)n_seqs * sizeof(float));
+    *b = (tsr_batch_layout){n_seqs, T, max_pages, d->row_seq, d->positions, d->seq_row0, d->page_tables, d->inv_freq,
+                            d->attn_factor};
+    return n_out;
+}
+
 tsr_status tsr_forward(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs, float *logits)
 {
     const tsr_model *m = c->model;
@@ -134,26 +205,13 @@ tsr_status tsr_forward(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs
     const tsr_ops *ops = c->ops;
     int T = 0;
     TSR_TRY(validate(c, seqs, n_seqs, &T));
+    if (tsr_forward_logit_rows(seqs, n_seqs) && !logits)
+        return tsr_fail(TSR_ERR_ARG, "forward: logits requested but no output buffer given");
     const int H = cfg->hidden, nh = cfg->n_heads, nkv = cfg->n_kv_heads, d = cfg->head_dim;
-    const int qd = nh * d, kvd = nkv * d, half = cfg->rope.dim / 2;
+    tsr_batch_layout b;
+    const int n_out = build_layout(c, seqs, n_seqs, T, &b);
 
-    /* flatten the batch; rope frequencies per sequence (dynamic NTK depends on its length) */
-    int row = 0, n_out = 0;
-    for (int s = 0; s < n_seqs; s++) {
-        const tsr_seq_input *q = &seqs[s];
-        tsr_rope_freqs(&cfg->rope, q->pos0 + q->n_tokens, c->inv_freq + (size_t)s * half, &c->attn_factor[s]);
-        c->attn_seqs[s] = (tsr_attn_seq){row, q->n_tokens, q->pos0, q->page_table};
-        for (int t = 0; t < q->n_tokens; t++) {
-            c->tokens[row + t] = q->tokens[t];
-            c->positions[row + t] = q->pos0 + t;
-            if (q->logits == TSR_LOGITS_ALL || (q->logits == TSR_LOGITS_LAST && t == q->n_tokens - 1))
-                c->out_row_index[n_out++] = row + t;
-        }
-        row += q->n_tokens;
-    }
-    if (n_out && !logits) return tsr_fail(TSR_ERR_ARG, "forward: logits requested but no output buffer given");
-
-    ops->embed(&m->embed, c->tokens, T, c->x);
+    ops->embed(&m->embed, c->dev.tokens, T, c->x);
     const float scale = 1.0f / sqrtf((float)d);
     for (int l = 0; l < cfg->n_layers; l++) {
         const tsr_layer *ly = &m->layers[l];
@@ -161,18 +219,11 @@ tsr_status tsr_forward(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs
         ops->linear(&ly->q, c->h, T, c->q);
         ops->linear(&ly->k, c->h, T, c->k);
         ops->linear(&ly->v, c->h, T, c->v);
-        for (int s = 0; s < n_seqs; s++) {
-            const tsr_attn_seq *a = &c->attn_seqs[s];
-            const float *inv = c->inv_freq + (size_t)s * half;
-            ops->rope(c->q + (size_t)a->row0 * qd, a->n_tokens, nh, d, cfg->rope.dim, c->positions + a->row0, inv,
-                      c->attn_factor[s]);
-            ops->rope(c->k + (size_t)a->row0 * kvd, a->n_tokens, nkv, d, cfg->rope.dim, c->positions + a->row0, inv,
-                      c->attn_factor[s]);
-            ops->kv_store(c->kv, l, a->page_table, a->pos0, a->n_tokens, c->k + (size_t)a->row0 * kvd,
-                          c->v + (size_t)a->row0 * kvd);
-        }
-        tsr_attn_args args = {n_seqs, c->attn_seqs, nh, nkv, d, scale, tsr_config_layer_window(cfg, l), l};
-        ops->attention(&args, c->kv, c->q, c->attn);
+        ops->rope(&b, c->q, nh, d, cfg->rope.dim);
+        ops->rope(&b, c->k, nkv, d, cfg->rope.dim);
+        ops->kv_store(&b, c->kv, l, c->k, c->v);
+        tsr_attn_args args = {nh, nkv, d, scale, tsr_config_layer_window(cfg, l), l};
+        ops->attention(&b, &args, c->kv, c->q, c->attn);
         ops->linear(&ly->o, c->attn, T, c->h);
         ops->add(c->x, c->h, (size_t)T * H);
 
@@ -184,9 +235,9 @@ tsr_status tsr_forward(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs
         ops->add(c->x, c->h, (size_t)T * H);
     }
     if (n_out == 0) return TSR_OK;
-    for (int i = 0; i < n_out; i++)
-        memcpy(c->out_rows + (size_t)i * H, c->x + (size_t)c->out_row_index[i] * H, (size_t)H * sizeof(float));
+    ops->gather_rows(c->x, c->dev.out_index, n_out, H, c->out_rows);
     ops->rmsnorm(c->out_rows, &m->final_norm, cfg->norm_eps, n_out, H, c->out_rows);
-    ops->linear(&m->head, c->out_rows, n_out, logits);
+    ops->linear(&m->head, c->out_rows, n_out, c->logits);
+    ops->to_host(logits, c->logits, (size_t)n_out * cfg->vocab_size * sizeof(float));
     return TSR_OK;
 }

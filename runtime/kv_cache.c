@@ -1,6 +1,8 @@
 /* Paged KV cache pool (see kv_cache.h). */
 #include "runtime/kv_cache.h"
 
+#include "kernels/ops.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,16 +14,18 @@ size_t tsr_kv_bytes_per_token(int n_layers, int n_kv_heads, int head_dim, tsr_dt
 void tsr_kv_free(tsr_kv_cache *kv)
 {
     if (!kv) return;
-    for (int l = 0; kv->k && l < kv->n_layers; l++) free(kv->k[l]);
-    for (int l = 0; kv->v && l < kv->n_layers; l++) free(kv->v[l]);
+    for (int l = 0; kv->k && l < kv->n_layers; l++)
+        if (kv->k[l]) kv->ops->release(kv->k[l]);
+    for (int l = 0; kv->v && l < kv->n_layers; l++)
+        if (kv->v[l]) kv->ops->release(kv->v[l]);
     free(kv->k);
     free(kv->v);
     free(kv->free_list);
     memset(kv, 0, sizeof *kv);
 }
 
-tsr_status tsr_kv_init(tsr_kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int page_size, int n_pages,
-                       tsr_dtype dtype)
+tsr_status tsr_kv_init(tsr_kv_cache *kv, const tsr_ops *ops, int n_layers, int n_kv_heads, int head_dim,
+                       int page_size, int n_pages, tsr_dtype dtype)
 {
     memset(kv, 0, sizeof *kv);
     if (dtype != TSR_F16 && dtype != TSR_F32)
@@ -35,15 +39,16 @@ tsr_status tsr_kv_init(tsr_kv_cache *kv, int n_layers, int n_kv_heads, int head_
     kv->page_size = page_size;
     kv->n_pages = n_pages;
     kv->dtype = dtype;
+    kv->ops = ops;
     size_t per_layer = (size_t)n_pages * (size_t)page_size * (size_t)n_kv_heads * (size_t)head_dim;
     kv->k = calloc((size_t)n_layers, sizeof *kv->k);
     kv->v = calloc((size_t)n_layers, sizeof *kv->v);
     kv->free_list = malloc((size_t)n_pages * sizeof *kv->free_list);
     if (!kv->k || !kv->v || !kv->free_list) goto oom;
     for (int l = 0; l < n_layers; l++) {
-        /* calloc: pages never written read as zeros, never as garbage */
-        kv->k[l] = calloc(per_layer, tsr_dtype_size(dtype));
-        kv->v[l] = calloc(per_layer, tsr_dtype_size(dtype));
+        /* zero-filled: pages never written read as zeros, never as garbage */
+        kv->k[l] = ops->alloc(per_layer * tsr_dtype_size(dtype));
+        kv->v[l] = ops->alloc(per_layer * tsr_dtype_size(dtype));
         if (!kv->k[l] || !kv->v[l]) goto oom;
     }
     for (int i = 0; i < n_pages; i++) kv->free_list[i] = n_pages - 1 - i; /* pop gives page 0 first */

@@ -5,7 +5,8 @@
  * [n_kv_heads][head_dim] elements for K and the same for V: k[l] is laid out [n_pages][page_size][n_kv_heads][head_dim]. A sequence addresses its tokens through a page
  * table: token position t lives in page table[t / page_size], slot t % page_size. Pages are handed out by
  * tsr_kv_alloc_page() from a free list (the scheduler's prefix-sharing allocator builds on this later).
- * The storage is allocated by the backend (host memory for the CPU backend). */
+ * The storage is allocated by the backend (host memory for the CPU backend, device memory for CUDA); the page
+ * bookkeeping stays on the host. */
 #ifndef TSR_KV_CACHE_H
 #define TSR_KV_CACHE_H
 
@@ -22,14 +23,18 @@ typedef struct tsr_kv_cache {
     tsr_dtype dtype;         /* TSR_F16 or TSR_F32 */
     void **k, **v;           /* [n_layers] → [n_pages][page_size][n_kv_heads][head_dim] elements of dtype */
     int32_t *free_list;      /* stack of free page numbers */
+    const struct tsr_ops *ops; /* allocator of k and v */
     int n_free;
 } tsr_kv_cache;
 
 /* Bytes of K+V storage per token over all layers. */
 size_t tsr_kv_bytes_per_token(int n_layers, int n_kv_heads, int head_dim, tsr_dtype dtype);
 
-tsr_status tsr_kv_init(tsr_kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int page_size, int n_pages,
-                       tsr_dtype dtype);
+struct tsr_ops;
+
+/* Allocates the storage with the backend's allocator (zero-filled). */
+tsr_status tsr_kv_init(tsr_kv_cache *kv, const struct tsr_ops *ops, int n_layers, int n_kv_heads, int head_dim,
+                       int page_size, int n_pages, tsr_dtype dtype);
 void tsr_kv_free(tsr_kv_cache *kv);
 
 /* Takes a free page; returns -1 when none is left. */

@@ -1,6 +1,8 @@
 /* Model loading: binds config and tensors into tsr_model (see model.h). */
 #include "runtime/model.h"
 
+#include "runtime/gptq.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,9 +47,15 @@ static tsr_status load_linear(tsr_model *m, const char *key, int K, int N, int h
         m->n_exl2++;
         return tsr_qmatrix_load(m->st, key, K, N, has_bias, 1.0f, &L->q);
     }
-    if (has_tensor(m->st, key, "qweight"))
-        return tsr_fail(TSR_ERR_UNSUPPORTED, "%s: '%s' is a GPTQ layer (qweight); GPTQ models are not supported yet",
-                        m->dir, key);
+    if (has_tensor(m->st, key, "qweight")) {
+        /* GPTQ (4-bit): a tsr_qmatrix in GPTQ mode, run by the same kernel as EXL2 (gptq.h) */
+        if (m->cfg.quant.method[0] && strcmp(m->cfg.quant.method, "gptq"))
+            return tsr_fail(TSR_ERR_UNSUPPORTED, "%s: '%s' has qweight tensors but quant_method is '%s' (only GPTQ is supported)",
+                            m->dir, key, m->cfg.quant.method);
+        L->kind = TSR_LINEAR_EXL2;
+        m->n_exl2++;
+        return tsr_gptq_load(m->st, key, K, N, has_bias, &m->cfg.quant, &L->q);
+    }
     L->kind = TSR_LINEAR_DENSE;
     m->n_dense++;
     snprintf(name, sizeof name, "%s.weight", key);
@@ -146,9 +154,24 @@ tsr_status tsr_model_load(const char *dir, tsr_model **out)
     return TSR_OK;
 }
 
+/* Quantized linear layers in GPTQ mode (they are counted in n_exl2 too). */
+static int count_gptq(const tsr_model *m)
+{
+    int n = m->head.kind == TSR_LINEAR_EXL2 && m->head.q.kind == TSR_QMATRIX_GPTQ;
+    for (int l = 0; m->layers && l < m->cfg.n_layers; l++) {
+        const tsr_layer *ly = &m->layers[l];
+        const tsr_linear *all[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->up, &ly->down};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            n += all[i]->kind == TSR_LINEAR_EXL2 && all[i]->q.kind == TSR_QMATRIX_GPTQ;
+    }
+    return n;
+}
+
 const char *tsr_model_format(const tsr_model *m)
 {
-    if (m->n_exl2 && m->n_dense <= 1) return "exl2"; /* a tied dense head does not make it mixed */
+    const int n_gptq = count_gptq(m);
+    if (n_gptq && n_gptq == m->n_exl2 && m->n_dense <= 1) return "gptq"; /* an FP16 head does not make it mixed */
+    if (m->n_exl2 && !n_gptq && m->n_dense <= 1) return "exl2"; /* a tied dense head does not make it mixed */
     if (m->n_exl2) return "mixed";
     switch (m->embed.dtype) {
     case TSR_BF16: return "bf16";

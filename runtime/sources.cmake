@@ -8,9 +8,11 @@ list(APPEND TSR_CORE_SOURCES
   runtime/config.c
   runtime/rope.c
   runtime/exl2.c
+  runtime/gptq.c
   runtime/kv_cache.c
   runtime/model.c
   runtime/forward.c
   runtime/engine.c
   runtime/sampler.c
+  runtime/synth.c
 )

@@ -13,6 +13,7 @@ typedef struct tsr_dense {
     tsr_dtype dtype; /* TSR_F16, TSR_BF16 or TSR_F32 */
     int rows, cols;
     const void *data; /* row-major [rows][cols], borrowed */
+    const void *dev;  /* the backend's copy (NULL on the CPU backend) */
 } tsr_dense;
 
 typedef enum tsr_linear_kind { TSR_LINEAR_DENSE, TSR_LINEAR_EXL2 } tsr_linear_kind;
@@ -24,6 +25,7 @@ typedef struct tsr_linear {
     tsr_dense w;           /* dense: [N][K] */
     tsr_dense bias;        /* dense bias [1][N] (data NULL when none); EXL2 biases live in q.bias */
     tsr_qmatrix q;         /* EXL2 */
+    void *dev;             /* the backend's mirror of this layer (NULL on the CPU backend) */
 } tsr_linear;
 
 /* Element i of a dense F16/BF16/F32 array as float. */

@@ -4,8 +4,10 @@
 What it writes, and why it is reshaped:
   models/tiny-llama-exl2-4.0bpw/          the bundled default model, verbatim (also used by the tests)
   tests/fixtures/models/<name>/           the other fixture models, verbatim
-  tests/fixtures/reference/*.xz           the ExLlamaV2 / HF reference files, byte for byte, xz-compressed
-                                          (the build decompresses them into build/fixtures/)
+  tests/fixtures/reference/*.xz           the ExLlamaV2 / HF reference files, xz-compressed (the build
+                                          decompresses them into build/fixtures/): the ExLlamaV2 ones byte for
+                                          byte; of the HF ones, logits.3 keeps only its last 64 rows (as the
+                                          ExLlamaV2 references do), to keep the repo small
   tests/fixtures/reference/prompts.json   verbatim
   tests/fixtures/tokenizers/*             tokenizer files, large ones xz-compressed
   tests/fixtures/reference/tokenizer-ref.json
@@ -35,9 +37,7 @@ def copy_dir(a, b):
         os.chmod(os.path.join(b, f), 0o644)
 
 
-def xz_file(a, b):
-    with open(a, "rb") as fi:
-        data = fi.read()
+def xz_bytes(data, b):
     if os.path.exists(b):
         with lzma.open(b, "rb") as fo:
             if fo.read() == data:
@@ -46,13 +46,47 @@ def xz_file(a, b):
         fo.write(data)
 
 
+def xz_file(a, b):
+    with open(a, "rb") as fi:
+        xz_bytes(fi.read(), b)
+
+
+def trimmed_hf_ref(path, keep_rows=64):
+    """The HF reference with logits.3 cut to its last keep_rows rows (a safetensors image, bytes)."""
+    import json
+    import struct
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    base = 8 + n
+    out_header, blobs, off = {}, [], 0
+    for name in sorted(k for k in header if k != "__metadata__"):
+        meta = header[name]
+        b, e = meta["data_offsets"]
+        blob, shape = raw[base + b:base + e], list(meta["shape"])
+        if name == "logits.3" and shape[0] > keep_rows:
+            row = len(blob) // shape[0]
+            blob, shape[0] = blob[-keep_rows * row:], keep_rows
+        out_header[name] = {"dtype": meta["dtype"], "shape": shape, "data_offsets": [off, off + len(blob)]}
+        blobs.append(blob)
+        off += len(blob)
+    text = json.dumps(out_header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + b"".join(blobs)
+
+
 copy_dir(os.path.join(src, "models", BUNDLED), os.path.join(repo, "models", BUNDLED))
 for m in TEST_MODELS:
     copy_dir(os.path.join(src, "models", m), os.path.join(repo, "tests", "fixtures", "models", m))
 refdir = os.path.join(repo, "tests", "fixtures", "reference")
 os.makedirs(refdir, exist_ok=True)
 for r in REFERENCES:
-    xz_file(os.path.join(src, "reference", r + ".safetensors"), os.path.join(refdir, r + ".safetensors.xz"))
+    a, b = os.path.join(src, "reference", r + ".safetensors"), os.path.join(refdir, r + ".safetensors.xz")
+    if r.endswith(".hf-ref"):
+        xz_bytes(trimmed_hf_ref(a), b)
+    else:
+        xz_file(a, b)
 for f in ["prompts.json", "tokenizer-ref.json"]:
     shutil.copyfile(os.path.join(src, "reference", f), os.path.join(refdir, f))
 for t in sorted(os.listdir(os.path.join(src, "tokenizers"))):

@@ -17,6 +17,11 @@ for p in "${packages[@]}"; do
   fi
 done
 
+# numpy: only for scripts/exl2_check.py (the cli.synth test); any numpy python3 can import will do
+if ! python3 -c 'import numpy' >/dev/null 2>&1; then
+  missing+=(python3-numpy)
+fi
+
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

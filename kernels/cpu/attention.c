@@ -1,6 +1,7 @@
 /* Attention over the paged FP16 KV cache on the CPU, and the K/V store that fills it.
  *
- * One work item is one (query row, head) pair. Each walks the cached positions its row may see (causal, and
+ * One work item is one (query row, head) pair. Each walks the cached positions its row may see through its
+ * sequence's page table (causal, and
  * within the sliding window if any), computing scores against the fp16 keys and accumulating values with an
  * online softmax (running maximum and sum), so no score buffer of context length is needed. fp32 throughout. */
 #include "kernels/cpu/cpu_kernels.h"
@@ -13,19 +14,12 @@
 #define MAX_HEAD_DIM 512
 
 typedef struct {
+    const tsr_batch_layout *b;
     const tsr_attn_args *a;
     const tsr_kv_cache *kv;
     const float *q;
     float *out;
-    int n_rows;
 } attn_job;
-
-static const tsr_attn_seq *seq_of_row(const tsr_attn_args *a, int row)
-{
-    for (int s = 0; s < a->n_seqs; s++)
-        if (row >= a->seqs[s].row0 && row < a->seqs[s].row0 + a->seqs[s].n_tokens) return &a->seqs[s];
-    return NULL;
-}
 
 /* Reads d cached elements at element offset off as fp32. */
 static inline void load_row(const void *base, size_t off, int d, int f32, float *dst)
@@ -42,6 +36,7 @@ static inline void load_row(const void *base, size_t off, int d, int f32, float 
 static void attn_range(void *ctx, int begin, int end)
 {
     const attn_job *job = ctx;
+    const tsr_batch_layout *b = job->b;
     const tsr_attn_args *a = job->a;
     const tsr_kv_cache *kv = job->kv;
     const int d = a->head_dim, group = a->n_heads / a->n_kv_heads;
@@ -50,19 +45,15 @@ static void attn_range(void *ctx, int begin, int end)
     float acc[MAX_HEAD_DIM], kf[MAX_HEAD_DIM], vf[MAX_HEAD_DIM];
     for (int item = begin; item < end; item++) {
         const int row = item / a->n_heads, h = item % a->n_heads, kvh = h / group;
-        const tsr_attn_seq *s = seq_of_row(a, row);
+        const int32_t *table = b->page_tables + (size_t)b->row_seq[row] * b->max_pages;
         const float *qr = job->q + ((size_t)row * a->n_heads + h) * d;
         float *o = job->out + ((size_t)row * a->n_heads + h) * d;
-        if (!s) {
-            for (int i = 0; i < d; i++) o[i] = 0.0f;
-            continue;
-        }
-        const int p = s->pos0 + (row - s->row0);
+        const int p = b->positions[row];
         const int lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
         float mx = -INFINITY, sum = 0.0f;
         for (int i = 0; i < d; i++) acc[i] = 0.0f;
         for (int t = lo; t <= p; t++) {
-            const size_t off = tsr_kv_slot_offset(kv, s->page_table, t) + (size_t)kvh * d;
+            const size_t off = tsr_kv_slot_offset(kv, table, t) + (size_t)kvh * d;
             load_row(kbase, off, d, f32, kf);
             float lane[8] = {0};
             int i = 0;
@@ -88,21 +79,19 @@ static void attn_range(void *ctx, int begin, int end)
     }
 }
 
-void tsr_cpu_attention(const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q, float *out)
+void tsr_cpu_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
+                       float *out)
 {
-    int n_rows = 0;
-    for (int s = 0; s < a->n_seqs; s++)
-        if (a->seqs[s].row0 + a->seqs[s].n_tokens > n_rows) n_rows = a->seqs[s].row0 + a->seqs[s].n_tokens;
-    attn_job job = {a, kv, q, out, n_rows};
-    tsr_parallel_for(n_rows * a->n_heads, attn_range, &job);
+    attn_job job = {b, a, kv, q, out};
+    tsr_parallel_for(b->n_rows * a->n_heads, attn_range, &job);
 }
 
-void tsr_cpu_kv_store(tsr_kv_cache *kv, int layer, const int32_t *page_table, int pos0, int n, const float *k,
-                      const float *v)
+void tsr_cpu_kv_store(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v)
 {
     const size_t width = (size_t)kv->n_kv_heads * kv->head_dim;
-    for (int t = 0; t < n; t++) {
-        const size_t off = tsr_kv_slot_offset(kv, page_table, pos0 + t);
+    for (int t = 0; t < b->n_rows; t++) {
+        const int32_t *table = b->page_tables + (size_t)b->row_seq[t] * b->max_pages;
+        const size_t off = tsr_kv_slot_offset(kv, table, b->positions[t]);
         const float *ks = k + (size_t)t * width, *vs = v + (size_t)t * width;
         if (kv->dtype == TSR_F32) {
             memcpy((float *)kv->k[layer] + off, ks, width * sizeof(float));

@@ -7,13 +7,13 @@
 void tsr_cpu_linear(const tsr_linear *L, const float *x, int M, float *y);
 void tsr_cpu_linear_exl2(const tsr_qmatrix *q, int N, const float *x, int M, float *y);
 void tsr_cpu_linear_dense(const tsr_dense *w, const tsr_dense *bias, const float *x, int M, float *y);
-void tsr_cpu_attention(const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q, float *out);
-void tsr_cpu_kv_store(tsr_kv_cache *kv, int layer, const int32_t *page_table, int pos0, int n, const float *k,
-                      const float *v);
+void tsr_cpu_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
+                       float *out);
+void tsr_cpu_kv_store(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v);
 void tsr_cpu_embed(const tsr_dense *table, const int32_t *ids, int n, float *out);
 void tsr_cpu_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, int dim, float *out);
-void tsr_cpu_rope(float *x, int n, int n_heads, int head_dim, int rot_dim, const int32_t *pos, const float *inv_freq,
-                  float attn_factor);
+void tsr_cpu_rope(const tsr_batch_layout *b, float *x, int n_heads, int head_dim, int rot_dim);
+void tsr_cpu_gather_rows(const float *x, const int32_t *index, int n, int dim, float *out);
 void tsr_cpu_silu_mul(const float *gate, const float *up, size_t n, float *out);
 void tsr_cpu_add(float *x, const float *y, size_t n);
 

@@ -29,23 +29,24 @@ void tsr_cpu_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, in
     }
 }
 
-void tsr_cpu_rope(float *x, int n, int n_heads, int head_dim, int rot_dim, const int32_t *pos, const float *inv_freq,
-                  float attn_factor)
+void tsr_cpu_rope(const tsr_batch_layout *b, float *x, int n_heads, int head_dim, int rot_dim)
 {
     const int half = rot_dim / 2;
     float c[MAX_ROT_HALF], s[MAX_ROT_HALF];
-    for (int t = 0; t < n; t++) {
+    for (int t = 0; t < b->n_rows; t++) {
+        const int seq = b->row_seq[t];
+        const float *inv_freq = b->inv_freq + (size_t)seq * half, af = b->attn_factor[seq];
         for (int i = 0; i < half; i++) {
-            const float angle = (float)pos[t] * inv_freq[i]; /* fp32 product, as HF */
-            c[i] = (float)cos((double)angle) * attn_factor;
-            s[i] = (float)sin((double)angle) * attn_factor;
+            const float angle = (float)b->positions[t] * inv_freq[i]; /* fp32 product, as HF */
+            c[i] = (float)cos((double)angle) * af;
+            s[i] = (float)sin((double)angle) * af;
         }
         for (int h = 0; h < n_heads; h++) {
             float *v = x + ((size_t)t * n_heads + h) * head_dim;
             for (int i = 0; i < half; i++) {
-                const float a = v[i], b = v[i + half];
-                v[i] = a * c[i] - b * s[i];
-                v[i + half] = b * c[i] + a * s[i];
+                const float p = v[i], q = v[i + half];
+                v[i] = p * c[i] - q * s[i];
+                v[i + half] = q * c[i] + p * s[i];
             }
         }
     }
@@ -62,4 +63,9 @@ void tsr_cpu_silu_mul(const float *gate, const float *up, size_t n, float *out)
 void tsr_cpu_add(float *x, const float *y, size_t n)
 {
     for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+void tsr_cpu_gather_rows(const float *x, const int32_t *index, int n, int dim, float *out)
+{
+    for (int i = 0; i < n; i++) memmove(out + (size_t)i * dim, x + (size_t)index[i] * dim, (size_t)dim * sizeof(float));
 }

@@ -1,4 +1,4 @@
-/* EXL2 matrix multiplication on the CPU, dequantizing tile by tile.
+/* EXL2 (and 4-bit GPTQ) matrix multiplication on the CPU, dequantizing tile by tile.
  *
  * Work is split over blocks of TILE_N output columns. For each block, every group is walked in chunks of up to
  * 32 stored rows: the chunk's packed words (b words per 32 rows at b bits, since each column is an independent bit
@@ -6,7 +6,11 @@
  * column scale into a small fp32 tile [32][TILE_N] on the stack. Every input row then accumulates
  * x[m][perm[row]] · tile into y: the activation is gathered through the permutation, the weights stay in stored
  * order, and no full-precision copy of the matrix ever exists. Each weight value (code − offset) · scale is exact
- * in fp32; accumulation is fp32. */
+ * in fp32; accumulation is fp32.
+ *
+ * GPTQ matrices (tsr_qmatrix kind TSR_QMATRIX_GPTQ, see gptq.h) go through the same loop: their groups are 4-bit
+ * streams, and the per-column offset is the group's zero point (tsr_qmatrix_zero) instead of 2^(b-1), the scale
+ * the fp16 GPTQ scale; both come from the same per-(group, column) tables, so EXL2 results are unchanged. */
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/threadpool.h"
 #include "runtime/half.h"
@@ -24,13 +28,13 @@ typedef struct {
     float *y;
 } exl2_job;
 
-/* Decodes rows [j0, j0 + rows) of group g for columns [n0, n0 + nb) into tile[rows][TILE_N] (scaled). */
+/* Decodes rows [j0, j0 + rows) of group g for columns [n0, n0 + nb) into tile[rows][TILE_N]:
+ * (code − zero[c]) · scale[c]. */
 static void decode_chunk(const tsr_qmatrix *q, const tsr_qgroup *g, int j0, int rows, int n0, int nb,
-                         const float *scale, float tile[CHUNK_ROWS][TILE_N])
+                         const float *zero, const float *scale, float tile[CHUNK_ROWS][TILE_N])
 {
     const int b = g->bits;
     const uint32_t mask = (1u << b) - 1u;
-    const float off = (float)(1 << (b - 1));
     const size_t N = (size_t)q->N;
     /* j0 is a multiple of 32 within the group, so the chunk starts on a word boundary */
     const size_t w0 = (size_t)g->qrow0 + (size_t)j0 * (size_t)b / 32;
@@ -45,11 +49,11 @@ static void decode_chunk(const tsr_qmatrix *q, const tsr_qgroup *g, int j0, int 
         const int bit = j * b, t = bit >> 5, sh = bit & 31;
         float *dst = tile[j];
         if (sh + b <= 32) {
-            for (int c = 0; c < TILE_N; c++) dst[c] = ((float)((words[t][c] >> sh) & mask) - off) * scale[c];
+            for (int c = 0; c < TILE_N; c++) dst[c] = ((float)((words[t][c] >> sh) & mask) - zero[c]) * scale[c];
         } else {
             for (int c = 0; c < TILE_N; c++) {
                 uint32_t v = (words[t][c] >> sh) | (words[t + 1][c] << (32 - sh));
-                dst[c] = ((float)(v & mask) - off) * scale[c];
+                dst[c] = ((float)(v & mask) - zero[c]) * scale[c];
             }
         }
     }
@@ -61,6 +65,7 @@ static void exl2_range(void *ctx, int begin, int end)
     const tsr_qmatrix *q = job->q;
     float tile[CHUNK_ROWS][TILE_N];
     float scale[TILE_N];
+    float zero[TILE_N];
     float acc[TILE_N];
     for (int blk = begin; blk < end; blk++) {
         const int n0 = blk * TILE_N;
@@ -72,9 +77,14 @@ static void exl2_range(void *ctx, int begin, int end)
         for (int gi = 0; gi < q->G; gi++) {
             const tsr_qgroup *g = &q->groups[gi];
             for (int c = 0; c < TILE_N; c++) scale[c] = c < nb ? tsr_qmatrix_scale(q, gi, n0 + c) : 0.0f;
+            if (q->kind == TSR_QMATRIX_GPTQ) {
+                for (int c = 0; c < TILE_N; c++) zero[c] = c < nb ? (float)tsr_qmatrix_zero(q, gi, n0 + c) : 0.0f;
+            } else {
+                for (int c = 0; c < TILE_N; c++) zero[c] = (float)(1 << (g->bits - 1));
+            }
             for (int j0 = 0; j0 < g->rows; j0 += CHUNK_ROWS) {
                 const int rows = g->rows - j0 < CHUNK_ROWS ? g->rows - j0 : CHUNK_ROWS;
-                decode_chunk(q, g, j0, rows, n0, nb, scale, tile);
+                decode_chunk(q, g, j0, rows, n0, nb, zero, scale, tile);
                 const int32_t *perm = q->perm + g->row0 + j0;
                 for (int m = 0; m < job->M; m++) {
                     const float *xr = job->x + (size_t)m * q->K;

@@ -1,8 +1,30 @@
-/* The CPU backend's operation table (see kernels/ops.h). */
+/* The CPU backend's operation table (see kernels/ops.h): host memory, weights used in place. */
 #include "kernels/cpu/cpu_kernels.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void *cpu_alloc(size_t bytes) { return calloc(1, bytes ? bytes : 1); }
+static void cpu_release(void *p) { free(p); }
+static void cpu_copy(void *dst, const void *src, size_t bytes)
+{
+    if (bytes) memmove(dst, src, bytes);
+}
+static tsr_status cpu_prepare_model(struct tsr_model *m)
+{
+    (void)m;
+    return TSR_OK;
+}
+static void cpu_release_model(struct tsr_model *m) { (void)m; }
 
 static const tsr_ops cpu_ops = {
     .name = "cpu",
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .to_device = cpu_copy,
+    .to_host = cpu_copy,
+    .prepare_model = cpu_prepare_model,
+    .release_model = cpu_release_model,
     .embed = tsr_cpu_embed,
     .rmsnorm = tsr_cpu_rmsnorm,
     .linear = tsr_cpu_linear,
@@ -11,6 +33,7 @@ static const tsr_ops cpu_ops = {
     .attention = tsr_cpu_attention,
     .silu_mul = tsr_cpu_silu_mul,
     .add = tsr_cpu_add,
+    .gather_rows = tsr_cpu_gather_rows,
 };
 
 const tsr_ops *tsr_ops_cpu(void) { return &cpu_ops; }

@@ -7,6 +7,7 @@
 #include "runtime/text/jinja_lexer.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -215,8 +216,9 @@ static void lex_tag(lexer *L, char kind, int *line_starting)
                 t->f = strtod(buf, NULL);
             else {
                 char *end;
+                errno = 0;
                 unsigned long long v = strtoull(buf, &end, 10);
-                if (bn > 18 || v > (unsigned long long)INT64_MAX) lex_fail(L, L->line, "integer literal too large");
+                if (errno || v > (unsigned long long)INT64_MAX) lex_fail(L, L->line, "integer literal too large");
                 t->i = (int64_t)v;
             }
             L->pos = q;

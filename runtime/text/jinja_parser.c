@@ -838,9 +838,17 @@ static void subparse(parser *P, jnodes *out, const char *const *end_tags)
     for (;;) {
         jtoken *t = cur(P);
         if (t->t == TK_EOF) {
-            if (end_tags)
-                jinja_raise(P->a->err, TSR_ERR_FORMAT, t->line, "syntax error: unexpected end of template, expected '%s'",
-                            end_tags[0]);
+            if (end_tags) {
+                char want[128] = "";
+                for (int i = 0; end_tags[i]; i++) {
+                    if (i) strncat(want, " or ", sizeof want - strlen(want) - 1);
+                    strncat(want, "'", sizeof want - strlen(want) - 1);
+                    strncat(want, end_tags[i], sizeof want - strlen(want) - 1);
+                    strncat(want, "'", sizeof want - strlen(want) - 1);
+                }
+                jinja_raise(P->a->err, TSR_ERR_FORMAT, t->line, "syntax error: unexpected end of template, expected %s",
+                            want);
+            }
             return;
         }
         if (t->t == TK_DATA) {

@@ -248,6 +248,8 @@ static int merge_heap(const tsr_tokenizer *t, tok_work *w, long ns)
     return 0;
 }
 
+static tsr_status bpe_merge(const tsr_tokenizer *t, tok_work *w, const char *s, size_t n, tok_ids *out);
+
 tsr_status tok_bpe_word(const tsr_tokenizer *t, tok_work *w, const char *s, size_t n, tok_ids *out)
 {
     if (!n) return TSR_OK;
@@ -255,6 +257,28 @@ tsr_status tok_bpe_word(const tsr_tokenizer *t, tok_work *w, const char *s, size
         int32_t id = tok_strmap_get(&t->vocab, s, n);
         if (id >= 0) return tok_ids_push(out, id) ? oom() : TSR_OK;
     }
+    struct tok_cache_ent *ce = NULL;
+    if (n <= TOK_CACHE_WORD) {
+        if (!w->cache && !(w->cache = calloc(TOK_CACHE_SLOTS, sizeof *w->cache))) return oom();
+        ce = &w->cache[tok_hash(s, n) & (TOK_CACHE_SLOTS - 1)];
+        if (ce->len == n && !memcmp(ce->word, s, n)) {
+            for (int i = 0; i < ce->n_ids; i++)
+                if (tok_ids_push(out, ce->ids[i])) return oom();
+            return TSR_OK;
+        }
+    }
+    size_t before = out->n;
+    tsr_status st = bpe_merge(t, w, s, n, out);
+    if (st || !ce || out->n - before > TOK_CACHE_IDS) return st;
+    ce->len = (uint8_t)n;
+    ce->n_ids = (uint8_t)(out->n - before);
+    memcpy(ce->word, s, n);
+    memcpy(ce->ids, out->v + before, ce->n_ids * sizeof *ce->ids);
+    return TSR_OK;
+}
+
+static tsr_status bpe_merge(const tsr_tokenizer *t, tok_work *w, const char *s, size_t n, tok_ids *out)
+{
     long ns = initial_symbols(t, w, s, n);
     if (ns < 0) return oom();
     if (ns <= 1) {

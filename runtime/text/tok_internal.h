@@ -12,6 +12,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,6 +42,7 @@ int tok_utf8_encode(uint32_t cp, char *out);
 size_t tok_utf8_lossy(const unsigned char *s, size_t n, int final, tok_buf *out, int *err);
 int tok_is_whitespace(uint32_t cp); /* Rust char::is_whitespace */
 int tok_is_word_char(uint32_t cp);  /* regex \w */
+int tok_bytelevel_char(int b);       /* GPT-2 bytes_to_unicode: byte → code point */
 
 uint64_t tok_hash(const void *p, size_t n);
 
@@ -94,8 +96,8 @@ typedef struct {
 tsr_status tok_regex_compile(tok_regex *re, const char *pattern, size_t len, const char *where);
 void tok_regex_free(tok_regex *re);
 /* Finds the next match at or after `from` in s[0..n]; returns 1 and sets [*ms, *me), 0 when none, -1 on error. */
-int tok_regex_find(const tok_regex *re, pcre2_match_data *md, const char *s, size_t n, size_t from, size_t *ms,
-                   size_t *me);
+int tok_regex_find(const tok_regex *re, pcre2_match_data *md, pcre2_match_context *mc, const char *s, size_t n,
+                   size_t from, size_t *ms, size_t *me);
 
 /* A pattern of Split / Replace: a literal string or a regex. */
 typedef struct {
@@ -176,6 +178,11 @@ struct tsr_tokenizer {
     uint32_t *id_len;
     unsigned char *id_special;
     size_t n_ids;
+    /* the strings decoding starts from: like id_str, but normalized added tokens in their normalized form (as
+     * tokenizers does), and dec_special: that string is the content of a special added token */
+    const char **dec_str;
+    uint32_t *dec_len;
+    unsigned char *dec_special;
     /* added tokens */
     tok_added *added;
     size_t n_added;
@@ -192,6 +199,14 @@ struct tsr_tokenizer {
     size_t n_decs;
     int has_decoder;
     char *bos, *eos;
+    /* scratch spaces of finished encode calls, reused by the next ones (guarded by pool_lock) */
+    pthread_mutex_t pool_lock;
+    struct tok_work *pool[8];
+    size_t n_pool;
+    /* added-token matchers: [0] raw text (normalized=false tokens), [1] normalized text; for each first byte the
+     * range [first[c], first[c+1]) of `order` lists candidate added-token indices, longest first */
+    uint32_t *am_order[2];
+    uint32_t am_first[2][257];
     /* all strings of vocab keys */
     char **arenas;
     size_t n_arenas;
@@ -209,13 +224,18 @@ tsr_status tok_pretok_run(const tsr_tokenizer *t, tok_work *w, const char *s, si
 /* tok_bpe.c: tokenizes one word with the BPE model, appending ids. */
 tsr_status tok_bpe_word(const tsr_tokenizer *t, tok_work *w, const char *s, size_t n, tok_ids *out);
 /* tok_encode.c */
+tsr_status tok_build_matchers(tsr_tokenizer *t);
 tok_work *tok_work_new(void);
 void tok_work_free(tok_work *w);
+tok_work *tok_work_get(const tsr_tokenizer *t); /* from the tokenizer's pool, or new */
+void tok_work_put(const tsr_tokenizer *t, tok_work *w);
 
 /* Scratch space of one encode call (so a tokenizer can be shared between threads). */
 #define TOK_MAX_DEPTH 16
 struct tok_work {
     pcre2_match_data *md;
+    pcre2_match_context *mc;
+    pcre2_jit_stack *jit_stack;
     tok_buf depth_a[TOK_MAX_DEPTH], depth_b[TOK_MAX_DEPTH]; /* per pre-tokenizer step */
     size_t *spans[TOK_MAX_DEPTH];                          /* split spans, 3 per entry */
     size_t spans_cap[TOK_MAX_DEPTH];
@@ -227,6 +247,15 @@ struct tok_work {
     void *heap;
     size_t heap_cap;
     tok_buf norm;
+    struct tok_cache_ent *cache; /* word → ids cache (direct mapped), kept with the pooled scratch */
+};
+#define TOK_CACHE_SLOTS 8192
+#define TOK_CACHE_WORD 30
+#define TOK_CACHE_IDS 7
+struct tok_cache_ent {
+    uint8_t len, n_ids;
+    char word[TOK_CACHE_WORD];
+    int32_t ids[TOK_CACHE_IDS];
 };
 
 #endif

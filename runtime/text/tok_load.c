@@ -292,7 +292,7 @@ static tsr_status add_pretok(const ctx *c, json_t *obj, const char *where)
     if (!strcmp(type, "Whitespace")) return regex_split(c, "\\w+|[^\\w\\s]+", SPLIT_REMOVED, 1, where);
     if (!strcmp(type, "WhitespaceSplit")) return regex_split(c, "\\s", SPLIT_REMOVED, 0, where);
     if (!strcmp(type, "Digits")) {
-        int individual;
+        int individual = 0;
         TSR_TRY(get_bool(c, obj, "individual_digits", 0, &individual, where));
         return regex_split(c, "\\p{N}", individual ? SPLIT_ISOLATED : SPLIT_CONTIGUOUS, 0, where);
     }
@@ -599,8 +599,8 @@ static tsr_status load_model(const ctx *c, json_t *model)
     if (tok_pairmap_init(&t->merges, nm)) goto oom;
     tok_buf tmp = {0};
     for (size_t i = 0; i < nm; i++) {
-        const char *a, *b;
-        size_t al, bl;
+        const char *a = NULL, *b = NULL;
+        size_t al = 0, bl = 0;
         if ((st = parse_merge(c, json_array_get(merges, i), i, &a, &al, &b, &bl))) break;
         int32_t ia = tok_strmap_get(&t->vocab, a, al), ib = tok_strmap_get(&t->vocab, b, bl);
         size_t skip = t->cont_prefix_len <= bl ? t->cont_prefix_len : bl;
@@ -698,8 +698,26 @@ static tsr_status build_id_table(const ctx *c)
     }
     for (size_t i = 0; i < n; i++)
         if (t->id_str[i] && tok_strmap_get(&specials, t->id_str[i], t->id_len[i]) == 1) t->id_special[i] = 1;
+    tsr_status st = TSR_OK;
+    t->dec_str = malloc((n ? n : 1) * sizeof *t->dec_str);
+    t->dec_len = malloc((n ? n : 1) * sizeof *t->dec_len);
+    t->dec_special = malloc(n ? n : 1);
+    if (!t->dec_str || !t->dec_len || !t->dec_special) {
+        st = nomem(c);
+    } else {
+        memcpy(t->dec_str, t->id_str, n * sizeof *t->dec_str);
+        memcpy(t->dec_len, t->id_len, n * sizeof *t->dec_len);
+        memcpy(t->dec_special, t->id_special, n);
+        for (size_t i = 0; i < t->n_added; i++) {
+            const tok_added *a = &t->added[i];
+            if (!a->norm) continue;
+            t->dec_str[a->id] = a->norm;
+            t->dec_len[a->id] = (uint32_t)a->norm_len;
+            t->dec_special[a->id] = tok_strmap_get(&specials, a->norm, a->norm_len) == 1;
+        }
+    }
     tok_strmap_free(&specials);
-    return TSR_OK;
+    return st;
 }
 
 /* Normalized added tokens are matched in their normalized form. */
@@ -766,8 +784,9 @@ tsr_status tok_load_json(tsr_tokenizer *t, const char *file)
         st = tsr_fail(TSR_ERR_UNSUPPORTED, "%s: truncation: truncation settings are not supported", c.file);
         goto done;
     }
-    if ((st = build_id_table(&c))) goto done;
     if ((st = normalize_added(&c))) goto done;
+    if ((st = build_id_table(&c))) goto done;
+    if ((st = tok_build_matchers(t))) goto done;
 done:
     json_decref(root);
     return st;

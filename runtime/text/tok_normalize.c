@@ -109,7 +109,7 @@ static tsr_status replace(const tok_norm *nm, const char *in, size_t n, tok_buf 
     tsr_status st = TSR_OK;
     while (from <= n) {
         size_t ms, me;
-        int r = tok_regex_find(&nm->pat.re, md, in, n, from, &ms, &me);
+        int r = tok_regex_find(&nm->pat.re, md, NULL, in, n, from, &ms, &me);
         if (r < 0) {
             st = tsr_fail(TSR_ERR_INTERNAL, "normalizer Replace: regex match failed");
             break;

@@ -407,11 +407,11 @@ void tok_regex_free(tok_regex *re)
     re->code = NULL;
 }
 
-int tok_regex_find(const tok_regex *re, pcre2_match_data *md, const char *s, size_t n, size_t from, size_t *ms,
-                   size_t *me)
+int tok_regex_find(const tok_regex *re, pcre2_match_data *md, pcre2_match_context *mc, const char *s, size_t n,
+                   size_t from, size_t *ms, size_t *me)
 {
-    int rc = re->jit ? pcre2_jit_match(re->code, (PCRE2_SPTR)s, n, from, 0, md, NULL)
-                     : pcre2_match(re->code, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, md, NULL);
+    int rc = re->jit ? pcre2_jit_match(re->code, (PCRE2_SPTR)s, n, from, 0, md, mc)
+                     : pcre2_match(re->code, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, md, mc);
     if (rc == PCRE2_ERROR_NOMATCH) return 0;
     if (rc < 0) return -1;
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);

@@ -26,6 +26,9 @@ void tsr_tokenizer_free(tsr_tokenizer *t)
     free(t->id_str);
     free(t->id_len);
     free(t->id_special);
+    free(t->dec_str);
+    free(t->dec_len);
+    free(t->dec_special);
     for (size_t i = 0; i < t->n_added; i++) {
         free(t->added[i].content);
         free(t->added[i].norm);
@@ -50,6 +53,10 @@ void tsr_tokenizer_free(tsr_tokenizer *t)
     free(t->bos);
     free(t->eos);
     free(t->path);
+    for (size_t i = 0; i < t->n_pool; i++) tok_work_free(t->pool[i]);
+    pthread_mutex_destroy(&t->pool_lock);
+    free(t->am_order[0]);
+    free(t->am_order[1]);
     free(t);
 }
 
@@ -70,6 +77,7 @@ tsr_status tsr_tokenizer_load(const char *path, tsr_tokenizer **out)
         return tsr_fail(TSR_ERR_NOMEM, "%s: out of memory", path);
     }
     t->unk_id = -1;
+    pthread_mutex_init(&t->pool_lock, NULL);
     tsr_status st = TSR_OK;
     if (is_dir) {
         snprintf(file, n + 64, "%s/tokenizer.json", path);

@@ -24,7 +24,7 @@ static void test_page_pool(void **state)
 {
     (void)state;
     tsr_kv_cache kv;
-    assert_int_equal(tsr_kv_init(&kv, 2, 2, 8, 4, 3, TSR_F16), TSR_OK);
+    assert_int_equal(tsr_kv_init(&kv, tsr_ops_cpu(), 2, 2, 8, 4, 3, TSR_F16), TSR_OK);
     int a = tsr_kv_alloc_page(&kv), b = tsr_kv_alloc_page(&kv), c = tsr_kv_alloc_page(&kv);
     assert_true(a >= 0 && b >= 0 && c >= 0 && a != b && b != c && a != c);
     assert_int_equal(tsr_kv_alloc_page(&kv), -1); /* exhausted */
@@ -34,8 +34,8 @@ static void test_page_pool(void **state)
     /* position 5 = page table[1] (a), slot 1 */
     assert_int_equal(tsr_kv_slot_offset(&kv, table, 5), ((size_t)a * 4 + 1) * 2 * 8);
     tsr_kv_free(&kv);
-    assert_int_equal(tsr_kv_init(&kv, 1, 1, 8, 4, 0, TSR_F16), TSR_ERR_ARG);
-    assert_int_equal(tsr_kv_init(&kv, 1, 1, 8, 4, 2, TSR_I32), TSR_ERR_UNSUPPORTED);
+    assert_int_equal(tsr_kv_init(&kv, tsr_ops_cpu(), 1, 1, 8, 4, 0, TSR_F16), TSR_ERR_ARG);
+    assert_int_equal(tsr_kv_init(&kv, tsr_ops_cpu(), 1, 1, 8, 4, 2, TSR_I32), TSR_ERR_UNSUPPORTED);
 }
 
 /* Dense reference attention for one sequence with all K/V in arrays [T][nkv][d]. */
@@ -62,11 +62,20 @@ static void reference(const float *q, const float *k, const float *v, int pos0, 
         }
 }
 
+/* Stores n rows of one sequence at positions pos0.. through the kv_store op. */
+static void store(tsr_kv_cache *kv, const int32_t *table, int pos0, int n, const float *k, const float *v)
+{
+    int32_t row_seq[16] = {0}, positions[16], seq_row0[] = {0, n};
+    for (int i = 0; i < n; i++) positions[i] = pos0 + i;
+    tsr_batch_layout b = {1, n, 4, row_seq, positions, seq_row0, table, NULL, NULL};
+    tsr_ops_cpu()->kv_store(&b, kv, 0, k, v);
+}
+
 static void check_attention(tsr_dtype dtype, int window)
 {
     const int nh = 4, nkv = 2, d = 16, page = 4, T0 = 13, T1 = 6;
     tsr_kv_cache kv;
-    assert_int_equal(tsr_kv_init(&kv, 1, nkv, d, page, 16, dtype), TSR_OK);
+    assert_int_equal(tsr_kv_init(&kv, tsr_ops_cpu(), 1, nkv, d, page, 16, dtype), TSR_OK);
     /* two sequences with interleaved, out-of-order pages */
     int32_t table0[] = {9, 2, 14, 5}, table1[] = {0, 11};
     float *k0 = malloc(T0 * nkv * d * sizeof(float)), *v0 = malloc(T0 * nkv * d * sizeof(float));
@@ -81,18 +90,23 @@ static void check_attention(tsr_dtype dtype, int window)
     }
     const tsr_ops *ops = tsr_ops_cpu();
     /* sequence 0 cached in two steps (prefill 10, then 3), sequence 1 in one */
-    ops->kv_store(&kv, 0, table0, 0, 10, k0, v0);
-    ops->kv_store(&kv, 0, table0, 10, 3, k0 + 10 * nkv * d, v0 + 10 * nkv * d);
-    ops->kv_store(&kv, 0, table1, 0, T1, k1, v1);
+    store(&kv, table0, 0, 10, k0, v0);
+    store(&kv, table0, 10, 3, k0 + 10 * nkv * d, v0 + 10 * nkv * d);
+    store(&kv, table1, 0, T1, k1, v1);
     /* query: last 3 tokens of seq 0 and all 6 of seq 1, in one call */
     const int n0 = 3, rows = n0 + T1;
     float *q = malloc((size_t)rows * nh * d * sizeof(float)), *out = malloc((size_t)rows * nh * d * sizeof(float));
     float *want = malloc((size_t)rows * nh * d * sizeof(float));
     for (int i = 0; i < rows * nh * d; i++) q[i] = frand();
     for (int i = 0; i < rows * nh * d; i++) out[i] = NAN;
-    tsr_attn_seq seqs[] = {{0, n0, T0 - n0, table0}, {n0, T1, 0, table1}};
-    tsr_attn_args a = {2, seqs, nh, nkv, d, 1.0f / sqrtf((float)d), window, 0};
-    ops->attention(&a, &kv, q, out);
+    int32_t tables[2][4] = {{9, 2, 14, 5}, {0, 11, 0, 0}}, row_seq[9], positions[9], seq_row0[] = {0, n0, rows};
+    for (int r = 0; r < rows; r++) {
+        row_seq[r] = r < n0 ? 0 : 1;
+        positions[r] = r < n0 ? T0 - n0 + r : r - n0;
+    }
+    tsr_batch_layout b = {2, rows, 4, row_seq, positions, seq_row0, &tables[0][0], NULL, NULL};
+    tsr_attn_args a = {nh, nkv, d, 1.0f / sqrtf((float)d), window, 0};
+    ops->attention(&b, &a, &kv, q, out);
     reference(q, k0, v0, T0 - n0, n0, nh, nkv, d, window, want);
     reference(q + (size_t)n0 * nh * d, k1, v1, 0, T1, nh, nkv, d, window, want + (size_t)n0 * nh * d);
     for (int i = 0; i < rows * nh * d; i++)

@@ -1,0 +1,770 @@
+/* Synthetic EXL2 model writer (see synth.h; format in EXL2.md §1, §3-§6, §9).
+ *
+ * Three steps. (1) Plan: every linear layer gets a converter-style option (descending widths, group sizes
+ * 32/64/128, the rows at each width); the decoder layers' options are solved one matrix at a time with error
+ * diffusion so that the total stored bits over all decoder matrices land on bpw × sum(K·N), counted exactly as
+ * tsr_qmatrix_bpw counts them; lm_head uses the fixed -hb table of EXL2.md §9.2. (2) Inventory: the tensor list
+ * (names, dtypes, shapes, byte sizes) in converter (module) order, split greedily into shards by byte budget, then
+ * sorted inside each shard the way safetensors' save_file orders a file (dtype, then name), which keeps every
+ * tensor aligned to its element size. (3) Stream: per shard, declare the tensors, write the header, then
+ * generate each tensor from its own random stream (seeded
+ * by the model seed and the tensor name, so tensors straddling shards and the shard count do not change any byte)
+ * and write it a group at a time. Codes follow a rounded, clamped normal distribution around the EXL2 offset
+ * 2^(b-1) (symmetric, like real GPTQ codes); scale codes are uniform in 8..15 and q_scale_max is chosen per group
+ * so that the dequantized weights have standard deviation ~1/sqrt(K). q/k/v share one row permutation and gate/up
+ * another, as in converted models. */
+#include "runtime/synth.h"
+
+#include "runtime/half.h"
+#include "runtime/safetensors.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* ---------------- packing ---------------- */
+
+void tsr_synth_pack(const uint8_t *codes, int rows, int bits, int N, uint32_t *words)
+{
+    const size_t n = (size_t)N;
+    memset(words, 0, (size_t)rows * (size_t)bits / 32 * n * sizeof *words);
+    for (int j = 0; j < rows; j++) {
+        const long s = (long)j * bits;
+        const size_t w = (size_t)(s >> 5);
+        const int sh = (int)(s & 31);
+        const uint8_t *c = codes + (size_t)j * n;
+        uint32_t *lo = words + w * n;
+        for (size_t k = 0; k < n; k++) lo[k] |= (uint32_t)c[k] << sh;
+        if (sh + bits > 32) {
+            uint32_t *hi = lo + n;
+            for (size_t k = 0; k < n; k++) hi[k] |= (uint32_t)c[k] >> (32 - sh);
+        }
+    }
+}
+
+/* ---------------- plans ---------------- */
+
+static int valid_width(int b) { return b == 2 || b == 3 || b == 4 || b == 5 || b == 6 || b == 8; }
+
+tsr_status tsr_synth_qplan_finish(tsr_synth_qplan *p)
+{
+    if (p->K <= 0 || p->K > 65535) return tsr_fail(TSR_ERR_ARG, "synth: K = %d is outside 1..65535 (EXL2 limit)", p->K);
+    if (p->N <= 0 || p->N % 32) return tsr_fail(TSR_ERR_ARG, "synth: N = %d is not a positive multiple of 32", p->N);
+    /* drop empty widths */
+    int n = 0;
+    for (int i = 0; i < p->n_widths; i++) {
+        if (p->rows[i] < 0) return tsr_fail(TSR_ERR_ARG, "synth: negative row count");
+        if (p->rows[i] == 0) continue;
+        p->bits[n] = p->bits[i];
+        p->rows[n] = p->rows[i];
+        p->group_size[n] = p->group_size[i];
+        n++;
+    }
+    p->n_widths = n;
+    int rows = 0, G = 0, Q = 0, prev = 9;
+    for (int i = 0; i < n; i++) {
+        int b = p->bits[i], gs = p->group_size[i];
+        if (!valid_width(b) || b >= prev)
+            return tsr_fail(TSR_ERR_ARG, "synth: widths must be distinct, descending and in {8,6,5,4,3,2}");
+        if (gs <= 0) return tsr_fail(TSR_ERR_ARG, "synth: group size %d", gs);
+        prev = b;
+        for (int r = 0; r < p->rows[i]; r += gs) {
+            int gr = p->rows[i] - r < gs ? p->rows[i] - r : gs;
+            if ((long)gr * b % 32)
+                return tsr_fail(TSR_ERR_ARG, "synth: a group of %d rows at %d bits is not a whole number of words", gr, b);
+            Q += gr * b / 32;
+            G++;
+        }
+        rows += p->rows[i];
+    }
+    if (rows != p->K) return tsr_fail(TSR_ERR_ARG, "synth: widths cover %d rows, K = %d", rows, p->K);
+    p->G = G;
+    p->Q = Q;
+    return TSR_OK;
+}
+
+uint64_t tsr_synth_qplan_bits(const tsr_synth_qplan *p)
+{
+    const uint64_t N = (uint64_t)p->N;
+    return (uint64_t)p->Q * N * 32                 /* q_weight */
+           + (uint64_t)p->G * (N / 8) * 32         /* q_scale */
+           + (uint64_t)p->G * 16                   /* q_scale_max */
+           + (uint64_t)p->G * 2 * 16               /* q_groups */
+           + (uint64_t)p->K * 32;                  /* q_invperm */
+}
+
+void tsr_synth_qplan_groups(const tsr_synth_qplan *p, int16_t *q_groups)
+{
+    int g = 0, q = 0;
+    for (int i = 0; i < p->n_widths; i++)
+        for (int r = 0; r < p->rows[i]; r += p->group_size[i]) {
+            int gr = p->rows[i] - r < p->group_size[i] ? p->rows[i] - r : p->group_size[i];
+            q_groups[2 * g] = (int16_t)p->bits[i];
+            q_groups[2 * g + 1] = (int16_t)q;
+            q += gr * p->bits[i] / 32;
+            g++;
+        }
+}
+
+tsr_status tsr_synth_qplan_props(int K, int N, int n, const int *bits, const double *prop, const int *gs,
+                                 tsr_synth_qplan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->K = K;
+    p->N = (N + 31) / 32 * 32;
+    if (n < 1 || n > TSR_SYNTH_MAX_WIDTHS) return tsr_fail(TSR_ERR_ARG, "synth: %d widths (1..%d)", n, TSR_SYNTH_MAX_WIDTHS);
+    int remaining = p->K;
+    p->n_widths = n;
+    for (int i = 0; i < n; i++) {
+        double want = p->K * prop[i];
+        if (want > remaining) want = remaining;
+        long groups = (long)ceil(want / gs[i] - 1e-9);
+        long rows = groups * gs[i];
+        if (rows > remaining) rows = remaining;
+        if (i == n - 1) rows = remaining;
+        p->bits[i] = bits[i];
+        p->group_size[i] = gs[i];
+        p->rows[i] = (int)rows;
+        remaining -= (int)rows;
+    }
+    return tsr_synth_qplan_finish(p);
+}
+
+tsr_status tsr_synth_head_plan(int K, int N, int head_bits, tsr_synth_qplan *p)
+{
+    static const struct {
+        int hb, n, bits[2], gs;
+        double prop[2];
+    } opts[] = {
+        {2, 2, {4, 2}, 32, {0.3, 0.7}},   {3, 2, {4, 3}, 32, {0.15, 0.85}},  {4, 2, {6, 4}, 32, {0.15, 0.85}},
+        {5, 2, {6, 5}, 128, {0.15, 0.85}}, {6, 2, {8, 6}, 128, {0.15, 0.85}}, {8, 1, {8, 0}, 128, {1.0, 0.0}},
+    };
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+        if (opts[i].hb == head_bits) {
+            int gs[2] = {opts[i].gs, opts[i].gs};
+            return tsr_synth_qplan_props(K, N, opts[i].n, opts[i].bits, opts[i].prop, gs, p);
+        }
+    return tsr_fail(TSR_ERR_ARG, "synth: --head-bits %d is not a converter head option (2, 3, 4, 5, 6, 8)", head_bits);
+}
+
+/* Bits of a two-width option (plus an optional 32-row 8-bit group first) without building it. */
+static uint64_t option_bits(int K, int N, int top, int hi, int rows_hi, int gs_hi, int lo, int rows_lo, int gs_lo)
+{
+    uint64_t G = (uint64_t)(top ? 1 : 0) + (uint64_t)((rows_hi + gs_hi - 1) / gs_hi) + (uint64_t)((rows_lo + gs_lo - 1) / gs_lo);
+    uint64_t Q = (uint64_t)(top * 8 + rows_hi * hi + rows_lo * lo) / 32;
+    return Q * (uint64_t)N * 32 + G * ((uint64_t)N / 8) * 32 + G * 48 + (uint64_t)K * 32;
+}
+
+typedef struct {
+    double err;
+    int top, hi, rows_hi, gs_hi, lo, gs_lo;
+} option_pick;
+
+static option_pick search_option(int K, int N, double target_bits, int top8, int gs_hi, int gs_lo)
+{
+    static const int pairs[][2] = {{8, 6}, {6, 5}, {5, 4}, {4, 3}, {3, 2}};
+    option_pick best = {INFINITY, 0, 0, 0, 0, 0, 0};
+    for (size_t pi = 0; pi < sizeof pairs / sizeof pairs[0]; pi++) {
+        int hi = pairs[pi][0], lo = pairs[pi][1];
+        int top = top8 && hi < 8 && K > 32 ? 32 : 0;
+        for (int n_hi = 0; n_hi * gs_hi <= K - top; n_hi++) {
+            int rows_hi = n_hi * gs_hi, rows_lo = K - top - rows_hi;
+            double e = (double)option_bits(K, N, top, hi, rows_hi, gs_hi, lo, rows_lo, gs_lo) - target_bits;
+            if (fabs(e) < fabs(best.err)) best = (option_pick){e, top, hi, rows_hi, gs_hi, lo, gs_lo};
+        }
+    }
+    return best;
+}
+
+/* ---------------- random numbers ---------------- */
+
+typedef struct {
+    uint64_t s;
+} rng_t;
+
+static inline uint64_t rng_next(rng_t *r)
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static rng_t rng_for(uint64_t seed, const char *name)
+{
+    uint64_t h = 0xcbf29ce484222325ull ^ seed;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++) h = (h ^ *p) * 0x100000001b3ull;
+    rng_t r = {h};
+    rng_next(&r);
+    return r;
+}
+
+/* Approximately standard normal: Irwin-Hall sum of four 16-bit uniforms. */
+static inline float rng_gauss(rng_t *r)
+{
+    uint64_t x = rng_next(r);
+    double s = (double)(x & 0xffff) + (double)((x >> 16) & 0xffff) + (double)((x >> 32) & 0xffff) + (double)(x >> 48);
+    return (float)((s - 2.0 * 65535.0) / (65536.0 * 0.5773502691896258));
+}
+
+static inline uint32_t rng_below(rng_t *r, uint32_t n) { return (uint32_t)(((rng_next(r) >> 32) * (uint64_t)n) >> 32); }
+
+/* ---------------- model inventory ---------------- */
+
+typedef enum { TK_EMBED, TK_NORM, TK_QWEIGHT, TK_INVPERM, TK_SCALE, TK_SCALEMAX, TK_GROUPS, TK_BIAS } tkind;
+
+typedef struct {
+    char name[128];
+    tkind kind;
+    tsr_dtype dtype;
+    int ndim;
+    int64_t shape[2];
+    uint64_t nbytes;
+    int mat;   /* matrix index for EXL2 tensors */
+    int shard;
+} stensor;
+
+typedef struct {
+    char key[96];
+    char perm_key[96]; /* matrices with the same perm_key share q_invperm */
+    int K, Nreal;
+    tsr_synth_qplan plan;
+    int has_bias;
+} smatrix;
+
+typedef struct {
+    const tsr_synth_opts *o;
+    smatrix *mats;
+    int n_mats, cap_mats;
+    stensor *tens;
+    int n_tens, cap_tens;
+    uint8_t *ctab[9];   /* per width: 16-bit uniform → code */
+    double code_var[9]; /* E[(code - offset)^2] per width */
+    double scale_sq;    /* E[((s+1)^2/256)^2] for scale codes s uniform in 8..15 */
+    uint8_t *codes;
+    uint32_t *words;
+    void *buf;
+    size_t buf_bytes;
+} synth_ctx;
+
+static tsr_status add_tensor(synth_ctx *c, const char *name, tkind kind, tsr_dtype dt, int ndim, int64_t d0, int64_t d1, int mat)
+{
+    if (c->n_tens == c->cap_tens) {
+        int cap = c->cap_tens ? 2 * c->cap_tens : 256;
+        stensor *g = realloc(c->tens, (size_t)cap * sizeof *g);
+        if (!g) return tsr_fail(TSR_ERR_NOMEM, "out of memory");
+        c->tens = g;
+        c->cap_tens = cap;
+    }
+    stensor *t = &c->tens[c->n_tens++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->kind = kind;
+    t->dtype = dt;
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    t->nbytes = tsr_dtype_size(dt) * (uint64_t)d0 * (uint64_t)(ndim == 2 ? d1 : 1);
+    t->mat = mat;
+    return TSR_OK;
+}
+
+static tsr_status add_matrix(synth_ctx *c, const char *key, const char *perm_key, int K, int N, int has_bias,
+                             const tsr_synth_qplan *plan)
+{
+    if (c->n_mats == c->cap_mats) {
+        int cap = c->cap_mats ? 2 * c->cap_mats : 64;
+        smatrix *g = realloc(c->mats, (size_t)cap * sizeof *g);
+        if (!g) return tsr_fail(TSR_ERR_NOMEM, "out of memory");
+        c->mats = g;
+        c->cap_mats = cap;
+    }
+    int mi = c->n_mats++;
+    smatrix *m = &c->mats[mi];
+    memset(m, 0, sizeof *m);
+    snprintf(m->key, sizeof m->key, "%s", key);
+    snprintf(m->perm_key, sizeof m->perm_key, "%s", perm_key);
+    m->K = K;
+    m->Nreal = N;
+    m->plan = *plan;
+    m->has_bias = has_bias;
+    const tsr_synth_qplan *p = &m->plan;
+    char name[160];
+#define T(suffix, kind, dt, nd, d0, d1)                                                                            \
+    do {                                                                                                           \
+        snprintf(name, sizeof name, "%s.%s", key, suffix);                                                         \
+        TSR_TRY(add_tensor(c, name, kind, dt, nd, d0, d1, mi));                                                    \
+    } while (0)
+    T("q_weight", TK_QWEIGHT, TSR_I32, 2, p->Q, p->N);
+    T("q_invperm", TK_INVPERM, TSR_I32, 1, p->K, 0);
+    T("q_scale", TK_SCALE, TSR_I32, 2, p->G, p->N / 8);
+    T("q_scale_max", TK_SCALEMAX, TSR_F16, 1, p->G, 0);
+    T("q_groups", TK_GROUPS, TSR_I16, 1, 2 * p->G, 0);
+    if (has_bias) T("bias", TK_BIAS, TSR_F16, 1, p->N, 0);
+#undef T
+    return TSR_OK;
+}
+
+/* Plans one decoder matrix against target_bits; the variant (group sizes, 8-bit top slice) comes from rng. */
+static tsr_status plan_layer_matrix(int K, int N, double target_bits, rng_t *rng, tsr_synth_qplan *p)
+{
+    uint64_t r = rng_next(rng);
+    int top8 = (int)(r & 1), gs_hi = (r >> 1) & 1 ? 64 : 32, gs_lo = (r >> 2) & 1 ? 64 : 128;
+    option_pick best = search_option(K, N, target_bits, top8, gs_hi, gs_lo);
+    if (fabs(best.err) > 0.02 * (double)K * N) /* the random variant cannot get close: try them all */
+        for (int v = 0; v < 8; v++) {
+            option_pick o = search_option(K, N, target_bits, v & 1, (v >> 1) & 1 ? 64 : 32, (v >> 2) & 1 ? 64 : 128);
+            if (fabs(o.err) < fabs(best.err)) best = o;
+        }
+    memset(p, 0, sizeof *p);
+    p->K = K;
+    p->N = N;
+    int n = 0;
+    if (best.top) {
+        p->bits[n] = 8;
+        p->rows[n] = best.top;
+        p->group_size[n++] = 32;
+    }
+    p->bits[n] = best.hi;
+    p->rows[n] = best.rows_hi;
+    p->group_size[n++] = best.gs_hi;
+    p->bits[n] = best.lo;
+    p->rows[n] = K - best.top - best.rows_hi;
+    p->group_size[n++] = best.gs_lo;
+    p->n_widths = n;
+    return tsr_synth_qplan_finish(p);
+}
+
+static const char *arch_class(tsr_arch a)
+{
+    return a == TSR_ARCH_QWEN2 ? "Qwen2ForCausalLM" : a == TSR_ARCH_MISTRAL ? "MistralForCausalLM" : "LlamaForCausalLM";
+}
+
+static const char *arch_type(tsr_arch a) { return a == TSR_ARCH_QWEN2 ? "qwen2" : a == TSR_ARCH_MISTRAL ? "mistral" : "llama"; }
+
+static tsr_status check_opts(const tsr_synth_opts *o)
+{
+    const int qd = o->heads * o->head_dim;
+    if (o->hidden <= 0 || o->layers <= 0 || o->heads <= 0 || o->kv_heads <= 0 || o->head_dim <= 0 ||
+        o->intermediate <= 0 || o->vocab <= 0)
+        return tsr_fail(TSR_ERR_ARG, "synth: every dimension must be positive");
+    if (o->heads % o->kv_heads)
+        return tsr_fail(TSR_ERR_ARG, "synth: --heads %d is not a multiple of --kv-heads %d", o->heads, o->kv_heads);
+    if (o->head_dim % 2) return tsr_fail(TSR_ERR_ARG, "synth: --head-dim %d must be even", o->head_dim);
+    if (o->hidden % 32 || o->intermediate % 32 || qd % 32)
+        return tsr_fail(TSR_ERR_ARG,
+                        "synth: hidden (%d), intermediate (%d) and heads*head_dim (%d) must be multiples of 32 (EXL2 "
+                        "groups hold whole 32-row words)",
+                        o->hidden, o->intermediate, qd);
+    if (o->hidden > 65535 || o->intermediate > 65535 || qd > 65535)
+        return tsr_fail(TSR_ERR_ARG, "synth: input widths above 65535 cannot be stored in EXL2 (16-bit permutation)");
+    if (o->vocab < 3) return tsr_fail(TSR_ERR_ARG, "synth: --vocab must be at least 3 (bos 1, eos 2)");
+    if (!(o->bpw >= 2.0 && o->bpw <= 8.5)) return tsr_fail(TSR_ERR_ARG, "synth: --bpw %g is outside 2..8.5", o->bpw);
+    if (o->max_pos <= 0) return tsr_fail(TSR_ERR_ARG, "synth: --max-pos must be positive");
+    return TSR_OK;
+}
+
+/* Builds the plans and the tensor list in converter order. */
+static tsr_status build_inventory(synth_ctx *c, tsr_synth_result *res)
+{
+    const tsr_synth_opts *o = c->o;
+    const int H = o->hidden, qd = o->heads * o->head_dim, kvd = o->kv_heads * o->head_dim, I = o->intermediate;
+    const int bias = o->arch == TSR_ARCH_QWEN2;
+    rng_t prng = rng_for(o->seed, "plan");
+    TSR_TRY(add_tensor(c, "model.embed_tokens.weight", TK_EMBED, TSR_F16, 2, o->vocab, H, -1));
+    double carry = 0, layer_bits = 0, layer_numel = 0;
+    for (int l = 0; l < o->layers; l++) {
+        static const struct {
+            const char *name, *perm;
+            int kind; /* 0 q, 1 kv, 2 o, 3 gate/up, 4 down */
+        } lin[] = {{"self_attn.q_proj", "attn_in", 0}, {"self_attn.k_proj", "attn_in", 1},
+                   {"self_attn.v_proj", "attn_in", 1}, {"self_attn.o_proj", "o_in", 2},
+                   {"mlp.gate_proj", "mlp_in", 3},     {"mlp.up_proj", "mlp_in", 3},
+                   {"mlp.down_proj", "down_in", 4}};
+        char name[160], key[96], pkey[96];
+        snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
+        TSR_TRY(add_tensor(c, name, TK_NORM, TSR_F16, 1, H, 0, -1));
+        for (size_t i = 0; i < sizeof lin / sizeof lin[0]; i++) {
+            int K = lin[i].kind == 2 ? qd : lin[i].kind == 4 ? I : H;
+            int N = lin[i].kind == 0 ? qd : lin[i].kind == 1 ? kvd : lin[i].kind == 3 ? I : H;
+            int Np = (N + 31) / 32 * 32;
+            double target = o->bpw * (double)K * Np + carry;
+            tsr_synth_qplan p;
+            TSR_TRY(plan_layer_matrix(K, Np, target, &prng, &p));
+            double bits = (double)tsr_synth_qplan_bits(&p);
+            carry = target - bits;
+            layer_bits += bits;
+            layer_numel += (double)K * Np;
+            snprintf(key, sizeof key, "model.layers.%d.%s", l, lin[i].name);
+            snprintf(pkey, sizeof pkey, "model.layers.%d.%s", l, lin[i].perm);
+            TSR_TRY(add_matrix(c, key, pkey, K, N, bias && lin[i].kind <= 1, &p));
+            if (i == 3) {
+                snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
+                TSR_TRY(add_tensor(c, name, TK_NORM, TSR_F16, 1, H, 0, -1));
+            }
+        }
+    }
+    TSR_TRY(add_tensor(c, "model.norm.weight", TK_NORM, TSR_F16, 1, H, 0, -1));
+    tsr_synth_qplan hp;
+    TSR_TRY(tsr_synth_head_plan(H, o->vocab, o->head_bits, &hp));
+    TSR_TRY(add_matrix(c, "lm_head", "lm_head", H, o->vocab, 0, &hp));
+    res->layers_bpw = layer_bits / layer_numel;
+    res->head_bpw = (double)tsr_synth_qplan_bits(&hp) / ((double)hp.K * hp.N);
+    if (fabs(res->layers_bpw - o->bpw) > 0.05)
+        return tsr_fail(TSR_ERR_ARG,
+                        "synth: --bpw %.3f is not reachable for this geometry: the closest layout averages %.3f bpw "
+                        "(index overhead of q_invperm/q_scale is large for small matrices)",
+                        o->bpw, res->layers_bpw);
+    res->n_params = 0;
+    for (int i = 0; i < c->n_mats; i++) res->n_params += (uint64_t)c->mats[i].K * c->mats[i].plan.N;
+    res->n_params += (uint64_t)o->vocab * H + (uint64_t)(2 * o->layers + 1) * H;
+    return TSR_OK;
+}
+
+/* ---------------- value tables ---------------- */
+
+static tsr_status build_tables(synth_ctx *c)
+{
+    for (int b = 2; b <= 8; b++) {
+        if (!valid_width(b)) continue;
+        c->ctab[b] = malloc(65536);
+        if (!c->ctab[b]) return tsr_fail(TSR_ERR_NOMEM, "out of memory");
+        const int off = 1 << (b - 1), top = (1 << b) - 1;
+        const double sigma = ((1 << b) - 1) / 2.0 / 2.5;
+        int k = 0;
+        double var = 0;
+        for (int u = 0; u < 65536; u++) {
+            double p = (u + 0.5) / 65536.0;
+            /* smallest code k whose CDF exceeds p: P(code <= k) = Phi((k - off + 0.5) / sigma), clamped */
+            while (k < top && 0.5 * erfc(-((k - off + 0.5) / sigma) / sqrt(2.0)) <= p) k++;
+            c->ctab[b][u] = (uint8_t)k;
+            var += (double)(k - off) * (k - off);
+        }
+        c->code_var[b] = var / 65536.0;
+    }
+    double s = 0;
+    for (int q = 8; q <= 15; q++) {
+        double v = (q + 1.0) * (q + 1.0) / 256.0;
+        s += v * v;
+    }
+    c->scale_sq = s / 8.0;
+    return TSR_OK;
+}
+
+/* ---------------- tensor data ---------------- */
+
+static tsr_status ensure_buf(synth_ctx *c, size_t bytes)
+{
+    if (bytes <= c->buf_bytes) return TSR_OK;
+    void *g = realloc(c->buf, bytes);
+    if (!g) return tsr_fail(TSR_ERR_NOMEM, "synth: out of memory (%zu bytes)", bytes);
+    c->buf = g;
+    c->buf_bytes = bytes;
+    return TSR_OK;
+}
+
+static tsr_status write_qweight(synth_ctx *c, tsr_st_writer *w, const stensor *t, const smatrix *m)
+{
+    const tsr_synth_qplan *p = &m->plan;
+    const size_t N = (size_t)p->N;
+    rng_t r = rng_for(c->o->seed, t->name);
+    for (int i = 0; i < p->n_widths; i++) {
+        const int b = p->bits[i];
+        const uint8_t *tab = c->ctab[b];
+        const uint8_t off = (uint8_t)(1 << (b - 1));
+        for (int r0 = 0; r0 < p->rows[i]; r0 += p->group_size[i]) {
+            int gr = p->rows[i] - r0 < p->group_size[i] ? p->rows[i] - r0 : p->group_size[i];
+            for (int j = 0; j < gr; j++) {
+                uint8_t *row = c->codes + (size_t)j * N;
+                size_t n = 0;
+                for (; n + 4 <= (size_t)m->Nreal; n += 4) {
+                    uint64_t x = rng_next(&r);
+                    row[n] = tab[x & 0xffff];
+                    row[n + 1] = tab[(x >> 16) & 0xffff];
+                    row[n + 2] = tab[(x >> 32) & 0xffff];
+                    row[n + 3] = tab[x >> 48];
+                }
+                for (; n < (size_t)m->Nreal; n++) row[n] = tab[rng_next(&r) & 0xffff];
+                for (; n < N; n++) row[n] = off; /* padded columns quantize to zero */
+            }
+            tsr_synth_pack(c->codes, gr, b, (int)N, c->words);
+            TSR_TRY(tsr_st_writer_write(w, c->words, (size_t)gr * b / 32 * N * sizeof(uint32_t)));
+        }
+    }
+    return TSR_OK;
+}
+
+static tsr_status write_tensor(synth_ctx *c, tsr_st_writer *w, const stensor *t)
+{
+    const tsr_synth_opts *o = c->o;
+    const smatrix *m = t->mat >= 0 ? &c->mats[t->mat] : NULL;
+    rng_t r = rng_for(o->seed, t->name);
+    switch (t->kind) {
+    case TK_EMBED: {
+        TSR_TRY(ensure_buf(c, (size_t)o->hidden * 2));
+        uint16_t *row = c->buf;
+        for (int v = 0; v < o->vocab; v++) {
+            for (int h = 0; h < o->hidden; h++) row[h] = tsr_float_to_half(0.02f * rng_gauss(&r));
+            TSR_TRY(tsr_st_writer_write(w, row, (size_t)o->hidden * 2));
+        }
+        return TSR_OK;
+    }
+    case TK_NORM: {
+        TSR_TRY(ensure_buf(c, (size_t)t->shape[0] * 2));
+        uint16_t *v = c->buf;
+        for (int64_t i = 0; i < t->shape[0]; i++) v[i] = tsr_float_to_half(1.0f + 0.02f * rng_gauss(&r));
+        return tsr_st_writer_write(w, v, t->nbytes);
+    }
+    case TK_BIAS: {
+        TSR_TRY(ensure_buf(c, t->nbytes));
+        uint16_t *v = c->buf;
+        for (int64_t i = 0; i < t->shape[0]; i++) v[i] = i < m->Nreal ? tsr_float_to_half(0.05f * rng_gauss(&r)) : 0;
+        return tsr_st_writer_write(w, v, t->nbytes);
+    }
+    case TK_QWEIGHT: return write_qweight(c, w, t, m);
+    case TK_INVPERM: {
+        /* shared by the matrices reading the same input (q/k/v, gate/up) */
+        rng_t pr = rng_for(o->seed, m->perm_key);
+        TSR_TRY(ensure_buf(c, t->nbytes));
+        int32_t *perm = c->buf;
+        for (int k = 0; k < m->K; k++) perm[k] = k;
+        for (int k = m->K - 1; k > 0; k--) {
+            uint32_t j = rng_below(&pr, (uint32_t)k + 1);
+            int32_t tmp = perm[k];
+            perm[k] = perm[j];
+            perm[j] = tmp;
+        }
+        return tsr_st_writer_write(w, perm, t->nbytes);
+    }
+    case TK_SCALE: {
+        const size_t words = (size_t)m->plan.N / 8;
+        TSR_TRY(ensure_buf(c, words * 4));
+        uint32_t *s = c->buf;
+        for (int g = 0; g < m->plan.G; g++) {
+            for (size_t i = 0; i < words; i++) {
+                uint32_t x = (uint32_t)rng_next(&r);
+                /* eight 4-bit codes 8..15: set the top bit of every nibble */
+                s[i] = (x & 0x77777777u) | 0x88888888u;
+            }
+            TSR_TRY(tsr_st_writer_write(w, s, words * 4));
+        }
+        return TSR_OK;
+    }
+    case TK_SCALEMAX: {
+        TSR_TRY(ensure_buf(c, t->nbytes));
+        uint16_t *v = c->buf;
+        int g = 0;
+        for (int i = 0; i < m->plan.n_widths; i++) {
+            const int b = m->plan.bits[i];
+            double base = 1.0 / sqrt((double)m->K) / sqrt(c->scale_sq * c->code_var[b]);
+            for (int r0 = 0; r0 < m->plan.rows[i]; r0 += m->plan.group_size[i]) {
+                double jitter = 0.85 + 0.3 * (double)(rng_next(&r) >> 11) / 9007199254740992.0;
+                v[g++] = tsr_float_to_half((float)(base * jitter));
+            }
+        }
+        return tsr_st_writer_write(w, v, t->nbytes);
+    }
+    case TK_GROUPS: {
+        TSR_TRY(ensure_buf(c, t->nbytes));
+        tsr_synth_qplan_groups(&m->plan, c->buf);
+        return tsr_st_writer_write(w, c->buf, t->nbytes);
+    }
+    }
+    return tsr_fail(TSR_ERR_INTERNAL, "synth: unknown tensor kind");
+}
+
+/* ---------------- files ---------------- */
+
+static tsr_status write_json(const char *dir, const char *file, json_t *root)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    int rc = json_dump_file(root, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    json_decref(root);
+    if (rc != 0) return tsr_fail(TSR_ERR_IO, "%s: cannot write", path);
+    return TSR_OK;
+}
+
+static tsr_status write_configs(const tsr_synth_opts *o, const char *dir)
+{
+    json_t *c = json_object();
+    json_t *archs = json_array();
+    json_array_append_new(archs, json_string(arch_class(o->arch)));
+    json_object_set_new(c, "architectures", archs);
+    json_object_set_new(c, "model_type", json_string(arch_type(o->arch)));
+    json_object_set_new(c, "hidden_act", json_string("silu"));
+    json_object_set_new(c, "hidden_size", json_integer(o->hidden));
+    json_object_set_new(c, "intermediate_size", json_integer(o->intermediate));
+    json_object_set_new(c, "num_hidden_layers", json_integer(o->layers));
+    json_object_set_new(c, "num_attention_heads", json_integer(o->heads));
+    json_object_set_new(c, "num_key_value_heads", json_integer(o->kv_heads));
+    json_object_set_new(c, "head_dim", json_integer(o->head_dim));
+    json_object_set_new(c, "vocab_size", json_integer(o->vocab));
+    json_object_set_new(c, "max_position_embeddings", json_integer(o->max_pos));
+    json_object_set_new(c, "rms_norm_eps", json_real(o->arch == TSR_ARCH_QWEN2 ? 1e-6 : 1e-5));
+    json_object_set_new(c, "rope_theta", json_real(o->arch == TSR_ARCH_LLAMA ? 500000.0 : 1000000.0));
+    json_object_set_new(c, "tie_word_embeddings", json_false());
+    json_object_set_new(c, "attention_bias", json_boolean(o->arch == TSR_ARCH_QWEN2));
+    json_object_set_new(c, "mlp_bias", json_false());
+    if (o->arch == TSR_ARCH_MISTRAL) json_object_set_new(c, "sliding_window", json_null());
+    if (o->arch == TSR_ARCH_QWEN2) {
+        json_object_set_new(c, "use_sliding_window", json_false());
+        json_object_set_new(c, "sliding_window", json_integer(o->max_pos));
+        json_object_set_new(c, "max_window_layers", json_integer(o->layers));
+    }
+    json_object_set_new(c, "bos_token_id", json_integer(1));
+    json_object_set_new(c, "eos_token_id", json_integer(2));
+    json_object_set_new(c, "torch_dtype", json_string("float16"));
+    json_t *q = json_object();
+    json_object_set_new(q, "quant_method", json_string("exl2"));
+    json_object_set_new(q, "version", json_string("0.3.2"));
+    json_object_set_new(q, "bits", json_real(o->bpw));
+    json_object_set_new(q, "head_bits", json_integer(o->head_bits));
+    json_t *cal = json_object();
+    json_object_set_new(cal, "rows", json_integer(0));
+    json_object_set_new(cal, "length", json_integer(0));
+    json_object_set_new(cal, "dataset", json_string("(synthetic: tessera synth)"));
+    json_object_set_new(q, "calibration", cal);
+    json_object_set_new(c, "quantization_config", q);
+    json_t *syn = json_object();
+    json_object_set_new(syn, "seed", json_integer((json_int_t)o->seed));
+    json_object_set_new(syn, "note", json_string("random weights written by tessera synth; not a trained model"));
+    json_object_set_new(c, "tessera_synth", syn);
+    TSR_TRY(write_json(dir, "config.json", c));
+
+    json_t *g = json_object();
+    json_object_set_new(g, "bos_token_id", json_integer(1));
+    json_object_set_new(g, "eos_token_id", json_integer(2));
+    json_object_set_new(g, "do_sample", json_false());
+    return write_json(dir, "generation_config.json", g);
+}
+
+static void shard_name(char *buf, size_t n, const char *dir, int i, int n_shards)
+{
+    if (n_shards == 1)
+        snprintf(buf, n, "%s/output.safetensors", dir);
+    else
+        snprintf(buf, n, "%s/output-%05d-of-%05d.safetensors", dir, i + 1, n_shards);
+}
+
+/* safetensors' save_file order inside a file: dtype descending in its enum order (I32 > F16 > I16), then name;
+ * it keeps every tensor aligned to its element size, which readers may require. */
+static int dtype_rank(tsr_dtype t) { return t == TSR_I32 ? 3 : t == TSR_F16 ? 2 : t == TSR_I16 ? 1 : 0; }
+
+static int cmp_tensor(const void *pa, const void *pb)
+{
+    const stensor *a = pa, *b = pb;
+    if (a->shard != b->shard) return a->shard < b->shard ? -1 : 1;
+    if (dtype_rank(a->dtype) != dtype_rank(b->dtype)) return dtype_rank(a->dtype) > dtype_rank(b->dtype) ? -1 : 1;
+    return strcmp(a->name, b->name);
+}
+
+/* Refuses a directory holding other *.safetensors files (the loader would read them too). */
+static tsr_status check_dir(const char *dir, int n_shards)
+{
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) return tsr_fail(TSR_ERR_IO, "%s: cannot create: %s", dir, strerror(errno));
+    DIR *d = opendir(dir);
+    if (!d) return tsr_fail(TSR_ERR_IO, "%s: cannot open: %s", dir, strerror(errno));
+    struct dirent *e;
+    tsr_status st = TSR_OK;
+    while ((e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        if (len < 12 || strcmp(e->d_name + len - 12, ".safetensors")) continue;
+        int ours = 0;
+        for (int i = 0; i < n_shards && !ours; i++) {
+            char p[4096], full[4096];
+            shard_name(p, sizeof p, "", i, n_shards);
+            snprintf(full, sizeof full, "/%s", e->d_name);
+            ours = !strcmp(p, full);
+        }
+        if (!ours) {
+            st = tsr_fail(TSR_ERR_ARG, "%s already holds %s (from another run?); use an empty directory", dir, e->d_name);
+            break;
+        }
+    }
+    closedir(d);
+    return st;
+}
+
+tsr_status tsr_synth_write(const tsr_synth_opts *o, const char *dir, tsr_synth_result *res)
+{
+    TSR_TRY(check_opts(o));
+    memset(res, 0, sizeof *res);
+    synth_ctx c = {.o = o};
+    tsr_st_writer *w = NULL;
+    tsr_status st = build_inventory(&c, res);
+    if (st == TSR_OK) st = build_tables(&c);
+
+    /* shards: greedy by tensor bytes */
+    int n_shards = 1;
+    if (st == TSR_OK) {
+        uint64_t used = 0;
+        for (int i = 0; i < c.n_tens; i++) {
+            if (o->shard_bytes && used > 0 && used + c.tens[i].nbytes > o->shard_bytes) {
+                n_shards++;
+                used = 0;
+            }
+            c.tens[i].shard = n_shards - 1;
+            used += c.tens[i].nbytes;
+        }
+        qsort(c.tens, (size_t)c.n_tens, sizeof *c.tens, cmp_tensor);
+        st = check_dir(dir, n_shards);
+    }
+    if (st == TSR_OK) {
+        int maxN = 0, maxgs = 0;
+        for (int i = 0; i < c.n_mats; i++) {
+            if (c.mats[i].plan.N > maxN) maxN = c.mats[i].plan.N;
+            for (int k = 0; k < c.mats[i].plan.n_widths; k++)
+                if (c.mats[i].plan.group_size[k] > maxgs) maxgs = c.mats[i].plan.group_size[k];
+        }
+        c.codes = malloc((size_t)maxgs * maxN);
+        c.words = malloc((size_t)maxgs * 8 / 32 * maxN * sizeof(uint32_t));
+        if (!c.codes || !c.words) st = tsr_fail(TSR_ERR_NOMEM, "synth: out of memory for a group buffer");
+    }
+    if (st == TSR_OK) st = write_configs(o, dir);
+    int ti = 0;
+    for (int s = 0; st == TSR_OK && s < n_shards; s++) {
+        char path[4096];
+        shard_name(path, sizeof path, dir, s, n_shards);
+        st = tsr_st_writer_open(path, &w);
+        int first = ti;
+        for (int i = first; st == TSR_OK && i < c.n_tens && c.tens[i].shard == s; i++)
+            st = tsr_st_writer_declare(w, c.tens[i].name, c.tens[i].dtype, c.tens[i].ndim, c.tens[i].shape);
+        if (st == TSR_OK) st = tsr_st_writer_begin_data(w);
+        uint64_t bytes = 0;
+        for (; st == TSR_OK && ti < c.n_tens && c.tens[ti].shard == s; ti++) {
+            st = write_tensor(&c, w, &c.tens[ti]);
+            bytes += c.tens[ti].nbytes;
+        }
+        if (st == TSR_OK) {
+            st = tsr_st_writer_close(w);
+            w = NULL;
+        }
+        if (st == TSR_OK) {
+            struct stat sb;
+            if (stat(path, &sb) == 0) res->total_bytes += (uint64_t)sb.st_size;
+            res->n_files++;
+            if (o->verbose)
+                fprintf(stderr, "synth: wrote %s (%d tensors, %.1f MiB)\n", path, ti - first, (double)bytes / 1048576.0);
+        }
+    }
+    if (w) tsr_st_writer_abort(w);
+    if (st != TSR_OK) /* remove the shards already finished: a partial model must not look loadable */
+        for (int s = 0; s < n_shards; s++) {
+            char path[4096];
+            shard_name(path, sizeof path, dir, s, n_shards);
+            remove(path);
+        }
+    for (int b = 0; b < 9; b++) free(c.ctab[b]);
+    free(c.codes);
+    free(c.words);
+    free(c.buf);
+    free(c.mats);
+    free(c.tens);
+    return st;
+}
