@@ -22,6 +22,7 @@ struct tsr_model;
  * positions; when a call runs, every position up to a row's own is already in the KV cache. */
 typedef struct tsr_batch_layout {
     int n_seqs, n_rows, max_pages;
+    int max_position;           /* largest position of any row (host value, for launch sizing) */
     const int32_t *row_seq;     /* [n_rows] sequence of each row */
     const int32_t *positions;   /* [n_rows] position of each row */
     const int32_t *seq_row0;    /* [n_seqs + 1] first row of each sequence; seq_row0[n_seqs] = n_rows */

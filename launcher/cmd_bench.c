@@ -9,6 +9,10 @@
  * counted as read + write bytes (STREAM "copy" convention), measured in a child process so its buffers do not
  * count toward this process's peak RSS (VmHWM). Exit codes: 0 ok, 1 failure, 2 usage error. */
 #include "kernels/cpu/threadpool.h"
+#ifdef TSR_HAVE_CUDA
+#include "kernels/cuda/ops_cuda.h"
+#endif
+#include "launcher/backend_select.h"
 #include "launcher/cli.h"
 #include "launcher/commands.h"
 #include "runtime/engine.h"
@@ -24,7 +28,7 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: tessera bench --model DIR [--device cpu] [--batch 1,8] [--prompt-len 128] [--gen 32]\n"
+    fprintf(f, "usage: tessera bench --model DIR [--device cpu|cuda[:N]] [--batch 1,8] [--prompt-len 128] [--gen 32]\n"
                "                     [--threads N] [--kv-dtype f16|f32] [--max-tokens 512] [--seed S] [--json FILE]\n"
                "Prefills `batch` random prompts, then decodes `gen` tokens per sequence (greedy), for each batch size.\n");
 }
@@ -108,7 +112,7 @@ typedef struct {
     double decode_s, decode_tps, ms_per_step;
     uint64_t bytes_per_step;
     double bandwidth, bw_fraction;
-    uint64_t kv_bytes, peak_rss;
+    uint64_t kv_bytes, peak_rss, peak_dev;
     int nonfinite;
 } bench_row;
 
@@ -124,7 +128,7 @@ static uint64_t linear_bytes(const tsr_model *m)
     return b;
 }
 
-static tsr_status run_batch(const char *model, int batch, int prompt_len, int gen, int max_tokens, tsr_dtype kv_dtype,
+static tsr_status run_batch(const tsr_ops *ops, const char *model, int batch, int prompt_len, int gen, int max_tokens, tsr_dtype kv_dtype,
                             uint64_t seed, double memcpy_bw, bench_row *row, tsr_model_config *cfg_out,
                             uint64_t *file_bytes)
 {
@@ -133,7 +137,7 @@ static tsr_status run_batch(const char *model, int batch, int prompt_len, int ge
     /* KV pool: batch × (prompt + gen) tokens, rounded up to whole pages per sequence */
     const int page = 16;
     const long per_seq = ((long)prompt_len + gen + page - 1) / page * page;
-    tsr_engine_opts o = {.max_tokens = max_tokens, .page_size = page, .kv_tokens = (long)batch * per_seq, .kv_dtype = kv_dtype};
+    tsr_engine_opts o = {.max_tokens = max_tokens, .page_size = page, .kv_tokens = (long)batch * per_seq, .kv_dtype = kv_dtype, .ops = ops};
     tsr_engine *e = NULL;
     TSR_TRY(tsr_engine_open(model, &o, &e));
     const tsr_model_config *c = &e->model->cfg;
@@ -195,6 +199,9 @@ static tsr_status run_batch(const char *model, int batch, int prompt_len, int ge
         row->bw_fraction = memcpy_bw > 0 ? row->bandwidth / memcpy_bw : 0;
     }
     row->peak_rss = peak_rss();
+#ifdef TSR_HAVE_CUDA
+    if (!strcmp(ops->name, "cuda")) row->peak_dev = tsr_cuda_peak_allocated();
+#endif
     for (int b = 0; b < batch && seqs; b++) tsr_engine_seq_release(e, &seqs[b]);
     free(seqs);
     free(feeds);
@@ -266,11 +273,13 @@ int tsr_cmd_bench(int argc, char **argv)
         free(batches);
         return 2;
     }
-    if (strcmp(device, "cpu")) {
-        fprintf(stderr, "tessera bench: --device %s is not supported yet (cpu only)\n", device);
+    const tsr_ops *ops;
+    tsr_status sel = tsr_select_backend(device, &ops);
+    if (sel != TSR_OK) {
         free(batches);
-        return 2;
+        return tsr_cli_error("bench", sel);
     }
+    const int on_gpu = strcmp(ops->name, "cpu") != 0;
     if (!batches) {
         batches = malloc(2 * sizeof *batches);
         batches[0] = 1;
@@ -279,14 +288,20 @@ int tsr_cmd_bench(int argc, char **argv)
     }
     if (threads > 0) tsr_threads_set((int)threads);
     const int n_threads = tsr_threads_count();
-    const double bw = memcpy_bandwidth();
+    double bw = 0;
+#ifdef TSR_HAVE_CUDA
+    if (on_gpu) bw = tsr_cuda_copy_bandwidth((size_t)1 << 30);
+#endif
+    if (!on_gpu) bw = memcpy_bandwidth();
+    char desc[256];
+    tsr_backend_describe(ops, desc, sizeof desc);
 
     bench_row *rows = calloc((size_t)n_batches, sizeof *rows);
     tsr_model_config cfg;
     uint64_t file_bytes = 0;
     int rc = 0;
     for (int b = 0; b < n_batches; b++) {
-        tsr_status st = run_batch(model, batches[b], (int)prompt_len, (int)gen, (int)max_tokens, kv_dtype, (uint64_t)seed,
+        tsr_status st = run_batch(ops, model, batches[b], (int)prompt_len, (int)gen, (int)max_tokens, kv_dtype, (uint64_t)seed,
                                   bw, &rows[b], &cfg, &file_bytes);
         if (st != TSR_OK) {
             rc = tsr_cli_error("bench", st);
@@ -296,15 +311,16 @@ int tsr_cmd_bench(int argc, char **argv)
             printf("model    %s: %s, %d layers, hidden %d, heads %d/%d, intermediate %d, vocab %d; files %.3f GB\n", model,
                    cfg.arch_name, cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.intermediate,
                    cfg.vocab_size, (double)file_bytes / 1e9);
-            printf("setup    cpu, %d threads, kv %s, prompt %ld, gen %ld, max-tokens %ld; memcpy %.2f GB/s (read+write)\n",
-                   n_threads, kv_dtype == TSR_F32 ? "f32" : "f16", prompt_len, gen, max_tokens, bw / 1e9);
-            printf("%5s %13s %12s %9s %9s %8s %8s %9s %9s\n", "batch", "prefill tok/s", "decode tok/s", "ms/step",
-                   "MB/step", "GB/s", "%memcpy", "KV MB", "peak MB");
+            printf("setup    %s, kv %s, prompt %ld, gen %ld, max-tokens %ld; %s copy %.2f GB/s (read+write)\n", desc,
+                   kv_dtype == TSR_F32 ? "f32" : "f16", prompt_len, gen, max_tokens, on_gpu ? "device" : "memcpy",
+                   bw / 1e9);
+            printf("%5s %13s %12s %9s %9s %8s %8s %9s %9s %9s\n", "batch", "prefill tok/s", "decode tok/s", "ms/step",
+                   "MB/step", "GB/s", "%copy", "KV MB", "peak MB", "dev MB");
         }
         bench_row *r = &rows[b];
-        printf("%5d %13.1f %12.2f %9.2f %9.1f %8.2f %7.1f%% %9.1f %9.1f\n", r->batch, r->prefill_tps, r->decode_tps,
-               r->ms_per_step, (double)r->bytes_per_step / 1e6, r->bandwidth / 1e9, 100.0 * r->bw_fraction,
-               (double)r->kv_bytes / 1e6, (double)r->peak_rss / 1e6);
+        printf("%5d %13.1f %12.2f %9.2f %9.1f %8.2f %7.1f%% %9.1f %9.1f %9.1f\n", r->batch, r->prefill_tps,
+               r->decode_tps, r->ms_per_step, (double)r->bytes_per_step / 1e6, r->bandwidth / 1e9, 100.0 * r->bw_fraction,
+               (double)r->kv_bytes / 1e6, (double)r->peak_rss / 1e6, (double)r->peak_dev / 1e6);
         fflush(stdout);
         if (r->nonfinite) fprintf(stderr, "tessera bench: warning: non-finite logits at batch %d\n", r->batch);
     }
@@ -313,13 +329,13 @@ int tsr_cmd_bench(int argc, char **argv)
         json_object_set_new(root, "model", json_string(model));
         json_object_set_new(root, "arch", json_string(cfg.arch_name));
         json_object_set_new(root, "file_bytes", json_integer((json_int_t)file_bytes));
-        json_object_set_new(root, "device", json_string("cpu"));
+        json_object_set_new(root, "device", json_string(desc));
         json_object_set_new(root, "threads", json_integer(n_threads));
         json_object_set_new(root, "kv_dtype", json_string(kv_dtype == TSR_F32 ? "f32" : "f16"));
         json_object_set_new(root, "prompt_len", json_integer(prompt_len));
         json_object_set_new(root, "gen", json_integer(gen));
         json_object_set_new(root, "max_tokens", json_integer(max_tokens));
-        json_object_set_new(root, "memcpy_bytes_per_s", json_real(bw));
+        json_object_set_new(root, "copy_bytes_per_s", json_real(bw));
         json_t *arr = json_array();
         for (int b = 0; b < n_batches; b++) {
             const bench_row *r = &rows[b];
@@ -335,6 +351,7 @@ int tsr_cmd_bench(int argc, char **argv)
             json_object_set_new(o, "bandwidth_fraction_of_memcpy", json_real(r->bw_fraction));
             json_object_set_new(o, "kv_pool_bytes", json_integer((json_int_t)r->kv_bytes));
             json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)r->peak_rss));
+            json_object_set_new(o, "peak_device_bytes", json_integer((json_int_t)r->peak_dev));
             json_object_set_new(o, "logits_finite", json_boolean(!r->nonfinite));
             json_array_append_new(arr, o);
         }

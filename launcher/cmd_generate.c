@@ -4,6 +4,7 @@
  * wraps it in the model's chat template as a user message first). Generation stops at an end-of-sequence token
  * of generation_config.json / config.json (unless --ignore-eos) or after --max-tokens. Text is streamed through
  * the incremental detokenizer as it is produced. */
+#include "launcher/backend_select.h"
 #include "launcher/cli.h"
 #include "launcher/commands.h"
 #include "kernels/cpu/threadpool.h"
@@ -26,7 +27,8 @@ static void usage(FILE *f)
             "  --seed S            sampling seed (default 0)\n"
             "  --print-ids         print the generated token ids instead of text\n"
             "  --ignore-eos        do not stop at end-of-sequence tokens\n"
-            "  --threads N         CPU threads (default: all cores)\n");
+            "  --threads N         CPU threads (default: all cores)\n"
+            "  --device D          cpu (default), cuda or cuda:N\n");
 }
 
 static int is_eos(const tsr_model_config *c, int32_t t)
@@ -38,7 +40,7 @@ static int is_eos(const tsr_model_config *c, int32_t t)
 
 int tsr_cmd_generate(int argc, char **argv)
 {
-    const char *model = NULL, *prompt = NULL, *ids_arg = NULL;
+    const char *model = NULL, *prompt = NULL, *ids_arg = NULL, *device = "cpu";
     long max_tokens = 128, top_k = 0, seed = 0, threads = 0;
     double temperature = 0, top_p = 1;
     int print_ids = 0, ignore_eos = 0, chat = 0;
@@ -67,6 +69,8 @@ int tsr_cmd_generate(int argc, char **argv)
             prompt = v;
         else if (!strcmp(a, "--ids"))
             ids_arg = v;
+        else if (!strcmp(a, "--device"))
+            device = v;
         else if (!strcmp(a, "--max-tokens")) {
             if (tsr_cli_int("generate", a, v, 0, 1 << 24, &max_tokens)) return 2;
         } else if (!strcmp(a, "--temperature")) {
@@ -117,6 +121,10 @@ int tsr_cmd_generate(int argc, char **argv)
     }
 
     tsr_engine_opts o = {.kv_tokens = n_prompt + max_tokens + 16};
+    if ((st = tsr_select_backend(device, &o.ops)) != TSR_OK) {
+        rc = tsr_cli_error("generate", st);
+        goto done;
+    }
     if ((st = tsr_engine_open(model, &o, &e)) != TSR_OK) {
         rc = tsr_cli_error("generate", st);
         goto done;

@@ -2,6 +2,7 @@
  *
  * Input: {"ids": [[...], ...]} (the fixtures' prompts.json shape). Output: F32 tensors `logits.<i>` of shape
  * [tokens, vocab], one per prompt. All prompts are processed together: their prefill chunks share forward calls. */
+#include "launcher/backend_select.h"
 #include "launcher/cli.h"
 #include "launcher/commands.h"
 #include "runtime/engine.h"
@@ -15,7 +16,7 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: tessera logits --model DIR --prompts FILE.json --out OUT.safetensors [--max-batch-tokens N]\n"
-               "                      [--kv-dtype f16|f32]\n"
+               "                      [--kv-dtype f16|f32] [--device cpu|cuda[:N]]\n"
                "FILE.json: {\"ids\": [[id, ...], ...]}; OUT gets F32 tensors logits.<i> of shape [tokens, vocab].\n");
 }
 
@@ -62,7 +63,7 @@ static int read_prompts(const char *path, int32_t ***ids, int **lens, int *n)
 
 int tsr_cmd_logits(int argc, char **argv)
 {
-    const char *model = NULL, *prompts = NULL, *out = NULL;
+    const char *model = NULL, *prompts = NULL, *out = NULL, *device = "cpu";
     long max_batch = 512;
     tsr_dtype kv_dtype = TSR_F16;
     for (int i = 1; i < argc; i++) {
@@ -80,6 +81,8 @@ int tsr_cmd_logits(int argc, char **argv)
             if (!(v = tsr_cli_value("logits", argc, argv, &i)) ||
                 tsr_cli_int("logits", "--max-batch-tokens", v, 1, 1 << 20, &max_batch))
                 return 2;
+        } else if (!strcmp(a, "--device")) {
+            if (!(device = tsr_cli_value("logits", argc, argv, &i))) return 2;
         } else if (!strcmp(a, "--kv-dtype")) {
             if (!(v = tsr_cli_value("logits", argc, argv, &i))) return 2;
             if (!strcmp(v, "f16") || !strcmp(v, "fp16"))
@@ -113,7 +116,8 @@ int tsr_cmd_logits(int argc, char **argv)
     long total = 0;
     for (int i = 0; i < n; i++) total += lens[i];
     tsr_engine_opts o = {.max_tokens = (int)max_batch, .kv_tokens = total + 16L * n, .kv_dtype = kv_dtype};
-    tsr_status st = tsr_engine_open(model, &o, &e);
+    tsr_status st = tsr_select_backend(device, &o.ops);
+    if (st == TSR_OK) st = tsr_engine_open(model, &o, &e);
     if (st != TSR_OK) {
         rc = tsr_cli_error("logits", st);
         goto done;

@@ -159,7 +159,7 @@ static tsr_status validate(const tsr_forward_ctx *c, const tsr_seq_input *seqs, 
 static int build_layout(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs, int T, tsr_batch_layout *b)
 {
     const tsr_model_config *cfg = &c->model->cfg;
-    const int half = cfg->rope.dim / 2, P = c->pages_per_seq, page = c->kv->page_size;
+    const int half = cfg->rope.dim / 2, page = c->kv->page_size;
     layout_arrays *h = &c->host, *d = &c->dev;
     int row = 0, n_out = 0, max_pages = 1;
     for (int s = 0; s < n_seqs; s++) {
@@ -183,7 +183,6 @@ static int build_layout(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seq
         row += q->n_tokens;
     }
     h->seq_row0[n_seqs] = row;
-    (void)P;
     const tsr_ops *ops = c->ops;
     ops->to_device(d->tokens, h->tokens, (size_t)T * sizeof(int32_t));
     ops->to_device(d->row_seq, h->row_seq, (size_t)T * sizeof(int32_t));
@@ -193,7 +192,10 @@ static int build_layout(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seq
     ops->to_device(d->out_index, h->out_index, (size_t)n_out * sizeof(int32_t));
     ops->to_device(d->inv_freq, h->inv_freq, (size_t)n_seqs * half * sizeof(float));
     ops->to_device(d->attn_factor, h->attn_factor, (size_t)n_seqs * sizeof(float));
-    *b = (tsr_batch_layout){n_seqs, T, max_pages, d->row_seq, d->positions, d->seq_row0, d->page_tables, d->inv_freq,
+    int max_position = 0;
+    for (int s = 0; s < n_seqs; s++)
+        if (seqs[s].pos0 + seqs[s].n_tokens - 1 > max_position) max_position = seqs[s].pos0 + seqs[s].n_tokens - 1;
+    *b = (tsr_batch_layout){n_seqs, T, max_pages, max_position, d->row_seq, d->positions, d->seq_row0, d->page_tables, d->inv_freq,
                             d->attn_factor};
     return n_out;
 }

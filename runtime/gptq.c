@@ -26,14 +26,16 @@ static const tsr_st_tensor *find(const tsr_st_set *set, const char *key, const c
     return tsr_st_find(set, name);
 }
 
-/* Fails, freeing the partly built matrix and the scratch arrays. */
+/* Fails (the message is formatted first: it may read the scratch arrays), then frees the partly built matrix and
+ * the scratch arrays. */
 #define FAIL(...)                                                                                                  \
     do {                                                                                                           \
+        tsr_status fail_status_ = tsr_fail(__VA_ARGS__);                                                           \
         free(grp);                                                                                                 \
         free(start);                                                                                               \
         tsr_qmatrix_free(m);                                                                                       \
         memset(m, 0, sizeof *m);                                                                                   \
-        return tsr_fail(__VA_ARGS__);                                                                              \
+        return fail_status_;                                                                                       \
     } while (0)
 
 tsr_status tsr_gptq_load(const tsr_st_set *set, const char *key, int K, int N, int has_bias,

@@ -24,10 +24,12 @@ src = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(repo, "
 
 BUNDLED = "tiny-llama-exl2-4.0bpw"
 TEST_MODELS = ["tiny-llama-exl2-2.5bpw", "tiny-llama-exl2-8.0bpw", "tiny-qwen2-exl2-4.65bpw",
-               "tiny-llama-fp16", "tiny-qwen2-fp16"]
+               "tiny-llama-fp16", "tiny-qwen2-fp16",
+               "tiny-llama-gptq-4bit-g128", "tiny-qwen2-gptq-4bit-g128-actorder"]
 REFERENCES = ["tiny-llama-exl2-2.5bpw.exl2-ref", "tiny-llama-exl2-4.0bpw.exl2-ref",
               "tiny-llama-exl2-8.0bpw.exl2-ref", "tiny-qwen2-exl2-4.65bpw.exl2-ref",
-              "tiny-llama.hf-ref", "tiny-qwen2.hf-ref"]
+              "tiny-llama.hf-ref", "tiny-qwen2.hf-ref",
+              "tiny-llama-gptq-4bit-g128.exllamav2-ref", "tiny-qwen2-gptq-4bit-g128-actorder.exllamav2-ref"]
 
 
 def copy_dir(a, b):

@@ -1,0 +1,329 @@
+/* CUDA backend core: device selection, stream and cuBLAS handle, memory, weight upload, and the ops table.
+ *
+ * prepare_model walks every linear layer and dense tensor of a tsr_model and uploads it once: EXL2 layers keep
+ * their packed q_weight and q_scale exactly as stored, plus small derived tables (the permutation, each group's
+ * fp16-rounded scale multiplier, and a list of 32-row chunks that tells kernels where each slice of rows starts
+ * and which width and group it has). Dense weights stay in their dtype. Mirrors are recorded in the model's
+ * tsr_dense.dev / tsr_linear.dev fields and freed by release_model. */
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_kernels.cuh"
+
+extern "C" {
+#include "runtime/half.h"
+#include "runtime/model.h"
+}
+
+#include <string.h>
+#include <unordered_map>
+#include <vector>
+
+static int g_device = -1;
+static cudaStream_t g_stream;
+static cublasHandle_t g_blas;
+static size_t g_allocated, g_peak;
+static std::unordered_map<void *, size_t> g_sizes;
+static void *g_scratch[4];
+static size_t g_scratch_size[4];
+
+extern "C" void tsr_cuda_fatal(const char *file, int line, const char *what)
+{
+    fprintf(stderr, "tessera: CUDA error at %s:%d: %s\n", file, line, what);
+    abort();
+}
+
+extern "C" cudaStream_t tsr_cuda_stream(void) { return g_stream; }
+extern "C" cublasHandle_t tsr_cuda_blas(void) { return g_blas; }
+
+extern "C" int tsr_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+extern "C" tsr_status tsr_cuda_init(int device)
+{
+    if (g_device == device) return TSR_OK;
+    if (g_device >= 0) return tsr_fail(TSR_ERR_ARG, "CUDA backend already bound to device %d", g_device);
+    int n = tsr_cuda_device_count();
+    if (device < 0 || device >= n)
+        return tsr_fail(TSR_ERR_ARG, "CUDA device %d does not exist (%d visible)", device, n);
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) return tsr_fail(TSR_ERR_IO, "CUDA device %d: %s", device, cudaGetErrorString(e));
+    if (cublasCreate(&g_blas) != CUBLAS_STATUS_SUCCESS) return tsr_fail(TSR_ERR_IO, "cuBLAS initialization failed");
+    cublasSetStream(g_blas, g_stream);
+    g_device = device;
+    return TSR_OK;
+}
+
+extern "C" void tsr_cuda_describe(char *buf, size_t cap)
+{
+    cudaDeviceProp p;
+    if (g_device < 0 || cudaGetDeviceProperties(&p, g_device) != cudaSuccess) {
+        snprintf(buf, cap, "no CUDA device");
+        return;
+    }
+    snprintf(buf, cap, "%s (sm_%d%d, %d SMs, %.1f GiB)", p.name, p.major, p.minor, p.multiProcessorCount,
+             (double)p.totalGlobalMem / (1024.0 * 1024 * 1024));
+}
+
+extern "C" void tsr_cuda_memory(size_t *free_bytes, size_t *total_bytes)
+{
+    TSR_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
+extern "C" size_t tsr_cuda_peak_allocated(void) { return g_peak; }
+
+extern "C" void tsr_cuda_synchronize(void) { TSR_CUDA_CHECK(cudaStreamSynchronize(g_stream)); }
+
+/* ---- memory ---- */
+
+static void *cuda_alloc(size_t bytes)
+{
+    void *p = NULL;
+    if (bytes == 0) bytes = 16;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    TSR_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g_stream));
+    g_sizes[p] = bytes;
+    g_allocated += bytes;
+    if (g_allocated > g_peak) g_peak = g_allocated;
+    return p;
+}
+
+static void cuda_release(void *p)
+{
+    if (!p) return;
+    TSR_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    auto it = g_sizes.find(p);
+    if (it != g_sizes.end()) {
+        g_allocated -= it->second;
+        g_sizes.erase(it);
+    }
+    TSR_CUDA_CHECK(cudaFree(p));
+}
+
+static void cuda_to_device(void *dst, const void *src, size_t bytes)
+{
+    if (bytes) TSR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream));
+}
+
+static void cuda_to_host(void *dst, const void *src, size_t bytes)
+{
+    if (bytes) TSR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g_stream));
+    TSR_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+}
+
+extern "C" void *tsr_cuda_scratch(int slot, size_t bytes)
+{
+    if (g_scratch_size[slot] < bytes) {
+        if (g_scratch[slot]) cuda_release(g_scratch[slot]);
+        g_scratch[slot] = cuda_alloc(bytes);
+        if (!g_scratch[slot]) tsr_cuda_fatal(__FILE__, __LINE__, "out of device memory for a scratch buffer");
+        g_scratch_size[slot] = bytes;
+    }
+    return g_scratch[slot];
+}
+
+extern "C" double tsr_cuda_copy_bandwidth(size_t bytes)
+{
+    void *a = cuda_alloc(bytes), *b = cuda_alloc(bytes);
+    if (!a || !b) return 0;
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    float best = 1e30f;
+    for (int i = 0; i < 6; i++) {
+        cudaEventRecord(e0, g_stream);
+        cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g_stream);
+        cudaEventRecord(e1, g_stream);
+        cudaEventSynchronize(e1);
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (i > 0 && ms < best) best = ms;
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cuda_release(a);
+    cuda_release(b);
+    return 2.0 * (double)bytes / (best * 1e-3);
+}
+
+/* ---- weights ---- */
+
+static void *upload(const void *src, size_t bytes)
+{
+    void *d = cuda_alloc(bytes);
+    if (d) cuda_to_device(d, src, bytes);
+    return d;
+}
+
+static tsr_status upload_dense(tsr_dense *t)
+{
+    if (!t->data || t->dev) return TSR_OK;
+    size_t bytes = (size_t)t->rows * t->cols * tsr_dtype_size(t->dtype);
+    t->dev = upload(t->data, bytes);
+    return t->dev ? TSR_OK : tsr_fail(TSR_ERR_NOMEM, "out of device memory uploading weights (%zu bytes)", bytes);
+}
+
+static tsr_status upload_linear(tsr_linear *L, tsr_dense *embed)
+{
+    tsr_linear_dev *d = (tsr_linear_dev *)calloc(1, sizeof *d);
+    if (!d) return tsr_fail(TSR_ERR_NOMEM, "out of memory");
+    L->dev = d;
+    d->kind = L->kind;
+    d->K = L->K;
+    d->N = L->N;
+    if (L->kind == TSR_LINEAR_DENSE) {
+        if (L->w.data == embed->data) {
+            TSR_TRY(upload_dense(embed));
+            L->w.dev = embed->dev;
+        } else {
+            TSR_TRY(upload_dense(&L->w));
+        }
+        d->w = L->w.dev;
+        d->dtype = L->w.dtype;
+        if (L->bias.data) {
+            TSR_TRY(upload_dense(&L->bias));
+            d->dense_bias = L->bias.dev;
+            d->bias_dtype = L->bias.dtype;
+        }
+        d->Npad = L->N;
+        return TSR_OK;
+    }
+    const tsr_qmatrix *q = &L->q;
+    d->Npad = q->N;
+    std::vector<float> scale_m(q->G);
+    std::vector<tsr_exl2_chunk> chunks;
+    for (int g = 0; g < q->G; g++) {
+        const tsr_qgroup *gr = &q->groups[g];
+        scale_m[g] = gr->scale_m;
+        for (int j = 0; j < gr->rows; j += 32) {
+            tsr_exl2_chunk c;
+            c.qrow = gr->qrow0 + j * gr->bits / 32;
+            c.row0 = gr->row0 + j;
+            c.rows = gr->rows - j < 32 ? gr->rows - j : 32;
+            c.group = g | (gr->bits << 24);
+            chunks.push_back(c);
+        }
+    }
+    d->n_chunks = (int)chunks.size();
+    d->q_weight = (const uint32_t *)upload(q->q_weight, (size_t)q->Q * q->N * 4);
+    int scales_ok = 1;
+    if (q->kind == TSR_QMATRIX_GPTQ) {
+        /* GPTQ: fp16 scales per (group, column) (fp32 files rounded to fp16, as on the CPU) and the zero codes */
+        std::vector<uint16_t> sc((size_t)q->G * q->N);
+        for (int g = 0; g < q->G; g++)
+            for (int n = 0; n < q->N; n++) sc[(size_t)g * q->N + n] = tsr_float_to_half(tsr_qmatrix_scale(q, g, n));
+        d->gptq = 1;
+        d->zero_add = q->zero_add;
+        d->g_scales = (const __half *)upload(sc.data(), sc.size() * 2);
+        d->g_zeros = (const uint32_t *)upload(q->g_zeros, (size_t)q->G * (q->N / 8) * 4);
+        scales_ok = d->g_scales && d->g_zeros;
+    } else {
+        d->q_scale = (const uint32_t *)upload(q->q_scale, (size_t)q->G * (q->N / 8) * 4);
+        scales_ok = d->q_scale != NULL;
+    }
+    d->scale_m = (const float *)upload(scale_m.data(), scale_m.size() * sizeof(float));
+    d->perm = (const int32_t *)upload(q->perm, (size_t)q->K * sizeof(int32_t));
+    d->chunks = (const tsr_exl2_chunk *)upload(chunks.data(), chunks.size() * sizeof(tsr_exl2_chunk));
+    if (q->bias) d->bias = (const __half *)upload(q->bias, (size_t)q->N * 2);
+    if (!d->q_weight || !scales_ok || !d->scale_m || !d->perm || !d->chunks || (q->bias && !d->bias))
+        return tsr_fail(TSR_ERR_NOMEM, "out of device memory uploading EXL2 weights");
+    return TSR_OK;
+}
+
+static void release_linear(tsr_linear *L)
+{
+    tsr_linear_dev *d = (tsr_linear_dev *)L->dev;
+    if (!d) return;
+    if (d->kind == TSR_LINEAR_EXL2) {
+        cuda_release((void *)d->q_weight);
+        cuda_release((void *)d->q_scale);
+        cuda_release((void *)d->g_scales);
+        cuda_release((void *)d->g_zeros);
+        cuda_release((void *)d->scale_m);
+        cuda_release((void *)d->perm);
+        cuda_release((void *)d->chunks);
+        cuda_release((void *)d->bias);
+    }
+    free(d);
+    L->dev = NULL;
+}
+
+static void release_dense(tsr_dense *t)
+{
+    if (t->dev) cuda_release((void *)t->dev);
+    t->dev = NULL;
+}
+
+static void cuda_release_model(struct tsr_model *m)
+{
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        tsr_layer *ly = &m->layers[l];
+        tsr_linear *all[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->up, &ly->down};
+        for (int i = 0; i < 7; i++) {
+            if (all[i]->kind == TSR_LINEAR_DENSE) {
+                release_dense(&all[i]->w);
+                release_dense(&all[i]->bias);
+            }
+            release_linear(all[i]);
+        }
+        release_dense(&ly->attn_norm);
+        release_dense(&ly->mlp_norm);
+    }
+    int tied = m->head.kind == TSR_LINEAR_DENSE && m->head.w.data == m->embed.data;
+    if (m->head.kind == TSR_LINEAR_DENSE && !tied) {
+        release_dense(&m->head.w);
+        release_dense(&m->head.bias);
+    }
+    m->head.w.dev = NULL;
+    release_linear(&m->head);
+    release_dense(&m->final_norm);
+    release_dense(&m->embed);
+}
+
+static tsr_status cuda_prepare_model(struct tsr_model *m)
+{
+    if (g_device < 0) return tsr_fail(TSR_ERR_ARG, "CUDA backend used before tsr_cuda_init");
+    tsr_status st = upload_dense(&m->embed);
+    if (st == TSR_OK) st = upload_dense(&m->final_norm);
+    for (int l = 0; st == TSR_OK && l < m->cfg.n_layers; l++) {
+        tsr_layer *ly = &m->layers[l];
+        tsr_linear *all[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->up, &ly->down};
+        st = upload_dense(&ly->attn_norm);
+        if (st == TSR_OK) st = upload_dense(&ly->mlp_norm);
+        for (int i = 0; st == TSR_OK && i < 7; i++) st = upload_linear(all[i], &m->embed);
+    }
+    if (st == TSR_OK) st = upload_linear(&m->head, &m->embed);
+    if (st == TSR_OK) TSR_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    if (st != TSR_OK) cuda_release_model(m);
+    return st;
+}
+
+static const tsr_ops cuda_ops = {
+    "cuda",
+    cuda_alloc,
+    cuda_release,
+    cuda_to_device,
+    cuda_to_host,
+    cuda_prepare_model,
+    cuda_release_model,
+    tsr_cuda_embed,
+    tsr_cuda_rmsnorm,
+    tsr_cuda_linear,
+    tsr_cuda_rope,
+    tsr_cuda_kv_store,
+    tsr_cuda_attention,
+    tsr_cuda_silu_mul,
+    tsr_cuda_add,
+    tsr_cuda_gather_rows,
+};
+
+extern "C" const tsr_ops *tsr_ops_cuda(void) { return &cuda_ops; }

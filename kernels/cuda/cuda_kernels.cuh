@@ -1,0 +1,18 @@
+/* Launchers of the CUDA kernels, one family per .cu file; backend.cu assembles them into the ops table. */
+#ifndef TSR_CUDA_KERNELS_CUH
+#define TSR_CUDA_KERNELS_CUH
+
+#include "kernels/ops.h"
+
+void tsr_cuda_embed(const tsr_dense *table, const int32_t *ids, int n, float *out);
+void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, int dim, float *out);
+void tsr_cuda_linear(const tsr_linear *L, const float *x, int M, float *y);
+void tsr_cuda_rope(const tsr_batch_layout *b, float *x, int n_heads, int head_dim, int rot_dim);
+void tsr_cuda_kv_store(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v);
+void tsr_cuda_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
+                        float *out);
+void tsr_cuda_silu_mul(const float *gate, const float *up, size_t n, float *out);
+void tsr_cuda_add(float *x, const float *y, size_t n);
+void tsr_cuda_gather_rows(const float *x, const int32_t *index, int n, int dim, float *out);
+
+#endif

@@ -1,0 +1,337 @@
+/* Matrix multiplication on the GPU for every linear layer: y[M][N] = x[M][K] · W + bias.
+ *
+ * EXL2, decode (M <= 8): a GEMV that streams the packed weights once. Each thread owns one output column; a
+ * block covers 128 columns and a range of 32-row chunks; the chunk's b packed words per column are read
+ * coalesced across the warp, unpacked in registers (widths are compile-time per chunk via a switch), scaled by the
+ * fp16-rounded group scale, and multiplied with the permuted activations staged in shared memory. Blocks of
+ * different chunk ranges write partial sums that a second kernel adds up with the bias (deterministic).
+ * EXL2, prefill and large batches (M > 8): a tensor-core GEMM (WMMA, fp16 operands, fp32 accumulation) that
+ * dequantizes each 32-row chunk of a 64-column tile into shared memory as fp16 and gathers the activations through
+ * the permutation; no dequantized copy of the matrix exists outside shared memory.
+ * GPTQ matrices (4-bit groups with per-column fp16 scales and zero points) run through the same two kernels.
+ * Dense weights: a warp-per-column GEMV for M <= 8, cuBLAS (GemmEx, fp32 accumulation) above. */
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_kernels.cuh"
+
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#define GEMV_COLS 128
+#define GEMV_CHUNKS 16
+
+/* Scale of (group g, column n), and the amount to add to an offset code (code − 2^(b−1)) to get code − zero:
+ * 0 for EXL2; 2^(b−1) − zero for GPTQ. */
+__device__ __forceinline__ void group_params(const tsr_linear_dev &L, int g, int bits, int n, float *S, float *zoff)
+{
+    if (L.gptq) {
+        *S = __half2float(L.g_scales[(size_t)g * L.Npad + n]);
+        int zero = (int)((L.g_zeros[(size_t)g * (L.Npad / 8) + n / 8] >> (4 * (n % 8))) & 0xfu) + L.zero_add;
+        *zoff = (float)((1 << (bits - 1)) - zero);
+        return;
+    }
+    uint32_t code = (L.q_scale[(size_t)g * (L.Npad / 8) + n / 8] >> (4 * (n % 8))) & 0xfu;
+    *S = __half2float(__float2half_rn((float)((code + 1) * (code + 1)) * L.scale_m[g]));
+    *zoff = 0.0f;
+}
+
+/* Codes of rows 0..31 of a chunk in column n (rows beyond the chunk decode from zero words). */
+template <int B> __device__ __forceinline__ void decode32(const uint32_t *qw, size_t Npad, int qrow, int rows, int n, int *codes)
+{
+    uint32_t w[B];
+    const int n_words = (rows * B + 31) / 32;
+#pragma unroll
+    for (int t = 0; t < B; t++) w[t] = t < n_words ? qw[(size_t)(qrow + t) * Npad + n] : 0u;
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        const int bit = j * B, t = bit >> 5, sh = bit & 31;
+        uint32_t v = w[t] >> sh;
+        if (sh + B > 32) v |= w[t + 1] << (32 - sh);
+        codes[j] = (int)(v & ((1u << B) - 1u)) - (1 << (B - 1));
+    }
+}
+
+__device__ __forceinline__ void decode_any(int bits, const uint32_t *qw, size_t Npad, int qrow, int rows, int n, int *codes)
+{
+    switch (bits) {
+    case 2: decode32<2>(qw, Npad, qrow, rows, n, codes); break;
+    case 3: decode32<3>(qw, Npad, qrow, rows, n, codes); break;
+    case 4: decode32<4>(qw, Npad, qrow, rows, n, codes); break;
+    case 5: decode32<5>(qw, Npad, qrow, rows, n, codes); break;
+    case 6: decode32<6>(qw, Npad, qrow, rows, n, codes); break;
+    default: decode32<8>(qw, Npad, qrow, rows, n, codes); break;
+    }
+}
+
+template <int M>
+__global__ void __launch_bounds__(GEMV_COLS) exl2_gemv_kernel(tsr_linear_dev L, const float *x, float *partial)
+{
+    __shared__ float xs[M][GEMV_CHUNKS * 32];
+    const int n = blockIdx.x * GEMV_COLS + threadIdx.x;
+    const int c0 = blockIdx.y * GEMV_CHUNKS, c1 = min(L.n_chunks, c0 + GEMV_CHUNKS);
+    const int rowbase = L.chunks[c0].row0;
+    const int nrows = L.chunks[c1 - 1].row0 + L.chunks[c1 - 1].rows - rowbase;
+    for (int i = threadIdx.x; i < M * nrows; i += GEMV_COLS) {
+        const int m = i / nrows, r = i % nrows;
+        xs[m][r] = x[(size_t)m * L.K + L.perm[rowbase + r]];
+    }
+    __syncthreads();
+    if (n >= L.Npad) return;
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[m] = 0.0f;
+    int last_group = -1;
+    float S = 0.0f, zoff = 0.0f;
+    int codes[32];
+    for (int c = c0; c < c1; c++) {
+        const tsr_exl2_chunk ch = L.chunks[c];
+        const int g = ch.group & 0xffffff, bits = ch.group >> 24;
+        if (g != last_group) {
+            group_params(L, g, bits, n, &S, &zoff);
+            last_group = g;
+        }
+        decode_any(bits, L.q_weight, L.Npad, ch.qrow, ch.rows, n, codes);
+        const int r0 = ch.row0 - rowbase;
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            if (j < ch.rows) {
+                const float w = ((float)codes[j] + zoff) * S;
+#pragma unroll
+                for (int m = 0; m < M; m++) acc[m] += w * xs[m][r0 + j];
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < M; m++) partial[((size_t)blockIdx.y * M + m) * L.Npad + n] = acc[m];
+}
+
+__global__ void exl2_reduce_kernel(const float *partial, int splits, int M, int N, int Npad, const __half *bias, float *y)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)M * N) return;
+    const int m = (int)(i / N), n = (int)(i % N);
+    float s = bias ? __half2float(bias[n]) : 0.0f;
+    for (int k = 0; k < splits; k++) s += partial[((size_t)k * M + m) * Npad + n];
+    y[i] = s;
+}
+
+template <int M> static void gemv_launch(const tsr_linear_dev *L, const float *x, float *partial, dim3 grid)
+{
+    exl2_gemv_kernel<M><<<grid, GEMV_COLS, 0, tsr_cuda_stream()>>>(*L, x, partial);
+}
+
+static void exl2_gemv(const tsr_linear_dev *L, const float *x, int M, float *y)
+{
+    const int splits = (L->n_chunks + GEMV_CHUNKS - 1) / GEMV_CHUNKS;
+    float *partial = (float *)tsr_cuda_scratch(3, (size_t)splits * M * L->Npad * sizeof(float));
+    dim3 grid(tsr_div_up(L->Npad, GEMV_COLS), splits);
+    switch (M) {
+    case 1: gemv_launch<1>(L, x, partial, grid); break;
+    case 2: gemv_launch<2>(L, x, partial, grid); break;
+    case 3: gemv_launch<3>(L, x, partial, grid); break;
+    case 4: gemv_launch<4>(L, x, partial, grid); break;
+    case 5: gemv_launch<5>(L, x, partial, grid); break;
+    case 6: gemv_launch<6>(L, x, partial, grid); break;
+    case 7: gemv_launch<7>(L, x, partial, grid); break;
+    default: gemv_launch<8>(L, x, partial, grid); break;
+    }
+    TSR_CUDA_LAUNCHED();
+    exl2_reduce_kernel<<<tsr_div_up((size_t)M * L->N, 256), 256, 0, tsr_cuda_stream()>>>(partial, splits, M, L->N, L->Npad,
+                                                                                            L->bias, y);
+    TSR_CUDA_LAUNCHED();
+}
+
+/* ---- EXL2 tensor-core GEMM ---- */
+
+#define BM 64
+#define BN 64
+#define BK 32
+
+using namespace nvcuda;
+
+__global__ void __launch_bounds__(128) exl2_gemm_kernel(tsr_linear_dev L, const float *x, int M, float *y)
+{
+    __shared__ __align__(32) __half As[BM][BK + 16];
+    __shared__ __align__(32) __half Bs[BK][BN + 16];
+    __shared__ __align__(32) float Cs[BM][BN + 8];
+    const int tid = threadIdx.x, warp = tid >> 5;
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+
+    const int bcol = tid & (BN - 1), bhalf = tid >> 6; /* B tile: column, and which 16 rows */
+    const int n = n0 + bcol;
+    int last_group = -1;
+    float S = 0.0f, zoff = 0.0f;
+    int codes[32];
+    for (int c = 0; c < L.n_chunks; c++) {
+        const tsr_exl2_chunk ch = L.chunks[c];
+        /* A: activations gathered through the permutation, as fp16 */
+        for (int i = tid; i < BM * BK; i += 128) {
+            const int m = i / BK, j = i % BK;
+            float v = 0.0f;
+            if (m0 + m < M && j < ch.rows) v = x[(size_t)(m0 + m) * L.K + L.perm[ch.row0 + j]];
+            As[m][j] = __float2half_rn(v);
+        }
+        /* B: the chunk's weights for this tile's columns, dequantized to fp16 */
+        const int g = ch.group & 0xffffff, bits = ch.group >> 24;
+        if (n < L.Npad) {
+            if (g != last_group) {
+                group_params(L, g, bits, n, &S, &zoff);
+                last_group = g;
+            }
+            decode_any(bits, L.q_weight, L.Npad, ch.qrow, ch.rows, n, codes);
+        }
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+            if ((j >> 4) == bhalf) Bs[j][bcol] = __float2half_rn(n < L.Npad && j < ch.rows ? ((float)codes[j] + zoff) * S : 0.0f);
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(a[i], &As[wm + 16 * i][kk], BK + 16);
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(b[j], &Bs[kk][wn + 16 * j], BN + 16);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(&Cs[wm + 16 * i][wn + 16 * j], acc[i][j], BN + 8, wmma::mem_row_major);
+    __syncthreads();
+    for (int i = tid; i < BM * BN; i += 128) {
+        const int m = i / BN, nn = i % BN;
+        if (m0 + m < M && n0 + nn < L.N)
+            y[(size_t)(m0 + m) * L.N + n0 + nn] = Cs[m][nn] + (L.bias ? __half2float(L.bias[n0 + nn]) : 0.0f);
+    }
+}
+
+/* ---- dense ---- */
+
+__device__ __forceinline__ float dense_elem(const void *p, int dtype, size_t i)
+{
+    switch (dtype) {
+    case TSR_F16: return __half2float(((const __half *)p)[i]);
+    case TSR_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+template <int M>
+__global__ void dense_gemv_kernel(const void *w, int dtype, const void *bias, int bias_dtype, const float *x, int K, int N,
+                                  float *y)
+{
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (n >= N) return;
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[m] = 0.0f;
+    for (int k = lane; k < K; k += 32) {
+        const float wv = dense_elem(w, dtype, (size_t)n * K + k);
+#pragma unroll
+        for (int m = 0; m < M; m++) acc[m] += wv * x[(size_t)m * K + k];
+    }
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        float v = acc[m];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) y[(size_t)m * N + n] = v + (bias ? dense_elem(bias, bias_dtype, n) : 0.0f);
+    }
+}
+
+template <int M> static void dense_gemv_launch(const tsr_linear_dev *L, const float *x, float *y)
+{
+    dense_gemv_kernel<M><<<tsr_div_up(L->N, 8), 256, 0, tsr_cuda_stream()>>>(L->w, L->dtype, L->dense_bias,
+                                                                              L->bias_dtype, x, L->K, L->N, y);
+}
+
+__global__ void to_half_kernel(const float *x, size_t n, __half *out)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = __float2half_rn(x[i]);
+}
+
+__global__ void to_bf16_kernel(const float *x, size_t n, __nv_bfloat16 *out)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = __float2bfloat16_rn(x[i]);
+}
+
+__global__ void add_bias_kernel(float *y, int M, int N, const void *bias, int dtype)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (size_t)M * N) y[i] += dense_elem(bias, dtype, i % N);
+}
+
+static void dense_gemm(const tsr_linear_dev *L, const float *x, int M, float *y)
+{
+    const float alpha = 1.0f, beta = 0.0f;
+    size_t n = (size_t)M * L->K;
+    const void *xin = x;
+    cudaDataType_t t = CUDA_R_32F;
+    if (L->dtype == TSR_F16) {
+        __half *h = (__half *)tsr_cuda_scratch(0, n * sizeof(__half));
+        to_half_kernel<<<tsr_div_up(n, 256), 256, 0, tsr_cuda_stream()>>>(x, n, h);
+        xin = h;
+        t = CUDA_R_16F;
+    } else if (L->dtype == TSR_BF16) {
+        __nv_bfloat16 *h = (__nv_bfloat16 *)tsr_cuda_scratch(0, n * sizeof(__nv_bfloat16));
+        to_bf16_kernel<<<tsr_div_up(n, 256), 256, 0, tsr_cuda_stream()>>>(x, n, h);
+        xin = h;
+        t = CUDA_R_16BF;
+    }
+    TSR_CUDA_LAUNCHED();
+    cublasStatus_t st = cublasGemmEx(tsr_cuda_blas(), CUBLAS_OP_T, CUBLAS_OP_N, L->N, M, L->K, &alpha, L->w, t, L->K, xin,
+                                     t, L->K, &beta, y, CUDA_R_32F, L->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) tsr_cuda_fatal(__FILE__, __LINE__, "cublasGemmEx failed");
+    if (L->dense_bias) {
+        add_bias_kernel<<<tsr_div_up((size_t)M * L->N, 256), 256, 0, tsr_cuda_stream()>>>(y, M, L->N, L->dense_bias,
+                                                                                          L->bias_dtype);
+        TSR_CUDA_LAUNCHED();
+    }
+}
+
+void tsr_cuda_linear(const tsr_linear *Lh, const float *x, int M, float *y)
+{
+    const tsr_linear_dev *L = (const tsr_linear_dev *)Lh->dev;
+    if (M <= 0) return;
+    if (!L) tsr_cuda_fatal(__FILE__, __LINE__, "linear layer used before prepare_model");
+    if (L->kind == TSR_LINEAR_EXL2) {
+        if (M <= 8) {
+            exl2_gemv(L, x, M, y);
+        } else {
+            dim3 grid(tsr_div_up(L->N, BN), tsr_div_up(M, BM));
+            exl2_gemm_kernel<<<grid, 128, 0, tsr_cuda_stream()>>>(*L, x, M, y);
+            TSR_CUDA_LAUNCHED();
+        }
+        return;
+    }
+    if (M <= 8) {
+        switch (M) {
+        case 1: dense_gemv_launch<1>(L, x, y); break;
+        case 2: dense_gemv_launch<2>(L, x, y); break;
+        case 3: dense_gemv_launch<3>(L, x, y); break;
+        case 4: dense_gemv_launch<4>(L, x, y); break;
+        case 5: dense_gemv_launch<5>(L, x, y); break;
+        case 6: dense_gemv_launch<6>(L, x, y); break;
+        case 7: dense_gemv_launch<7>(L, x, y); break;
+        default: dense_gemv_launch<8>(L, x, y); break;
+        }
+        TSR_CUDA_LAUNCHED();
+        return;
+    }
+    dense_gemm(L, x, M, y);
+}

@@ -1,0 +1,39 @@
+/* The CUDA backend: the tsr_ops table implemented with CUDA kernels and cuBLAS, for one GPU per process.
+ *
+ * This header is plain C and includes no CUDA header, so the runtime and the launcher can use it; it exists only
+ * in builds with a CUDA toolkit (TSR_HAVE_CUDA). tsr_cuda_init() selects the device and creates the stream and
+ * cuBLAS handle; the ops table then works like the CPU one: prepare_model uploads every weight once (packed EXL2
+ * tensors as stored, dense weights in their dtype, small derived tables), alloc hands out device memory, and all
+ * kernels run on one stream. Errors from CUDA inside ops are fatal to the process (they mean a bug or a lost
+ * device), reported with the file and line; initialization and uploads return a tsr_status. */
+#ifndef TSR_OPS_CUDA_H
+#define TSR_OPS_CUDA_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "kernels/ops.h"
+
+/* Selects GPU `device` (an index) and prepares the backend; safe to call again with the same device. */
+tsr_status tsr_cuda_init(int device);
+/* Number of visible CUDA devices (0 when none or no driver). */
+int tsr_cuda_device_count(void);
+/* The CUDA operation table (tsr_cuda_init must have succeeded). */
+const tsr_ops *tsr_ops_cuda(void);
+/* Name and memory of the selected device, for reports. */
+void tsr_cuda_describe(char *buf, size_t cap);
+/* Free and total device memory in bytes. */
+void tsr_cuda_memory(size_t *free_bytes, size_t *total_bytes);
+/* Peak device memory allocated through the backend, in bytes. */
+size_t tsr_cuda_peak_allocated(void);
+/* Waits for all queued work. */
+void tsr_cuda_synchronize(void);
+/* Measures device-to-device copy bandwidth (bytes read + written per second) over `bytes`-sized buffers. */
+double tsr_cuda_copy_bandwidth(size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,16 @@
+# The CUDA backend (kernels/cuda): built only when CMake finds a CUDA toolkit (see the top-level CMakeLists.txt).
+find_package(CUDAToolkit REQUIRED)
+add_library(tessera_cuda STATIC
+  ${PROJECT_SOURCE_DIR}/kernels/cuda/backend.cu
+  ${PROJECT_SOURCE_DIR}/kernels/cuda/elementwise.cu
+  ${PROJECT_SOURCE_DIR}/kernels/cuda/attention.cu
+  ${PROJECT_SOURCE_DIR}/kernels/cuda/matmul.cu
+)
+target_include_directories(tessera_cuda PUBLIC ${PROJECT_SOURCE_DIR})
+target_compile_options(tessera_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall>)
+if(TSR_WERROR)
+  target_compile_options(tessera_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>)
+endif()
+target_link_libraries(tessera_cuda PUBLIC CUDA::cudart CUDA::cublas)
+set_target_properties(tessera_cuda PROPERTIES CUDA_ARCHITECTURES "${TSR_CUDA_ARCHS}" POSITION_INDEPENDENT_CODE ON)
+set(TSR_HAVE_CUDA ON)

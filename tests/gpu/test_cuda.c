@@ -1,0 +1,490 @@
+/* GPU tests: every CUDA op against the CPU op on fresh random inputs (outputs poisoned with NaN first, sizes that
+ * are not multiples of the tiles, every EXL2 bit width, decode and prefill shapes, FP16 and FP32 KV), then
+ * whole-model logits and greedy tokens of every fixture model on the GPU against the CPU backend and the
+ * references. Exits 77 (skipped) where no GPU is present. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "kernels/cuda/ops_cuda.h"
+#include "runtime/engine.h"
+#include "runtime/half.h"
+#include "runtime/sampler.h"
+#include "tests/common/exl2_synth.h"
+#include "tests/common/fixtures.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const tsr_ops *cpu, *gpu;
+
+static float frand(void) { return (float)((double)rnd() / 4294967296.0 * 2.0 - 1.0); }
+
+static float *rand_host(size_t n, float scale)
+{
+    float *p = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) p[i] = frand() * scale;
+    return p;
+}
+
+/* device copy of a host array */
+static void *dev_copy(const void *h, size_t bytes)
+{
+    void *d = gpu->alloc(bytes);
+    assert_non_null(d);
+    gpu->to_device(d, h, bytes);
+    return d;
+}
+
+/* a device buffer filled with NaN (0xFF bytes) */
+static float *dev_poisoned(size_t n)
+{
+    float *h = malloc(n * sizeof(float));
+    memset(h, 0xff, n * sizeof(float));
+    float *d = dev_copy(h, n * sizeof(float));
+    free(h);
+    return d;
+}
+
+static float *to_host(const float *d, size_t n)
+{
+    float *h = malloc(n * sizeof(float));
+    gpu->to_host(h, d, n * sizeof(float));
+    return h;
+}
+
+/* relative error ||a-b|| / ||b||, failing on any NaN */
+static double rel_err(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i])) return INFINITY;
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static void expect_close(const char *what, const float *got, const float *want, size_t n, double tol)
+{
+    double e = rel_err(got, want, n);
+    print_message("  %-40s rel err %.2e\n", what, e);
+    if (!(e <= tol)) fail_msg("%s: relative error %.3e above %.1e", what, e, tol);
+}
+
+static void test_elementwise(void **state)
+{
+    (void)state;
+    const int rows = 7, dim = 1000;
+    float *x = rand_host((size_t)rows * dim, 3.0f);
+    uint16_t w16[1000];
+    for (int i = 0; i < dim; i++) w16[i] = tsr_float_to_half(1.0f + 0.3f * frand());
+    tsr_dense w = {TSR_F16, 1, dim, w16, NULL};
+    tsr_dense wd = w;
+    wd.dev = dev_copy(w16, sizeof w16);
+    float *want = malloc((size_t)rows * dim * sizeof(float));
+    cpu->rmsnorm(x, &w, 1e-5f, rows, dim, want);
+    float *dx = dev_copy(x, (size_t)rows * dim * 4), *dout = dev_poisoned((size_t)rows * dim);
+    gpu->rmsnorm(dx, &wd, 1e-5f, rows, dim, dout);
+    float *got = to_host(dout, (size_t)rows * dim);
+    expect_close("rmsnorm 7x1000", got, want, (size_t)rows * dim, 1e-6);
+    free(got);
+
+    /* silu_mul, add, gather */
+    float *y = rand_host((size_t)rows * dim, 2.0f), *dy = dev_copy(y, (size_t)rows * dim * 4);
+    cpu->silu_mul(x, y, (size_t)rows * dim, want);
+    gpu->silu_mul(dx, dy, (size_t)rows * dim, dout);
+    got = to_host(dout, (size_t)rows * dim);
+    expect_close("silu_mul", got, want, (size_t)rows * dim, 1e-6);
+    free(got);
+    memcpy(want, x, (size_t)rows * dim * 4);
+    cpu->add(want, y, (size_t)rows * dim);
+    gpu->add(dx, dy, (size_t)rows * dim);
+    got = to_host(dx, (size_t)rows * dim);
+    expect_close("add", got, want, (size_t)rows * dim, 0);
+    int32_t idx[3] = {6, 0, 3};
+    int32_t *didx = dev_copy(idx, sizeof idx);
+    gpu->gather_rows(dx, didx, 3, dim, dout);
+    cpu->gather_rows(want, idx, 3, dim, want + (size_t)3 * dim);
+    got = to_host(dout, (size_t)3 * dim);
+    expect_close("gather_rows", got, want + (size_t)3 * dim, (size_t)3 * dim, 0);
+    free(got);
+
+    /* embed, all table dtypes */
+    const int vocab = 50;
+    int32_t ids[5] = {49, 0, 7, 7, 31};
+    int32_t *dids = dev_copy(ids, sizeof ids);
+    tsr_dtype types[] = {TSR_F16, TSR_BF16, TSR_F32};
+    for (int t = 0; t < 3; t++) {
+        size_t es = tsr_dtype_size(types[t]);
+        unsigned char *table = malloc((size_t)vocab * dim * es);
+        for (size_t i = 0; i < (size_t)vocab * dim; i++) {
+            float v = frand();
+            if (types[t] == TSR_F16) ((uint16_t *)table)[i] = tsr_float_to_half(v);
+            if (types[t] == TSR_BF16) ((uint16_t *)table)[i] = tsr_float_to_bf16(v);
+            if (types[t] == TSR_F32) ((float *)table)[i] = v;
+        }
+        tsr_dense tb = {types[t], vocab, dim, table, NULL};
+        cpu->embed(&tb, ids, 5, want);
+        tb.dev = dev_copy(table, (size_t)vocab * dim * es);
+        gpu->embed(&tb, dids, 5, dout);
+        got = to_host(dout, (size_t)5 * dim);
+        expect_close(tsr_dtype_name(types[t]), got, want, (size_t)5 * dim, 0);
+        free(got);
+        gpu->release((void *)tb.dev);
+        free(table);
+    }
+    gpu->release(dx), gpu->release(dy), gpu->release(dout), gpu->release(didx), gpu->release(dids);
+    gpu->release((void *)wd.dev);
+    free(x), free(y), free(want);
+}
+
+/* A batch of sequences: rows [row0, row0+n) of seq s at positions pos0.. ; page tables are scrambled. */
+typedef struct {
+    int n_seqs, n_rows, max_pages, half;
+    int32_t row_seq[2048], positions[2048], seq_row0[17], tables[16 * 256];
+    float inv_freq[16 * 64], attn_factor[16];
+} host_layout;
+
+static void make_layout(host_layout *h, int n_seqs, const int *pos0, const int *n, int page, int n_pages, int half)
+{
+    memset(h, 0, sizeof *h);
+    h->n_seqs = n_seqs;
+    h->half = half;
+    h->max_pages = 256;
+    int next_page = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        h->seq_row0[s] = h->n_rows;
+        int pages = (pos0[s] + n[s] + page - 1) / page;
+        for (int p = 0; p < pages; p++) h->tables[s * 256 + p] = (next_page++ * 7919) % n_pages; /* scattered */
+        for (int t = 0; t < n[s]; t++) {
+            h->row_seq[h->n_rows] = s;
+            h->positions[h->n_rows++] = pos0[s] + t;
+        }
+        for (int i = 0; i < half; i++) h->inv_freq[s * 64 + i] = powf(10000.0f + 1000.0f * s, -2.0f * i / (2 * half));
+        h->attn_factor[s] = 1.0f + 0.1f * s;
+    }
+    h->seq_row0[n_seqs] = h->n_rows;
+    assert_true(next_page <= n_pages);
+}
+
+static tsr_batch_layout view(host_layout *h, int on_gpu, int max_position)
+{
+    tsr_batch_layout b = {h->n_seqs, h->n_rows, h->max_pages, max_position, h->row_seq, h->positions, h->seq_row0,
+                          h->tables, NULL, NULL};
+    /* inv_freq with a stride of 64 per sequence: compact it to [n_seqs][half] */
+    static float compact[16 * 64];
+    for (int s = 0; s < h->n_seqs; s++) memcpy(compact + s * h->half, h->inv_freq + s * 64, (size_t)h->half * 4);
+    b.inv_freq = compact;
+    b.attn_factor = h->attn_factor;
+    if (!on_gpu) return b;
+    b.row_seq = dev_copy(h->row_seq, (size_t)h->n_rows * 4);
+    b.positions = dev_copy(h->positions, (size_t)h->n_rows * 4);
+    b.seq_row0 = dev_copy(h->seq_row0, (size_t)(h->n_seqs + 1) * 4);
+    b.page_tables = dev_copy(h->tables, sizeof h->tables);
+    b.inv_freq = dev_copy(compact, (size_t)h->n_seqs * h->half * 4);
+    b.attn_factor = dev_copy(h->attn_factor, (size_t)h->n_seqs * 4);
+    return b;
+}
+
+static void free_view(tsr_batch_layout *b)
+{
+    gpu->release((void *)b->row_seq), gpu->release((void *)b->positions), gpu->release((void *)b->seq_row0);
+    gpu->release((void *)b->page_tables), gpu->release((void *)b->inv_freq), gpu->release((void *)b->attn_factor);
+}
+
+static void check_attention(int d, tsr_dtype kv_dtype, int window, int decode)
+{
+    const int nh = 8, nkv = 2, page = 16, n_pages = 1024;
+    /* decode: 4 sequences, one new row each, long contexts; prefill: 3 sequences with chunks */
+    int pos0_dec[] = {1700, 3, 950, 0}, n_dec[] = {1, 1, 1, 1};
+    int pos0_pre[] = {0, 40, 0}, n_pre[] = {70, 33, 129};
+    host_layout h;
+    if (decode)
+        make_layout(&h, 4, pos0_dec, n_dec, page, n_pages, d / 2);
+    else
+        make_layout(&h, 3, pos0_pre, n_pre, page, n_pages, d / 2);
+    int max_pos = 0;
+    for (int r = 0; r < h.n_rows; r++)
+        if (h.positions[r] > max_pos) max_pos = h.positions[r];
+    tsr_kv_cache kc, kg;
+    assert_int_equal(tsr_kv_init(&kc, cpu, 1, nkv, d, page, n_pages, kv_dtype), TSR_OK);
+    assert_int_equal(tsr_kv_init(&kg, gpu, 1, nkv, d, page, n_pages, kv_dtype), TSR_OK);
+    /* fill every sequence's whole history 0..last with random K/V through kv_store on both backends */
+    for (int s = 0; s < h.n_seqs; s++) {
+        int last = h.positions[h.seq_row0[s + 1] - 1];
+        host_layout hist;
+        int zero = 0, len = last + 1;
+        make_layout(&hist, 1, &zero, &len, page, n_pages, d / 2);
+        memcpy(hist.tables, h.tables + s * 256, 256 * 4);
+        float *k = rand_host((size_t)len * nkv * d, 1.0f), *v = rand_host((size_t)len * nkv * d, 1.0f);
+        tsr_batch_layout bc = view(&hist, 0, last), bg = view(&hist, 1, last);
+        cpu->kv_store(&bc, &kc, 0, k, v);
+        float *dk = dev_copy(k, (size_t)len * nkv * d * 4), *dv = dev_copy(v, (size_t)len * nkv * d * 4);
+        gpu->kv_store(&bg, &kg, 0, dk, dv);
+        gpu->release(dk), gpu->release(dv);
+        free_view(&bg);
+        free(k), free(v);
+    }
+    size_t n = (size_t)h.n_rows * nh * d;
+    float *q = rand_host(n, 1.0f), *want = malloc(n * 4);
+    tsr_attn_args a = {nh, nkv, d, 1.0f / sqrtf((float)d), window, 0};
+    tsr_batch_layout bc = view(&h, 0, max_pos), bg = view(&h, 1, max_pos);
+    cpu->attention(&bc, &a, &kc, q, want);
+    float *dq = dev_copy(q, n * 4), *dout = dev_poisoned(n);
+    gpu->attention(&bg, &a, &kg, dq, dout);
+    float *got = to_host(dout, n);
+    char what[96];
+    snprintf(what, sizeof what, "attention d%d %s %s window %d", d, tsr_dtype_name(kv_dtype), decode ? "decode" : "prefill",
+             window);
+    expect_close(what, got, want, n, 2e-5);
+
+    /* rope on the same layout */
+    float *xr = rand_host(n, 1.0f);
+    float *dxr = dev_copy(xr, n * 4);
+    cpu->rope(&bc, xr, nh, d, d);
+    gpu->rope(&bg, dxr, nh, d, d);
+    free(got);
+    got = to_host(dxr, n);
+    expect_close("rope", got, xr, n, 2e-6);
+    free(got), free(q), free(want), free(xr);
+    gpu->release(dq), gpu->release(dout), gpu->release(dxr);
+    free_view(&bg);
+    tsr_kv_free(&kc);
+    tsr_kv_free(&kg);
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    check_attention(64, TSR_F16, 0, 1);
+    check_attention(128, TSR_F16, 0, 1);
+    check_attention(128, TSR_F32, 0, 1);
+    check_attention(64, TSR_F16, 0, 0);
+    check_attention(128, TSR_F32, 40, 0);
+    check_attention(96, TSR_F16, 300, 1);
+}
+
+static void test_linear_exl2(void **state)
+{
+    (void)state;
+    const int bits[] = {8, 6, 5, 4, 3, 2};
+    const int rows[] = {32, 64, 96, 160, 256, 48};
+    synth_matrix m;
+    make_matrix(&m, 352, 6, bits, rows, 1);
+    tsr_st_set *set;
+    tsr_qmatrix q;
+    assert_int_equal(load(&m, NULL, &set, &q), TSR_OK);
+    /* a host model shell so prepare_model can upload one layer as the head */
+    tsr_linear L = {.kind = TSR_LINEAR_EXL2, .K = q.K, .N = 341, .q = q};
+    tsr_model shell = {0};
+    uint16_t one[8] = {0};
+    shell.cfg.n_layers = 0;
+    shell.embed = (tsr_dense){TSR_F16, 1, 8, one, NULL};
+    shell.final_norm = shell.embed;
+    shell.head = L;
+    assert_int_equal(gpu->prepare_model(&shell), TSR_OK);
+    const int Ms[] = {1, 2, 5, 8, 9, 33, 100};
+    for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
+        int M = Ms[t];
+        float *x = rand_host((size_t)M * q.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
+        cpu->linear(&L, x, M, want);
+        float *dx = dev_copy(x, (size_t)M * q.K * 4), *dy = dev_poisoned((size_t)M * L.N);
+        gpu->linear(&shell.head, dx, M, dy);
+        float *got = to_host(dy, (size_t)M * L.N);
+        char what[64];
+        snprintf(what, sizeof what, "EXL2 linear M=%d (%s)", M, M <= 8 ? "GEMV" : "tensor-core GEMM");
+        /* the GEMM rounds activations and weights to fp16 */
+        expect_close(what, got, want, (size_t)M * L.N, M <= 8 ? 1e-5 : 2e-3);
+        free(x), free(want), free(got);
+        gpu->release(dx), gpu->release(dy);
+    }
+    gpu->release_model(&shell);
+    tsr_qmatrix_free(&q);
+    tsr_st_set_free(set);
+    free_matrix(&m);
+}
+
+static void test_linear_dense(void **state)
+{
+    (void)state;
+    const int K = 300, N = 77;
+    tsr_dtype types[] = {TSR_F16, TSR_BF16, TSR_F32};
+    for (int t = 0; t < 3; t++) {
+        size_t es = tsr_dtype_size(types[t]);
+        unsigned char *w = malloc((size_t)K * N * es);
+        uint16_t bias[77];
+        for (size_t i = 0; i < (size_t)K * N; i++) {
+            float v = frand() * 0.1f;
+            if (types[t] == TSR_F16) ((uint16_t *)w)[i] = tsr_float_to_half(v);
+            if (types[t] == TSR_BF16) ((uint16_t *)w)[i] = tsr_float_to_bf16(v);
+            if (types[t] == TSR_F32) ((float *)w)[i] = v;
+        }
+        for (int i = 0; i < N; i++) bias[i] = tsr_float_to_half(frand());
+        tsr_linear L = {.kind = TSR_LINEAR_DENSE, .K = K, .N = N};
+        L.w = (tsr_dense){types[t], N, K, w, NULL};
+        L.bias = (tsr_dense){TSR_F16, 1, N, bias, NULL};
+        tsr_model shell = {0};
+        uint16_t one[8] = {0};
+        shell.embed = (tsr_dense){TSR_F16, 1, 8, one, NULL};
+        shell.final_norm = shell.embed;
+        shell.head = L;
+        assert_int_equal(gpu->prepare_model(&shell), TSR_OK);
+        const int Ms[] = {1, 4, 8, 9, 40};
+        for (size_t i = 0; i < 5; i++) {
+            int M = Ms[i];
+            float *x = rand_host((size_t)M * K, 1.0f), *want = malloc((size_t)M * N * 4);
+            cpu->linear(&L, x, M, want);
+            float *dx = dev_copy(x, (size_t)M * K * 4), *dy = dev_poisoned((size_t)M * N);
+            gpu->linear(&shell.head, dx, M, dy);
+            float *got = to_host(dy, (size_t)M * N);
+            char what[64];
+            snprintf(what, sizeof what, "dense %s linear M=%d", tsr_dtype_name(types[t]), M);
+            expect_close(what, got, want, (size_t)M * N, M <= 8 || types[t] == TSR_F32 ? 1e-5 : 4e-3);
+            free(x), free(want), free(got);
+            gpu->release(dx), gpu->release(dy);
+        }
+        gpu->release_model(&shell);
+        free(w);
+    }
+}
+
+/* ---- whole models ---- */
+
+static void run_model(const char *name, tsr_dtype kv, const tsr_ops *ops, int32_t **ids, int *lens, int n, float **out)
+{
+    char dir[4096];
+    if (!tsr_fixture_model(dir, sizeof dir, name)) fail_msg("model %s not found", name);
+    tsr_engine_opts o = {.max_tokens = 512, .kv_tokens = 4096, .kv_dtype = kv, .ops = ops};
+    tsr_engine *e;
+    if (tsr_engine_open(dir, &o, &e) != TSR_OK) fail_msg("%s: %s", dir, tsr_last_error());
+    const int vocab = e->model->cfg.vocab_size;
+    tsr_seq seqs[8] = {0};
+    tsr_feed feeds[8];
+    for (int i = 0; i < n; i++) {
+        out[i] = malloc((size_t)lens[i] * vocab * 4);
+        feeds[i] = (tsr_feed){&seqs[i], ids[i], lens[i], TSR_LOGITS_ALL, out[i]};
+    }
+    assert_int_equal(tsr_engine_feed(e, feeds, n), TSR_OK);
+    for (int i = 0; i < n; i++) tsr_engine_seq_release(e, &seqs[i]);
+    /* greedy 48 tokens after prompt 0, decoded one step at a time: returned after the logits */
+    float *logits = malloc((size_t)vocab * 4);
+    tsr_seq seq = {0};
+    tsr_feed f = {&seq, ids[0], lens[0], TSR_LOGITS_LAST, logits};
+    int32_t *toks = malloc(48 * sizeof(int32_t));
+    for (int i = 0; i < 48; i++) {
+        assert_int_equal(tsr_engine_feed(e, &f, 1), TSR_OK);
+        toks[i] = tsr_argmax(logits, vocab);
+        f = (tsr_feed){&seq, &toks[i], 1, TSR_LOGITS_LAST, logits};
+    }
+    out[n] = (float *)toks;
+    tsr_engine_seq_release(e, &seq);
+    free(logits);
+    tsr_engine_close(e);
+}
+
+static void test_models(void **state)
+{
+    (void)state;
+    char path[4096];
+    assert_non_null(tsr_fixture_path(path, sizeof path, "reference/prompts.json"));
+    json_t *root = json_load_file(path, 0, NULL), *arr = json_object_get(root, "ids");
+    int n = (int)json_array_size(arr), lens[8];
+    int32_t *ids[8];
+    for (int i = 0; i < n; i++) {
+        json_t *a = json_array_get(arr, (size_t)i);
+        lens[i] = (int)json_array_size(a);
+        ids[i] = malloc((size_t)lens[i] * 4);
+        for (int k = 0; k < lens[i]; k++) ids[i][k] = (int32_t)json_integer_value(json_array_get(a, (size_t)k));
+    }
+    json_decref(root);
+    char **refs;
+    int n_refs = tsr_fixture_list_refs(".exl2-ref.safetensors", &refs);
+    assert_true(n_refs > 0);
+    for (int r = 0; r < n_refs; r++) {
+        float *g[9], *c[9];
+        run_model(refs[r], TSR_F16, gpu, ids, lens, n, g);
+        run_model(refs[r], TSR_F16, cpu, ids, lens, n, c);
+        char refname[600];
+        snprintf(refname, sizeof refname, "reference/%s.exl2-ref.safetensors", refs[r]);
+        assert_non_null(tsr_fixture_path(path, sizeof path, refname));
+        tsr_st_set *ref;
+        assert_int_equal(tsr_st_open_file(path, &ref), TSR_OK);
+        for (int i = 0; i < n; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "logits.%d", i);
+            const tsr_st_tensor *t = tsr_st_find(ref, name);
+            long rows = t->shape[0], vocab = t->shape[1];
+            const float *gg = g[i] + (size_t)(lens[i] - rows) * vocab, *cc = c[i] + (size_t)(lens[i] - rows) * vocab;
+            tsr_logit_diff vs_ref = tsr_compare_logits(gg, t->data, rows, vocab);
+            tsr_logit_diff vs_cpu = tsr_compare_logits(gg, cc, rows, vocab);
+            print_message("  %s prompt %d: GPU vs ExLlamaV2 max %.4f mean %.5f (argmax %ld), GPU vs CPU max %.4f mean %.5f\n",
+                          refs[r], i, vs_ref.max_abs, vs_ref.mean_abs, vs_ref.argmax_disagree, vs_cpu.max_abs, vs_cpu.mean_abs);
+            if (vs_ref.max_abs > 0.25 || vs_ref.mean_abs > 0.02 || vs_ref.argmax_disagree)
+                fail_msg("%s prompt %d: GPU logits out of tolerance against the reference", refs[r], i);
+            if (vs_cpu.max_abs > 0.25 || vs_cpu.mean_abs > 0.02) fail_msg("%s prompt %d: GPU far from CPU", refs[r], i);
+        }
+        const int32_t *want = tsr_st_find(ref, "greedy.0")->data, *gt = (const int32_t *)g[n], *ct = (const int32_t *)c[n];
+        int agree = 0, agree_cpu = 0;
+        while (agree < 48 && gt[agree] == want[agree]) agree++;
+        while (agree_cpu < 48 && gt[agree_cpu] == ct[agree_cpu]) agree_cpu++;
+        print_message("  %s greedy: GPU agrees with ExLlamaV2 for %d of 48 tokens, with the CPU for %d\n", refs[r], agree,
+                      agree_cpu);
+        if (agree < 48) fail_msg("%s: GPU greedy tokens diverge from the reference at %d", refs[r], agree);
+        for (int i = 0; i <= n; i++) free(g[i]), free(c[i]);
+        tsr_st_set_free(ref);
+    }
+    tsr_fixture_free_list(refs, n_refs);
+    /* FP16 models on the GPU against HF (FP32 KV; fp32 GEMV, cuBLAS with fp16 operands for prefill) */
+    n_refs = tsr_fixture_list_refs(".hf-ref.safetensors", &refs);
+    for (int r = 0; r < n_refs; r++) {
+        char model[600], refname[600];
+        snprintf(model, sizeof model, "%s-fp16", refs[r]);
+        snprintf(refname, sizeof refname, "reference/%s.hf-ref.safetensors", refs[r]);
+        float *g[9];
+        run_model(model, TSR_F32, gpu, ids, lens, n, g);
+        assert_non_null(tsr_fixture_path(path, sizeof path, refname));
+        tsr_st_set *ref;
+        assert_int_equal(tsr_st_open_file(path, &ref), TSR_OK);
+        for (int i = 0; i < n; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "logits.%d", i);
+            const tsr_st_tensor *t = tsr_st_find(ref, name);
+            long rows = t->shape[0], vocab = t->shape[1];
+            tsr_logit_diff d = tsr_compare_logits(g[i] + (size_t)(lens[i] - rows) * vocab, t->data, rows, vocab);
+            print_message("  %s prompt %d: GPU vs HF max %.4f mean %.5f (argmax %ld)\n", model, i, d.max_abs, d.mean_abs,
+                          d.argmax_disagree);
+            if (d.max_abs > 0.1 || d.mean_abs > 0.01 || d.argmax_disagree) fail_msg("%s: GPU logits far from HF", model);
+        }
+        for (int i = 0; i <= n; i++) free(g[i]);
+        tsr_st_set_free(ref);
+    }
+    tsr_fixture_free_list(refs, n_refs);
+    for (int i = 0; i < n; i++) free(ids[i]);
+}
+
+int main(void)
+{
+    if (tsr_cuda_device_count() == 0) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    if (tsr_cuda_init(0) != TSR_OK) {
+        printf("CUDA init failed: %s\n", tsr_last_error());
+        return 1;
+    }
+    cpu = tsr_ops_cpu();
+    gpu = tsr_ops_cuda();
+    char desc[256];
+    tsr_cuda_describe(desc, sizeof desc);
+    printf("device: %s\n", desc);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_elementwise), cmocka_unit_test(test_attention), cmocka_unit_test(test_linear_exl2),
+        cmocka_unit_test(test_linear_dense), cmocka_unit_test(test_models),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
