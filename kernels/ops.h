@@ -46,6 +46,10 @@ typedef struct tsr_ops {
     void (*release)(void *p);
     void (*to_device)(void *dst, const void *src, size_t bytes);
     void (*to_host)(void *dst, const void *src, size_t bytes);
+    /* Runs fn(ctx), which only issues ops (no host synchronization, no allocation). With key != 0 a backend may
+     * record the work the first times it sees the key and replay the recording afterwards (CUDA graphs): every
+     * call with the same key must then issue the same ops with the same arguments. CPU: calls fn. */
+    void (*run_cached)(uint64_t key, void (*fn)(void *ctx), void *ctx);
     /* Mirrors the model's weights into backend memory (CPU: nothing to do). */
     tsr_status (*prepare_model)(struct tsr_model *m);
     void (*release_model)(struct tsr_model *m);

@@ -86,10 +86,7 @@ tsr_status tsr_engine_feed(tsr_engine *e, tsr_feed *feeds, int n)
     for (int i = 0; st == TSR_OK && i < n; i++)
         if (feeds[i].n_tokens < 0 || (feeds[i].logits != TSR_LOGITS_NONE && !feeds[i].out))
             st = tsr_fail(TSR_ERR_ARG, "engine: feed %d is invalid", i);
-    if (st == TSR_OK) {
-        logits = malloc((size_t)e->max_tokens * (size_t)vocab * sizeof(float));
-        if (!logits) st = tsr_fail(TSR_ERR_NOMEM, "out of memory for logits");
-    }
+    size_t logits_cap = 0; /* rows the host logits buffer holds; grown to what a call needs */
     for (;;) {
         if (st != TSR_OK) break;
         int nb = 0, budget = e->max_tokens;
@@ -108,6 +105,16 @@ tsr_status tsr_engine_feed(tsr_engine *e, tsr_feed *feeds, int n)
             budget -= take;
         }
         if (st != TSR_OK || nb == 0) break;
+        size_t need_rows = (size_t)tsr_forward_logit_rows(batch, nb);
+        if (need_rows > logits_cap) {
+            float *grown = realloc(logits, need_rows * (size_t)vocab * sizeof(float));
+            if (!grown) {
+                st = tsr_fail(TSR_ERR_NOMEM, "out of memory for %zu rows of logits", need_rows);
+                break;
+            }
+            logits = grown;
+            logits_cap = need_rows;
+        }
         if ((st = tsr_forward(e->fwd, batch, nb, logits)) != TSR_OK) break;
         int row = 0;
         for (int b = 0; b < nb; b++) {

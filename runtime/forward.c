@@ -26,6 +26,8 @@ struct tsr_forward_ctx {
     const tsr_ops *ops;
     tsr_kv_cache *kv;
     int max_tokens, max_seqs, pages_per_seq;
+    int logit_rows;         /* rows of logits computed per head call (the logits buffer holds this many) */
+    uint32_t id;            /* distinguishes this context's replayable work from other contexts' */
     /* activations, backend memory */
     float *x, *h, *q, *k, *v, *attn, *gate, *up, *out_rows, *logits;
     layout_arrays host, dev;
@@ -104,7 +106,10 @@ tsr_status tsr_forward_ctx_new(const tsr_model *model, const tsr_ops *ops, tsr_k
     x->gate = ops->alloc(T * c->intermediate * sizeof(float));
     x->up = ops->alloc(T * c->intermediate * sizeof(float));
     x->out_rows = ops->alloc(T * c->hidden * sizeof(float));
-    x->logits = ops->alloc(T * (size_t)c->vocab_size * sizeof(float));
+    x->logit_rows = max_tokens < 128 ? max_tokens : 128;
+    static uint32_t next_id;
+    x->id = ++next_id;
+    x->logits = ops->alloc((size_t)x->logit_rows * (size_t)c->vocab_size * sizeof(float));
     int ok = x->x && x->h && x->q && x->k && x->v && x->attn && x->gate && x->up && x->out_rows && x->logits;
     ok = ok && alloc_arrays(&x->host, host_calloc, T, S, (size_t)x->pages_per_seq, half);
     ok = ok && alloc_arrays(&x->dev, ops->alloc, T, S, (size_t)x->pages_per_seq, half);
@@ -155,8 +160,11 @@ static tsr_status validate(const tsr_forward_ctx *c, const tsr_seq_input *seqs, 
     return TSR_OK;
 }
 
-/* Fills the host layout for the batch and copies it to the backend; returns the number of logit rows. */
-static int build_layout(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs, int T, tsr_batch_layout *b)
+/* Fills the host layout for the batch and copies it to the backend; returns the number of logit rows. With
+ * `fixed_shape`, the page-table stride and the position bound are the context maximum instead of this batch's,
+ * so that every decode step of the same batch size issues identical ops (replayable, see run_cached). */
+static int build_layout(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs, int T, int fixed_shape,
+                        tsr_batch_layout *b)
 {
     const tsr_model_config *cfg = &c->model->cfg;
     const int half = cfg->rope.dim / 2, page = c->kv->page_size;
@@ -166,6 +174,7 @@ static int build_layout(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seq
         int used = (seqs[s].pos0 + seqs[s].n_tokens + page - 1) / page;
         if (used > max_pages) max_pages = used;
     }
+    if (fixed_shape) max_pages = c->pages_per_seq;
     for (int s = 0; s < n_seqs; s++) {
         const tsr_seq_input *q = &seqs[s];
         tsr_rope_freqs(&cfg->rope, q->pos0 + q->n_tokens, h->inv_freq + (size_t)s * half, &h->attn_factor[s]);
@@ -195,23 +204,28 @@ static int build_layout(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seq
     int max_position = 0;
     for (int s = 0; s < n_seqs; s++)
         if (seqs[s].pos0 + seqs[s].n_tokens - 1 > max_position) max_position = seqs[s].pos0 + seqs[s].n_tokens - 1;
+    if (fixed_shape) max_position = c->pages_per_seq * page - 1;
     *b = (tsr_batch_layout){n_seqs, T, max_pages, max_position, d->row_seq, d->positions, d->seq_row0, d->page_tables, d->inv_freq,
                             d->attn_factor};
     return n_out;
 }
 
-tsr_status tsr_forward(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs, float *logits)
+/* Everything one forward call issues after its layout is uploaded. */
+typedef struct {
+    tsr_forward_ctx *c;
+    tsr_batch_layout b;
+    int T, n_out;
+} forward_job;
+
+static void forward_body(void *arg)
 {
+    const forward_job *j = arg;
+    tsr_forward_ctx *c = j->c;
     const tsr_model *m = c->model;
     const tsr_model_config *cfg = &m->cfg;
     const tsr_ops *ops = c->ops;
-    int T = 0;
-    TSR_TRY(validate(c, seqs, n_seqs, &T));
-    if (tsr_forward_logit_rows(seqs, n_seqs) && !logits)
-        return tsr_fail(TSR_ERR_ARG, "forward: logits requested but no output buffer given");
-    const int H = cfg->hidden, nh = cfg->n_heads, nkv = cfg->n_kv_heads, d = cfg->head_dim;
-    tsr_batch_layout b;
-    const int n_out = build_layout(c, seqs, n_seqs, T, &b);
+    const int T = j->T, H = cfg->hidden, nh = cfg->n_heads, nkv = cfg->n_kv_heads, d = cfg->head_dim;
+    const tsr_batch_layout *b = &j->b;
 
     ops->embed(&m->embed, c->dev.tokens, T, c->x);
     const float scale = 1.0f / sqrtf((float)d);
@@ -221,11 +235,11 @@ tsr_status tsr_forward(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs
         ops->linear(&ly->q, c->h, T, c->q);
         ops->linear(&ly->k, c->h, T, c->k);
         ops->linear(&ly->v, c->h, T, c->v);
-        ops->rope(&b, c->q, nh, d, cfg->rope.dim);
-        ops->rope(&b, c->k, nkv, d, cfg->rope.dim);
-        ops->kv_store(&b, c->kv, l, c->k, c->v);
+        ops->rope(b, c->q, nh, d, cfg->rope.dim);
+        ops->rope(b, c->k, nkv, d, cfg->rope.dim);
+        ops->kv_store(b, c->kv, l, c->k, c->v);
         tsr_attn_args args = {nh, nkv, d, scale, tsr_config_layer_window(cfg, l), l};
-        ops->attention(&b, &args, c->kv, c->q, c->attn);
+        ops->attention(b, &args, c->kv, c->q, c->attn);
         ops->linear(&ly->o, c->attn, T, c->h);
         ops->add(c->x, c->h, (size_t)T * H);
 
@@ -236,10 +250,34 @@ tsr_status tsr_forward(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs
         ops->linear(&ly->down, c->gate, T, c->h);
         ops->add(c->x, c->h, (size_t)T * H);
     }
-    if (n_out == 0) return TSR_OK;
-    ops->gather_rows(c->x, c->dev.out_index, n_out, H, c->out_rows);
-    ops->rmsnorm(c->out_rows, &m->final_norm, cfg->norm_eps, n_out, H, c->out_rows);
-    ops->linear(&m->head, c->out_rows, n_out, c->logits);
-    ops->to_host(logits, c->logits, (size_t)n_out * cfg->vocab_size * sizeof(float));
+    if (j->n_out == 0) return;
+    ops->gather_rows(c->x, c->dev.out_index, j->n_out, H, c->out_rows);
+    ops->rmsnorm(c->out_rows, &m->final_norm, cfg->norm_eps, j->n_out, H, c->out_rows);
+    if (j->n_out <= c->logit_rows) ops->linear(&m->head, c->out_rows, j->n_out, c->logits);
+}
+
+tsr_status tsr_forward(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs, float *logits)
+{
+    int T = 0;
+    TSR_TRY(validate(c, seqs, n_seqs, &T));
+    if (tsr_forward_logit_rows(seqs, n_seqs) && !logits)
+        return tsr_fail(TSR_ERR_ARG, "forward: logits requested but no output buffer given");
+    /* decode steps (one token per sequence, logits of each) have a fixed shape per batch size: replayable */
+    const int decode = T == n_seqs && tsr_forward_logit_rows(seqs, n_seqs) == n_seqs;
+    forward_job job = {c, {0}, T, 0};
+    job.n_out = build_layout(c, seqs, n_seqs, T, decode, &job.b);
+    const uint64_t key = decode ? ((uint64_t)1 << 62) | ((uint64_t)c->id << 24) | (uint64_t)n_seqs : 0;
+    c->ops->run_cached(key, forward_body, &job);
+    const size_t vocab = (size_t)c->model->cfg.vocab_size;
+    if (job.n_out <= c->logit_rows) {
+        if (job.n_out) c->ops->to_host(logits, c->logits, (size_t)job.n_out * vocab * sizeof(float));
+        return TSR_OK;
+    }
+    /* many logit rows (e.g. all positions of a prompt): the head runs in slices of logit_rows rows */
+    for (int r0 = 0; r0 < job.n_out; r0 += c->logit_rows) {
+        int rows = job.n_out - r0 < c->logit_rows ? job.n_out - r0 : c->logit_rows;
+        c->ops->linear(&c->model->head, c->out_rows + (size_t)r0 * c->model->cfg.hidden, rows, c->logits);
+        c->ops->to_host(logits + (size_t)r0 * vocab, c->logits, (size_t)rows * vocab * sizeof(float));
+    }
     return TSR_OK;
 }

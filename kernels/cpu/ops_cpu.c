@@ -10,6 +10,11 @@ static void cpu_copy(void *dst, const void *src, size_t bytes)
 {
     if (bytes) memmove(dst, src, bytes);
 }
+static void cpu_run_cached(uint64_t key, void (*fn)(void *ctx), void *ctx)
+{
+    (void)key;
+    fn(ctx);
+}
 static tsr_status cpu_prepare_model(struct tsr_model *m)
 {
     (void)m;
@@ -23,6 +28,7 @@ static const tsr_ops cpu_ops = {
     .release = cpu_release,
     .to_device = cpu_copy,
     .to_host = cpu_copy,
+    .run_cached = cpu_run_cached,
     .prepare_model = cpu_prepare_model,
     .release_model = cpu_release_model,
     .embed = tsr_cpu_embed,

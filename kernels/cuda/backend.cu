@@ -14,6 +14,7 @@ extern "C" {
 }
 
 #include <string.h>
+#include <time.h>
 #include <unordered_map>
 #include <vector>
 
@@ -120,9 +121,67 @@ static void cuda_to_host(void *dst, const void *src, size_t bytes)
     TSR_CUDA_CHECK(cudaStreamSynchronize(g_stream));
 }
 
+/* ---- replayable work (CUDA graphs) ---- */
+
+struct cached_run {
+    int seen;
+    cudaGraphExec_t exec;
+};
+static std::unordered_map<uint64_t, cached_run> g_graphs;
+static int g_capturing;
+
+/* Recorded graphs embed buffer addresses: any scratch reallocation invalidates them all. */
+static void drop_graphs(void)
+{
+    for (auto &kv : g_graphs)
+        if (kv.second.exec) cudaGraphExecDestroy(kv.second.exec);
+    g_graphs.clear();
+}
+
+static int graphs_enabled(void)
+{
+    static int enabled = -1;
+    if (enabled < 0) {
+        const char *off = getenv("TSR_CUDA_GRAPHS");
+        const char *prof = getenv("TSR_CUDA_PROFILE");
+        enabled = !(off && !strcmp(off, "0")) && !(prof && *prof && strcmp(prof, "0"));
+    }
+    return enabled;
+}
+
+/* First time a key is seen: run eagerly (scratch buffers reach their size). Second: record a graph and launch it.
+ * Afterwards: launch the recording. */
+static void cuda_run_cached(uint64_t key, void (*fn)(void *ctx), void *ctx)
+{
+    if (!key || !graphs_enabled()) {
+        fn(ctx);
+        return;
+    }
+    cached_run &r = g_graphs[key];
+    if (r.exec) {
+        TSR_CUDA_CHECK(cudaGraphLaunch(r.exec, g_stream));
+        return;
+    }
+    if (r.seen++ == 0) {
+        fn(ctx);
+        return;
+    }
+    cudaGraph_t graph;
+    g_capturing = 1;
+    TSR_CUDA_CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+    fn(ctx);
+    TSR_CUDA_CHECK(cudaStreamEndCapture(g_stream, &graph));
+    g_capturing = 0;
+    TSR_CUDA_CHECK(cudaGraphInstantiate(&r.exec, graph, 0));
+    TSR_CUDA_CHECK(cudaGraphDestroy(graph));
+    TSR_CUDA_CHECK(cudaGraphLaunch(r.exec, g_stream));
+}
+
 extern "C" void *tsr_cuda_scratch(int slot, size_t bytes)
 {
     if (g_scratch_size[slot] < bytes) {
+        if (g_capturing) tsr_cuda_fatal(__FILE__, __LINE__, "scratch buffer growth while recording a graph");
+        drop_graphs();
         if (g_scratch[slot]) cuda_release(g_scratch[slot]);
         g_scratch[slot] = cuda_alloc(bytes);
         if (!g_scratch[slot]) tsr_cuda_fatal(__FILE__, __LINE__, "out of device memory for a scratch buffer");
@@ -313,6 +372,7 @@ static const tsr_ops cuda_ops = {
     cuda_release,
     cuda_to_device,
     cuda_to_host,
+    cuda_run_cached,
     cuda_prepare_model,
     cuda_release_model,
     tsr_cuda_embed,
@@ -326,4 +386,107 @@ static const tsr_ops cuda_ops = {
     tsr_cuda_gather_rows,
 };
 
-extern "C" const tsr_ops *tsr_ops_cuda(void) { return &cuda_ops; }
+/* ---- optional per-op profile (TSR_CUDA_PROFILE=1): each op is synchronized and timed on the host, so the
+ * figures include launch latency; totals are printed to stderr at exit. For attribution, not for throughput. ---- */
+
+enum { P_EMBED, P_NORM, P_LINEAR, P_ROPE, P_KV, P_ATTN, P_SILU, P_ADD, P_GATHER, P_COUNT };
+static const char *p_names[P_COUNT] = {"embed", "rmsnorm", "linear", "rope", "kv_store", "attention", "silu_mul", "add",
+                                       "gather_rows"};
+static double p_seconds[P_COUNT];
+static long p_calls[P_COUNT];
+
+static double host_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+struct p_scope {
+    int op;
+    double t0;
+    explicit p_scope(int o) : op(o)
+    {
+        TSR_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+        t0 = host_now();
+    }
+    ~p_scope()
+    {
+        TSR_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+        p_seconds[op] += host_now() - t0;
+        p_calls[op]++;
+    }
+};
+
+static void p_report(void)
+{
+    double total = 0;
+    for (int i = 0; i < P_COUNT; i++) total += p_seconds[i];
+    fprintf(stderr, "CUDA op profile (synchronized per op):\n");
+    for (int i = 0; i < P_COUNT; i++)
+        if (p_calls[i])
+            fprintf(stderr, "  %-12s %8ld calls %10.3f ms %6.1f%%  %8.1f us/call\n", p_names[i], p_calls[i],
+                    1e3 * p_seconds[i], 100.0 * p_seconds[i] / total, 1e6 * p_seconds[i] / p_calls[i]);
+}
+
+static void pf_embed(const tsr_dense *t, const int32_t *ids, int n, float *out)
+{
+    p_scope s(P_EMBED);
+    tsr_cuda_embed(t, ids, n, out);
+}
+static void pf_norm(const float *x, const tsr_dense *w, float eps, int rows, int dim, float *out)
+{
+    p_scope s(P_NORM);
+    tsr_cuda_rmsnorm(x, w, eps, rows, dim, out);
+}
+static void pf_linear(const tsr_linear *L, const float *x, int M, float *y)
+{
+    p_scope s(P_LINEAR);
+    tsr_cuda_linear(L, x, M, y);
+}
+static void pf_rope(const tsr_batch_layout *b, float *x, int nh, int hd, int rd)
+{
+    p_scope s(P_ROPE);
+    tsr_cuda_rope(b, x, nh, hd, rd);
+}
+static void pf_kv(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v)
+{
+    p_scope s(P_KV);
+    tsr_cuda_kv_store(b, kv, layer, k, v);
+}
+static void pf_attn(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q, float *out)
+{
+    p_scope s(P_ATTN);
+    tsr_cuda_attention(b, a, kv, q, out);
+}
+static void pf_silu(const float *g, const float *u, size_t n, float *out)
+{
+    p_scope s(P_SILU);
+    tsr_cuda_silu_mul(g, u, n, out);
+}
+static void pf_add(float *x, const float *y, size_t n)
+{
+    p_scope s(P_ADD);
+    tsr_cuda_add(x, y, n);
+}
+static void pf_gather(const float *x, const int32_t *index, int n, int dim, float *out)
+{
+    p_scope s(P_GATHER);
+    tsr_cuda_gather_rows(x, index, n, dim, out);
+}
+
+static const tsr_ops cuda_ops_profiled = {
+    "cuda", cuda_alloc, cuda_release, cuda_to_device, cuda_to_host, cuda_run_cached, cuda_prepare_model, cuda_release_model, pf_embed,
+    pf_norm, pf_linear, pf_rope, pf_kv, pf_attn, pf_silu, pf_add, pf_gather,
+};
+
+extern "C" const tsr_ops *tsr_ops_cuda(void)
+{
+    static int profiled = -1;
+    if (profiled < 0) {
+        const char *env = getenv("TSR_CUDA_PROFILE");
+        profiled = env && *env && strcmp(env, "0") != 0;
+        if (profiled) atexit(p_report);
+    }
+    return profiled ? &cuda_ops_profiled : &cuda_ops;
+}

@@ -1,13 +1,14 @@
 /* Matrix multiplication on the GPU for every linear layer: y[M][N] = x[M][K] · W + bias.
  *
- * EXL2, decode (M <= 8): a GEMV that streams the packed weights once. Each thread owns one output column; a
+ * EXL2, decode (M <= 32): a GEMV that streams the packed weights once. Each thread owns one output column; a
  * block covers 128 columns and a range of 32-row chunks; the chunk's b packed words per column are read
  * coalesced across the warp, unpacked in registers (widths are compile-time per chunk via a switch), scaled by the
  * fp16-rounded group scale, and multiplied with the permuted activations staged in shared memory. Blocks of
  * different chunk ranges write partial sums that a second kernel adds up with the bias (deterministic).
- * EXL2, prefill and large batches (M > 8): a tensor-core GEMM (WMMA, fp16 operands, fp32 accumulation) that
- * dequantizes each 32-row chunk of a 64-column tile into shared memory as fp16 and gathers the activations through
- * the permutation; no dequantized copy of the matrix exists outside shared memory.
+ * EXL2, prefill and large batches (M > 32): the activations are first gathered through the permutation into
+ * stored row order as fp16; then a tensor-core GEMM (WMMA, fp16 operands, fp32 accumulation) dequantizes each
+ * 32-row chunk of a 64-column tile into shared memory as fp16; no dequantized copy of the matrix exists outside
+ * shared memory.
  * GPTQ matrices (4-bit groups with per-column fp16 scales and zero points) run through the same two kernels.
  * Dense weights: a warp-per-column GEMV for M <= 8, cuBLAS (GemmEx, fp32 accumulation) above. */
 #include "kernels/cuda/cuda_common.cuh"
@@ -17,7 +18,8 @@
 #include <mma.h>
 
 #define GEMV_COLS 128
-#define GEMV_CHUNKS 16
+#define GEMV_CHUNKS 4
+#define GEMV_MAX_M 32
 
 /* Scale of (group g, column n), and the amount to add to an offset code (code − 2^(b−1)) to get code − zero:
  * 0 for EXL2; 2^(b−1) − zero for GPTQ. */
@@ -62,23 +64,23 @@ __device__ __forceinline__ void decode_any(int bits, const uint32_t *qw, size_t 
     }
 }
 
-template <int M>
-__global__ void __launch_bounds__(GEMV_COLS) exl2_gemv_kernel(tsr_linear_dev L, const float *x, float *partial)
+template <int MM>
+__global__ void __launch_bounds__(GEMV_COLS) exl2_gemv_kernel(tsr_linear_dev L, const float *x, int M, float *partial)
 {
-    __shared__ float xs[M][GEMV_CHUNKS * 32];
+    __shared__ float xs[MM][GEMV_CHUNKS * 32];
     const int n = blockIdx.x * GEMV_COLS + threadIdx.x;
     const int c0 = blockIdx.y * GEMV_CHUNKS, c1 = min(L.n_chunks, c0 + GEMV_CHUNKS);
     const int rowbase = L.chunks[c0].row0;
     const int nrows = L.chunks[c1 - 1].row0 + L.chunks[c1 - 1].rows - rowbase;
-    for (int i = threadIdx.x; i < M * nrows; i += GEMV_COLS) {
+    for (int i = threadIdx.x; i < MM * nrows; i += GEMV_COLS) {
         const int m = i / nrows, r = i % nrows;
-        xs[m][r] = x[(size_t)m * L.K + L.perm[rowbase + r]];
+        xs[m][r] = m < M ? x[(size_t)m * L.K + L.perm[rowbase + r]] : 0.0f;
     }
     __syncthreads();
     if (n >= L.Npad) return;
-    float acc[M];
+    float acc[MM];
 #pragma unroll
-    for (int m = 0; m < M; m++) acc[m] = 0.0f;
+    for (int m = 0; m < MM; m++) acc[m] = 0.0f;
     int last_group = -1;
     float S = 0.0f, zoff = 0.0f;
     int codes[32];
@@ -96,12 +98,13 @@ __global__ void __launch_bounds__(GEMV_COLS) exl2_gemv_kernel(tsr_linear_dev L, 
             if (j < ch.rows) {
                 const float w = ((float)codes[j] + zoff) * S;
 #pragma unroll
-                for (int m = 0; m < M; m++) acc[m] += w * xs[m][r0 + j];
+                for (int m = 0; m < MM; m++) acc[m] += w * xs[m][r0 + j];
             }
         }
     }
 #pragma unroll
-    for (int m = 0; m < M; m++) partial[((size_t)blockIdx.y * M + m) * L.Npad + n] = acc[m];
+    for (int m = 0; m < MM; m++)
+        if (m < M) partial[((size_t)blockIdx.y * M + m) * L.Npad + n] = acc[m];
 }
 
 __global__ void exl2_reduce_kernel(const float *partial, int splits, int M, int N, int Npad, const __half *bias, float *y)
@@ -114,9 +117,9 @@ __global__ void exl2_reduce_kernel(const float *partial, int splits, int M, int 
     y[i] = s;
 }
 
-template <int M> static void gemv_launch(const tsr_linear_dev *L, const float *x, float *partial, dim3 grid)
+template <int MM> static void gemv_launch(const tsr_linear_dev *L, const float *x, int M, float *partial, dim3 grid)
 {
-    exl2_gemv_kernel<M><<<grid, GEMV_COLS, 0, tsr_cuda_stream()>>>(*L, x, partial);
+    exl2_gemv_kernel<MM><<<grid, GEMV_COLS, 0, tsr_cuda_stream()>>>(*L, x, M, partial);
 }
 
 static void exl2_gemv(const tsr_linear_dev *L, const float *x, int M, float *y)
@@ -124,15 +127,21 @@ static void exl2_gemv(const tsr_linear_dev *L, const float *x, int M, float *y)
     const int splits = (L->n_chunks + GEMV_CHUNKS - 1) / GEMV_CHUNKS;
     float *partial = (float *)tsr_cuda_scratch(3, (size_t)splits * M * L->Npad * sizeof(float));
     dim3 grid(tsr_div_up(L->Npad, GEMV_COLS), splits);
-    switch (M) {
-    case 1: gemv_launch<1>(L, x, partial, grid); break;
-    case 2: gemv_launch<2>(L, x, partial, grid); break;
-    case 3: gemv_launch<3>(L, x, partial, grid); break;
-    case 4: gemv_launch<4>(L, x, partial, grid); break;
-    case 5: gemv_launch<5>(L, x, partial, grid); break;
-    case 6: gemv_launch<6>(L, x, partial, grid); break;
-    case 7: gemv_launch<7>(L, x, partial, grid); break;
-    default: gemv_launch<8>(L, x, partial, grid); break;
+    if (M <= 8) {
+        switch (M) {
+        case 1: gemv_launch<1>(L, x, M, partial, grid); break;
+        case 2: gemv_launch<2>(L, x, M, partial, grid); break;
+        case 3: gemv_launch<3>(L, x, M, partial, grid); break;
+        case 4: gemv_launch<4>(L, x, M, partial, grid); break;
+        case 5: gemv_launch<5>(L, x, M, partial, grid); break;
+        case 6: gemv_launch<6>(L, x, M, partial, grid); break;
+        case 7: gemv_launch<7>(L, x, M, partial, grid); break;
+        default: gemv_launch<8>(L, x, M, partial, grid); break;
+        }
+    } else if (M <= 16) {
+        gemv_launch<16>(L, x, M, partial, grid);
+    } else {
+        gemv_launch<32>(L, x, M, partial, grid);
     }
     TSR_CUDA_LAUNCHED();
     exl2_reduce_kernel<<<tsr_div_up((size_t)M * L->N, 256), 256, 0, tsr_cuda_stream()>>>(partial, splits, M, L->N, L->Npad,
@@ -148,7 +157,16 @@ static void exl2_gemv(const tsr_linear_dev *L, const float *x, int M, float *y)
 
 using namespace nvcuda;
 
-__global__ void __launch_bounds__(128) exl2_gemm_kernel(tsr_linear_dev L, const float *x, int M, float *y)
+/* xp[m][i] = h(x[m][perm[i]]): the activations in stored row order, as fp16, so GEMM tiles load contiguously. */
+__global__ void permute_half_kernel(const float *x, const int32_t *perm, int M, int K, __half *xp)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)M * K) return;
+    size_t m = i / K;
+    xp[i] = __float2half_rn(x[m * K + perm[i % K]]);
+}
+
+__global__ void __launch_bounds__(128) exl2_gemm_kernel(tsr_linear_dev L, const __half *xp, int M, float *y)
 {
     __shared__ __align__(32) __half As[BM][BK + 16];
     __shared__ __align__(32) __half Bs[BK][BN + 16];
@@ -172,9 +190,7 @@ __global__ void __launch_bounds__(128) exl2_gemm_kernel(tsr_linear_dev L, const 
         /* A: activations gathered through the permutation, as fp16 */
         for (int i = tid; i < BM * BK; i += 128) {
             const int m = i / BK, j = i % BK;
-            float v = 0.0f;
-            if (m0 + m < M && j < ch.rows) v = x[(size_t)(m0 + m) * L.K + L.perm[ch.row0 + j]];
-            As[m][j] = __float2half_rn(v);
+            As[m][j] = m0 + m < M && j < ch.rows ? xp[(size_t)(m0 + m) * L.K + ch.row0 + j] : __float2half_rn(0.0f);
         }
         /* B: the chunk's weights for this tile's columns, dequantized to fp16 */
         const int g = ch.group & 0xffffff, bits = ch.group >> 24;
@@ -310,11 +326,14 @@ void tsr_cuda_linear(const tsr_linear *Lh, const float *x, int M, float *y)
     if (M <= 0) return;
     if (!L) tsr_cuda_fatal(__FILE__, __LINE__, "linear layer used before prepare_model");
     if (L->kind == TSR_LINEAR_EXL2) {
-        if (M <= 8) {
+        if (M <= GEMV_MAX_M) {
             exl2_gemv(L, x, M, y);
         } else {
+            __half *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * L->K * sizeof(__half));
+            permute_half_kernel<<<tsr_div_up((size_t)M * L->K, 256), 256, 0, tsr_cuda_stream()>>>(x, L->perm, M, L->K, xp);
+            TSR_CUDA_LAUNCHED();
             dim3 grid(tsr_div_up(L->N, BN), tsr_div_up(M, BM));
-            exl2_gemm_kernel<<<grid, 128, 0, tsr_cuda_stream()>>>(*L, x, M, y);
+            exl2_gemm_kernel<<<grid, 128, 0, tsr_cuda_stream()>>>(*L, xp, M, y);
             TSR_CUDA_LAUNCHED();
         }
         return;
