@@ -35,6 +35,11 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     --json "$out/bench-8b.json" 2>&1 | tee "$out/bench-8b.txt"
   echo "--- per-op profile, 8B geometry, batch 1 decode (synchronized per op) ---"
   TSR_CUDA_PROFILE=1 $bin bench --model /tmp/llama8b-4.0 --device cuda --batch 1 --prompt-len 64 --gen 32 2>&1 | tail -12
-  echo "--- per-op profile, 8B geometry, batch 32 prefill 512 ---"
-  TSR_CUDA_PROFILE=1 $bin bench --model /tmp/llama8b-4.0 --device cuda --batch 32 --prompt-len 512 --gen 0 2>&1 | tail -12
+  rm -rf /tmp/llama8b-4.0
+fi
+if [ "$what" = bench70 ] || [ "$what" = all ]; then
+  $bin synth --arch llama --hidden 8192 --layers 80 --heads 64 --kv-heads 8 --intermediate 28672 --vocab 128256 \
+    --bpw 4.0 --out /tmp/llama70b-4.0 > /dev/null
+  timeout 300 $bin bench --model /tmp/llama70b-4.0 --device cuda --batch 1,8,32 --prompt-len 128 --gen 64 \
+    --json "$out/bench-70b.json" 2>&1 | tee "$out/bench-70b.txt"
 fi

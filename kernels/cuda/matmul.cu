@@ -64,12 +64,103 @@ __device__ __forceinline__ void decode_any(int bits, const uint32_t *qw, size_t 
     }
 }
 
+/* Codes (offset by −2^(B−1)) of rows 0..31 from a chunk's packed words already in registers. */
+template <int B> __device__ __forceinline__ void decode_words(const uint32_t *w, int *codes)
+{
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        const int bit = j * B, t = bit >> 5, sh = bit & 31;
+        uint32_t v = w[t] >> sh;
+        if (sh + B > 32) v |= w[t + 1] << (32 - sh);
+        codes[j] = (int)(v & ((1u << B) - 1u)) - (1 << (B - 1));
+    }
+}
+
+/* One chunk for four adjacent columns: 16-byte loads of the chunk's B packed rows, then four 32-value decodes. */
+template <int B, int MM>
+__device__ __forceinline__ void gemv4_chunk(const tsr_linear_dev &L, const tsr_exl2_chunk &ch, int n4, const float *S,
+                                            const float *zoff, const float (*xs)[GEMV_CHUNKS * 32], int r0,
+                                            float (*acc)[4])
+{
+    uint4 w4[B];
+    const int n_words = (ch.rows * B + 31) / 32;
+#pragma unroll
+    for (int t = 0; t < B; t++)
+        w4[t] = t < n_words ? *(const uint4 *)(L.q_weight + (size_t)(ch.qrow + t) * L.Npad + n4) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        uint32_t w[B];
+#pragma unroll
+        for (int t = 0; t < B; t++) w[t] = c == 0 ? w4[t].x : c == 1 ? w4[t].y : c == 2 ? w4[t].z : w4[t].w;
+        int codes[32];
+        decode_words<B>(w, codes);
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            if (j < ch.rows) {
+                const float wv = ((float)codes[j] + zoff[c]) * S[c];
+#pragma unroll
+                for (int m = 0; m < MM; m++) acc[m][c] += wv * xs[m][r0 + j];
+            }
+        }
+    }
+}
+
+/* GEMV for up to 8 rows, four columns per thread (16-byte loads keep more bytes in flight per instruction). */
 template <int MM>
-__global__ void __launch_bounds__(GEMV_COLS) exl2_gemv_kernel(tsr_linear_dev L, const float *x, int M, float *partial)
+__global__ void __launch_bounds__(GEMV_COLS) exl2_gemv4_kernel(tsr_linear_dev L, const float *x, int M, int cpb,
+                                                               float *partial)
+{
+    __shared__ float xs[MM][GEMV_CHUNKS * 32];
+    const int n4 = (blockIdx.x * GEMV_COLS + threadIdx.x) * 4;
+    const int c0 = blockIdx.y * cpb, c1 = min(L.n_chunks, c0 + cpb);
+    const int rowbase = L.chunks[c0].row0;
+    const int nrows = L.chunks[c1 - 1].row0 + L.chunks[c1 - 1].rows - rowbase;
+    for (int i = threadIdx.x; i < MM * nrows; i += GEMV_COLS) {
+        const int m = i / nrows, r = i % nrows;
+        xs[m][r] = m < M ? x[(size_t)m * L.K + L.perm[rowbase + r]] : 0.0f;
+    }
+    __syncthreads();
+    if (n4 >= L.Npad) return;
+    float acc[MM][4];
+#pragma unroll
+    for (int m = 0; m < MM; m++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[m][c] = 0.0f;
+    int last_group = -1;
+    float S[4], zoff[4];
+    for (int c = c0; c < c1; c++) {
+        const tsr_exl2_chunk ch = L.chunks[c];
+        const int g = ch.group & 0xffffff, bits = ch.group >> 24;
+        if (g != last_group) {
+#pragma unroll
+            for (int k = 0; k < 4; k++) group_params(L, g, bits, n4 + k, &S[k], &zoff[k]);
+            last_group = g;
+        }
+        const int r0 = ch.row0 - rowbase;
+        switch (bits) {
+        case 2: gemv4_chunk<2, MM>(L, ch, n4, S, zoff, xs, r0, acc); break;
+        case 3: gemv4_chunk<3, MM>(L, ch, n4, S, zoff, xs, r0, acc); break;
+        case 4: gemv4_chunk<4, MM>(L, ch, n4, S, zoff, xs, r0, acc); break;
+        case 5: gemv4_chunk<5, MM>(L, ch, n4, S, zoff, xs, r0, acc); break;
+        case 6: gemv4_chunk<6, MM>(L, ch, n4, S, zoff, xs, r0, acc); break;
+        default: gemv4_chunk<8, MM>(L, ch, n4, S, zoff, xs, r0, acc); break;
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MM; m++)
+        if (m < M) {
+            float4 v = make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+            *(float4 *)(partial + ((size_t)blockIdx.y * M + m) * L.Npad + n4) = v;
+        }
+}
+
+template <int MM>
+__global__ void __launch_bounds__(GEMV_COLS) exl2_gemv_kernel(tsr_linear_dev L, const float *x, int M, int cpb,
+                                                              float *partial)
 {
     __shared__ float xs[MM][GEMV_CHUNKS * 32];
     const int n = blockIdx.x * GEMV_COLS + threadIdx.x;
-    const int c0 = blockIdx.y * GEMV_CHUNKS, c1 = min(L.n_chunks, c0 + GEMV_CHUNKS);
+    const int c0 = blockIdx.y * cpb, c1 = min(L.n_chunks, c0 + cpb);
     const int rowbase = L.chunks[c0].row0;
     const int nrows = L.chunks[c1 - 1].row0 + L.chunks[c1 - 1].rows - rowbase;
     for (int i = threadIdx.x; i < MM * nrows; i += GEMV_COLS) {
@@ -117,31 +208,43 @@ __global__ void exl2_reduce_kernel(const float *partial, int splits, int M, int 
     y[i] = s;
 }
 
-template <int MM> static void gemv_launch(const tsr_linear_dev *L, const float *x, int M, float *partial, dim3 grid)
+template <int MM>
+static void gemv_launch(const tsr_linear_dev *L, const float *x, int M, int cpb, float *partial, int splits)
 {
-    exl2_gemv_kernel<MM><<<grid, GEMV_COLS, 0, tsr_cuda_stream()>>>(*L, x, M, partial);
+    dim3 grid(tsr_div_up(L->Npad, GEMV_COLS), splits);
+    exl2_gemv_kernel<MM><<<grid, GEMV_COLS, 0, tsr_cuda_stream()>>>(*L, x, M, cpb, partial);
+}
+
+template <int MM>
+static void gemv4_launch(const tsr_linear_dev *L, const float *x, int M, int cpb, float *partial, int splits)
+{
+    dim3 grid(tsr_div_up(L->Npad, GEMV_COLS * 4), splits);
+    exl2_gemv4_kernel<MM><<<grid, GEMV_COLS, 0, tsr_cuda_stream()>>>(*L, x, M, cpb, partial);
 }
 
 static void exl2_gemv(const tsr_linear_dev *L, const float *x, int M, float *y)
 {
-    const int splits = (L->n_chunks + GEMV_CHUNKS - 1) / GEMV_CHUNKS;
+    /* chunks per block: as many as fit (GEMV_CHUNKS) while the grid still gives every SM a few blocks */
+    const int vec4 = M <= 8 && L->Npad % 4 == 0;
+    const long col_blocks = (L->Npad + GEMV_COLS * (vec4 ? 4 : 1) - 1) / (GEMV_COLS * (vec4 ? 4 : 1));
+    int cpb = GEMV_CHUNKS;
+    while (cpb > 1 && col_blocks * ((L->n_chunks + cpb - 1) / cpb) < 528) cpb /= 2;
+    const int splits = (L->n_chunks + cpb - 1) / cpb;
     float *partial = (float *)tsr_cuda_scratch(3, (size_t)splits * M * L->Npad * sizeof(float));
-    dim3 grid(tsr_div_up(L->Npad, GEMV_COLS), splits);
-    if (M <= 8) {
+    if (vec4) {
         switch (M) {
-        case 1: gemv_launch<1>(L, x, M, partial, grid); break;
-        case 2: gemv_launch<2>(L, x, M, partial, grid); break;
-        case 3: gemv_launch<3>(L, x, M, partial, grid); break;
-        case 4: gemv_launch<4>(L, x, M, partial, grid); break;
-        case 5: gemv_launch<5>(L, x, M, partial, grid); break;
-        case 6: gemv_launch<6>(L, x, M, partial, grid); break;
-        case 7: gemv_launch<7>(L, x, M, partial, grid); break;
-        default: gemv_launch<8>(L, x, M, partial, grid); break;
+        case 1: gemv4_launch<1>(L, x, M, cpb, partial, splits); break;
+        case 2: gemv4_launch<2>(L, x, M, cpb, partial, splits); break;
+        case 3:
+        case 4: gemv4_launch<4>(L, x, M, cpb, partial, splits); break;
+        default: gemv4_launch<8>(L, x, M, cpb, partial, splits); break;
         }
+    } else if (M <= 8) {
+        gemv_launch<8>(L, x, M, cpb, partial, splits);
     } else if (M <= 16) {
-        gemv_launch<16>(L, x, M, partial, grid);
+        gemv_launch<16>(L, x, M, cpb, partial, splits);
     } else {
-        gemv_launch<32>(L, x, M, partial, grid);
+        gemv_launch<32>(L, x, M, cpb, partial, splits);
     }
     TSR_CUDA_LAUNCHED();
     exl2_reduce_kernel<<<tsr_div_up((size_t)M * L->N, 256), 256, 0, tsr_cuda_stream()>>>(partial, splits, M, L->N, L->Npad,

@@ -289,7 +289,7 @@ static void test_linear_exl2(void **state)
     shell.final_norm = shell.embed;
     shell.head = L;
     assert_int_equal(gpu->prepare_model(&shell), TSR_OK);
-    const int Ms[] = {1, 2, 5, 8, 9, 17, 32, 33, 100};
+    const int Ms[] = {1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 100};
     for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
         int M = Ms[t];
         float *x = rand_host((size_t)M * q.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
