@@ -76,82 +76,111 @@ template <int B> __device__ __forceinline__ void decode_words(const uint32_t *w,
     }
 }
 
-/* One chunk for four adjacent columns: 16-byte loads of the chunk's B packed rows, then four 32-value decodes. */
+/* ---- decode GEMV (M <= 8): warps split K inside a block ----
+ * A block of DEC_WARPS warps owns 128 adjacent columns (each lane four of them, read with one 16-byte load per
+ * packed row, so a warp reads 512 contiguous bytes per row). Warp w takes chunks c0+w, c0+w+DEC_WARPS, ... of the
+ * block's range; each lane gathers one activation of the chunk through the permutation and the warp shares them
+ * with shuffles. The warps' sums meet in shared memory; the block writes y (plus bias) directly, or a partial sum
+ * when K is split over several blocks to fill the chip. */
+#define DEC_WARPS 8
+#define DEC_COLS 128
+
 template <int B, int MM>
-__device__ __forceinline__ void gemv4_chunk(const tsr_linear_dev &L, const tsr_exl2_chunk &ch, int n4, const float *S,
-                                            const float *zoff, const float (*xs)[GEMV_CHUNKS * 32], int r0,
-                                            float (*acc)[4])
+__device__ __forceinline__ void dec_chunk(const tsr_linear_dev &L, const tsr_exl2_chunk &ch, int n4, const float *xv,
+                                          const float *S, const float *zoff, float (*acc)[4])
 {
     uint4 w4[B];
     const int n_words = (ch.rows * B + 31) / 32;
 #pragma unroll
     for (int t = 0; t < B; t++)
-        w4[t] = t < n_words ? *(const uint4 *)(L.q_weight + (size_t)(ch.qrow + t) * L.Npad + n4) : make_uint4(0, 0, 0, 0);
+        w4[t] = t < n_words ? __ldg((const uint4 *)(L.q_weight + (size_t)(ch.qrow + t) * L.Npad + n4)) : make_uint4(0, 0, 0, 0);
+    /* code → float without a conversion instruction: the bits 0x4B000000 | code are the float 2^23 + code, and
+     * subtracting 2^23 + 2^(B-1) − zoff leaves the exact signed value, which the fp16-rounded scale multiplies */
+    float bias[4];
 #pragma unroll
-    for (int c = 0; c < 4; c++) {
-        uint32_t w[B];
+    for (int c = 0; c < 4; c++) bias[c] = 8388608.0f + (float)(1 << (B - 1)) - zoff[c];
 #pragma unroll
-        for (int t = 0; t < B; t++) w[t] = c == 0 ? w4[t].x : c == 1 ? w4[t].y : c == 2 ? w4[t].z : w4[t].w;
-        int codes[32];
-        decode_words<B>(w, codes);
+    for (int j = 0; j < 32; j++) {
+        const int bit = j * B, t = bit >> 5, sh = bit & 31;
+        float wv[4];
 #pragma unroll
-        for (int j = 0; j < 32; j++) {
-            if (j < ch.rows) {
-                const float wv = ((float)codes[j] + zoff[c]) * S[c];
-#pragma unroll
-                for (int m = 0; m < MM; m++) acc[m][c] += wv * xs[m][r0 + j];
+        for (int c = 0; c < 4; c++) {
+            const uint32_t lo = c == 0 ? w4[t].x : c == 1 ? w4[t].y : c == 2 ? w4[t].z : w4[t].w;
+            uint32_t v = lo >> sh;
+            if (sh + B > 32) {
+                const uint32_t hi = c == 0 ? w4[t + 1].x : c == 1 ? w4[t + 1].y : c == 2 ? w4[t + 1].z : w4[t + 1].w;
+                v |= hi << (32 - sh);
             }
+            wv[c] = (__uint_as_float(0x4B000000u | (v & ((1u << B) - 1u))) - bias[c]) * S[c];
+        }
+#pragma unroll
+        for (int m = 0; m < MM; m++) {
+            const float xj = __shfl_sync(0xffffffffu, xv[m], j); /* rows beyond the chunk carry x = 0 */
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[m][c] = fmaf(wv[c], xj, acc[m][c]);
         }
     }
 }
 
-/* GEMV for up to 8 rows, four columns per thread (16-byte loads keep more bytes in flight per instruction). */
 template <int MM>
-__global__ void __launch_bounds__(GEMV_COLS) exl2_gemv4_kernel(tsr_linear_dev L, const float *x, int M, int cpb,
-                                                               float *partial)
+__global__ void __launch_bounds__(DEC_WARPS * 32) exl2_dec_kernel(tsr_linear_dev L, const float *x, int M, int cpb,
+                                                                  float *partial, float *y)
 {
-    __shared__ float xs[MM][GEMV_CHUNKS * 32];
-    const int n4 = (blockIdx.x * GEMV_COLS + threadIdx.x) * 4;
+    __shared__ float4 red[DEC_WARPS][MM][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n4_out = blockIdx.x * DEC_COLS + lane * 4;
+    const bool live = n4_out < L.Npad;
+    /* lanes past the last column decode column 0 (every lane must take part in the shuffles) and write nothing */
+    const int n4 = live ? n4_out : 0;
     const int c0 = blockIdx.y * cpb, c1 = min(L.n_chunks, c0 + cpb);
-    const int rowbase = L.chunks[c0].row0;
-    const int nrows = L.chunks[c1 - 1].row0 + L.chunks[c1 - 1].rows - rowbase;
-    for (int i = threadIdx.x; i < MM * nrows; i += GEMV_COLS) {
-        const int m = i / nrows, r = i % nrows;
-        xs[m][r] = m < M ? x[(size_t)m * L.K + L.perm[rowbase + r]] : 0.0f;
-    }
-    __syncthreads();
-    if (n4 >= L.Npad) return;
     float acc[MM][4];
 #pragma unroll
     for (int m = 0; m < MM; m++)
 #pragma unroll
         for (int c = 0; c < 4; c++) acc[m][c] = 0.0f;
     int last_group = -1;
-    float S[4], zoff[4];
-    for (int c = c0; c < c1; c++) {
-        const tsr_exl2_chunk ch = L.chunks[c];
+    float S[4] = {0, 0, 0, 0}, zoff[4] = {0, 0, 0, 0};
+    for (int ci = c0 + warp; ci < c1; ci += DEC_WARPS) {
+        const tsr_exl2_chunk ch = L.chunks[ci];
         const int g = ch.group & 0xffffff, bits = ch.group >> 24;
+        float xv[MM];
+        const int row = lane < ch.rows ? L.perm[ch.row0 + lane] : 0;
+#pragma unroll
+        for (int m = 0; m < MM; m++) xv[m] = lane < ch.rows && m < M ? x[(size_t)m * L.K + row] : 0.0f;
         if (g != last_group) {
 #pragma unroll
             for (int k = 0; k < 4; k++) group_params(L, g, bits, n4 + k, &S[k], &zoff[k]);
             last_group = g;
         }
-        const int r0 = ch.row0 - rowbase;
         switch (bits) {
-        case 2: gemv4_chunk<2, MM>(L, ch, n4, S, zoff, xs, r0, acc); break;
-        case 3: gemv4_chunk<3, MM>(L, ch, n4, S, zoff, xs, r0, acc); break;
-        case 4: gemv4_chunk<4, MM>(L, ch, n4, S, zoff, xs, r0, acc); break;
-        case 5: gemv4_chunk<5, MM>(L, ch, n4, S, zoff, xs, r0, acc); break;
-        case 6: gemv4_chunk<6, MM>(L, ch, n4, S, zoff, xs, r0, acc); break;
-        default: gemv4_chunk<8, MM>(L, ch, n4, S, zoff, xs, r0, acc); break;
+        case 2: dec_chunk<2, MM>(L, ch, n4, xv, S, zoff, acc); break;
+        case 3: dec_chunk<3, MM>(L, ch, n4, xv, S, zoff, acc); break;
+        case 4: dec_chunk<4, MM>(L, ch, n4, xv, S, zoff, acc); break;
+        case 5: dec_chunk<5, MM>(L, ch, n4, xv, S, zoff, acc); break;
+        case 6: dec_chunk<6, MM>(L, ch, n4, xv, S, zoff, acc); break;
+        default: dec_chunk<8, MM>(L, ch, n4, xv, S, zoff, acc); break;
         }
     }
 #pragma unroll
-    for (int m = 0; m < MM; m++)
-        if (m < M) {
-            float4 v = make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
-            *(float4 *)(partial + ((size_t)blockIdx.y * M + m) * L.Npad + n4) = v;
+    for (int m = 0; m < MM; m++) red[warp][m][lane] = make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+    __syncthreads();
+    /* warp w sums rows m = w, w + DEC_WARPS, ... over the warps */
+    for (int m = warp; m < MM && m < M; m += DEC_WARPS) {
+        float4 t = red[0][m][lane];
+        for (int k = 1; k < DEC_WARPS; k++) {
+            const float4 u = red[k][m][lane];
+            t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;
         }
+        if (!live) continue;
+        if (partial) {
+            *(float4 *)(partial + ((size_t)blockIdx.y * M + m) * L.Npad + n4) = t;
+        } else {
+            const float v[4] = {t.x, t.y, t.z, t.w};
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                if (n4 + c < L.N) y[(size_t)m * L.N + n4 + c] = v[c] + (L.bias ? __half2float(L.bias[n4 + c]) : 0.0f);
+        }
+    }
 }
 
 template <int MM>
@@ -216,30 +245,45 @@ static void gemv_launch(const tsr_linear_dev *L, const float *x, int M, int cpb,
 }
 
 template <int MM>
-static void gemv4_launch(const tsr_linear_dev *L, const float *x, int M, int cpb, float *partial, int splits)
+static void dec_launch(const tsr_linear_dev *L, const float *x, int M, float *y)
 {
-    dim3 grid(tsr_div_up(L->Npad, GEMV_COLS * 4), splits);
-    exl2_gemv4_kernel<MM><<<grid, GEMV_COLS, 0, tsr_cuda_stream()>>>(*L, x, M, cpb, partial);
+    /* split K over blocks only as far as needed to give every SM about two blocks */
+    const int col_blocks = (int)tsr_div_up(L->Npad, DEC_COLS);
+    int splits = 1;
+    while (col_blocks * splits < 264 && L->n_chunks / (splits * 2) >= DEC_WARPS) splits *= 2;
+    const int cpb = (L->n_chunks + splits - 1) / splits;
+    splits = (L->n_chunks + cpb - 1) / cpb;
+    float *partial = splits > 1 ? (float *)tsr_cuda_scratch(3, (size_t)splits * M * L->Npad * sizeof(float)) : NULL;
+    dim3 grid(col_blocks, splits);
+    exl2_dec_kernel<MM><<<grid, DEC_WARPS * 32, 0, tsr_cuda_stream()>>>(*L, x, M, cpb, partial, y);
+    TSR_CUDA_LAUNCHED();
+    if (splits > 1) {
+        exl2_reduce_kernel<<<tsr_div_up((size_t)M * L->N, 256), 256, 0, tsr_cuda_stream()>>>(partial, splits, M, L->N,
+                                                                                                L->Npad, L->bias, y);
+        TSR_CUDA_LAUNCHED();
+    }
 }
 
 static void exl2_gemv(const tsr_linear_dev *L, const float *x, int M, float *y)
 {
+    if (M <= 8 && L->Npad % 4 == 0) {
+        switch (M) {
+        case 1: dec_launch<1>(L, x, M, y); break;
+        case 2: dec_launch<2>(L, x, M, y); break;
+        case 3:
+        case 4: dec_launch<4>(L, x, M, y); break;
+        default: dec_launch<8>(L, x, M, y); break;
+        }
+        return;
+    }
     /* chunks per block: as many as fit (GEMV_CHUNKS) while the grid still gives every SM a few blocks */
-    const int vec4 = M <= 8 && L->Npad % 4 == 0;
+    const int vec4 = 0;
     const long col_blocks = (L->Npad + GEMV_COLS * (vec4 ? 4 : 1) - 1) / (GEMV_COLS * (vec4 ? 4 : 1));
     int cpb = GEMV_CHUNKS;
     while (cpb > 1 && col_blocks * ((L->n_chunks + cpb - 1) / cpb) < 528) cpb /= 2;
     const int splits = (L->n_chunks + cpb - 1) / cpb;
     float *partial = (float *)tsr_cuda_scratch(3, (size_t)splits * M * L->Npad * sizeof(float));
-    if (vec4) {
-        switch (M) {
-        case 1: gemv4_launch<1>(L, x, M, cpb, partial, splits); break;
-        case 2: gemv4_launch<2>(L, x, M, cpb, partial, splits); break;
-        case 3:
-        case 4: gemv4_launch<4>(L, x, M, cpb, partial, splits); break;
-        default: gemv4_launch<8>(L, x, M, cpb, partial, splits); break;
-        }
-    } else if (M <= 8) {
+    if (M <= 8) {
         gemv_launch<8>(L, x, M, cpb, partial, splits);
     } else if (M <= 16) {
         gemv_launch<16>(L, x, M, cpb, partial, splits);
