@@ -33,8 +33,10 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     --bpw 4.0 --out /tmp/llama8b-4.0 > /dev/null
   $bin bench --model /tmp/llama8b-4.0 --device cuda --batch 1,8,32 --prompt-len 512 --gen 128 \
     --json "$out/bench-8b.json" 2>&1 | tee "$out/bench-8b.txt"
-  echo "--- per-op profile, 8B geometry, batch 1 decode (synchronized per op) ---"
-  TSR_CUDA_PROFILE=1 $bin bench --model /tmp/llama8b-4.0 --device cuda --batch 1 --prompt-len 64 --gen 32 2>&1 | tail -12
+  if [ -n "${TSR_DEVICE_PROFILE:-}" ]; then
+    echo "--- per-op profile, 8B geometry, batch 1 decode (synchronized per op) ---"
+    TSR_CUDA_PROFILE=1 $bin bench --model /tmp/llama8b-4.0 --device cuda --batch 1 --prompt-len 64 --gen 32 2>&1 | tail -12
+  fi
   rm -rf /tmp/llama8b-4.0
 fi
 if [ "$what" = bench70 ] || [ "$what" = all ]; then

@@ -52,7 +52,9 @@ __global__ void rmsnorm_kernel(const float *x, const void *w, int dtype, float e
 void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, int dim, float *out)
 {
     if (rows <= 0) return;
-    rmsnorm_kernel<<<rows, 256, 0, tsr_cuda_stream()>>>(x, w->dev, w->dtype, eps, dim, out);
+    /* one block per row, enough threads that each handles a few elements (one row is latency-bound) */
+    int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
+    rmsnorm_kernel<<<rows, threads, 0, tsr_cuda_stream()>>>(x, w->dev, w->dtype, eps, dim, out);
     TSR_CUDA_LAUNCHED();
 }
 
