@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Runs on the lent GPU machine (see scripts/device-pack.sh): the GPU test suite, then benchmarks of the bundled
+# Runs on the lent GPU machine (see scripts/device-pack.sh; carry .devpack): the GPU test suite, then benchmarks of the bundled
 # model and of synthetic models of realistic shape. Logs go to $OUT. Usage: scripts/device-check.sh [tests|bench|all]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
+if [ -f .devpack/devbin.tar.xz ] && [ ! -x .devbin/tessera ]; then tar -xJf .devpack/devbin.tar.xz; fi
 export LD_LIBRARY_PATH=$PWD/.devbin/lib:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0
 fx=/tmp/tsr-fixtures

@@ -13,4 +13,8 @@ for lib in libjansson.so.4 libpcre2-8.so.0 libutf8proc.so.2 libcmocka.so.0; do
   cp -L "/lib/x86_64-linux-gnu/$lib" .devbin/lib/
 done
 grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo '/.devbin/' >> .git/info/exclude
-du -sh .devbin
+# the binaries travel compressed (the device tool carries 64 MiB in all): .devpack/devbin.tar.xz
+rm -rf .devpack && mkdir -p .devpack
+tar -cJf .devpack/devbin.tar.xz .devbin
+grep -qx '/.devpack/' .git/info/exclude 2>/dev/null || echo '/.devpack/' >> .git/info/exclude
+du -sh .devbin .devpack

@@ -85,22 +85,17 @@ template <int B> __device__ __forceinline__ void decode_words(const uint32_t *w,
 #define DEC_WARPS 8
 #define DEC_COLS 128
 
-template <int B>
-__device__ __forceinline__ void dec_load(const tsr_linear_dev &L, const tsr_exl2_chunk &ch, int n4, uint4 *w4)
+template <int B, int MM>
+__device__ __forceinline__ void dec_chunk(const tsr_linear_dev &L, const tsr_exl2_chunk &ch, int n4, const float *xv,
+                                          const float *S, const float *zoff, float (*acc)[4])
 {
+    uint4 w4[B];
     const int n_words = (ch.rows * B + 31) / 32;
 #pragma unroll
     for (int t = 0; t < B; t++)
         w4[t] = t < n_words ? __ldg((const uint4 *)(L.q_weight + (size_t)(ch.qrow + t) * L.Npad + n4)) : make_uint4(0, 0, 0, 0);
-}
-
-/* Multiply-accumulates one chunk whose B packed rows are in w4 (four columns per lane). Codes become floats without
- * a conversion instruction: the bits 0x4B000000 | code are the float 2^23 + code, and subtracting
- * 2^23 + 2^(B-1) − zoff leaves the exact signed value, which the fp16-rounded scale multiplies. */
-template <int B, int MM>
-__device__ __forceinline__ void dec_compute(const uint4 *w4, const float *xv, const float *S, const float *zoff,
-                                            float (*acc)[4])
-{
+    /* code → float without a conversion instruction: the bits 0x4B000000 | code are the float 2^23 + code, and
+     * subtracting 2^23 + 2^(B-1) − zoff leaves the exact signed value, which the fp16-rounded scale multiplies */
     float bias[4];
 #pragma unroll
     for (int c = 0; c < 4; c++) bias[c] = 8388608.0f + (float)(1 << (B - 1)) - zoff[c];
@@ -127,38 +122,6 @@ __device__ __forceinline__ void dec_compute(const uint4 *w4, const float *xv, co
     }
 }
 
-template <int B, int MM>
-__device__ __forceinline__ void dec_one(const tsr_linear_dev &L, const tsr_exl2_chunk &ch, int n4, const float *xv,
-                                        const float *S, const float *zoff, float (*acc)[4])
-{
-    uint4 a[B];
-    dec_load<B>(L, ch, n4, a);
-    dec_compute<B, MM>(a, xv, S, zoff, acc);
-}
-
-/* Two chunks of the same width and group: both loads are issued before either is decoded. */
-template <int B, int MM>
-__device__ __forceinline__ void dec_pair(const tsr_linear_dev &L, const tsr_exl2_chunk &c1, const tsr_exl2_chunk &c2,
-                                         int n4, const float *x1, const float *x2, const float *S, const float *zoff,
-                                         float (*acc)[4])
-{
-    uint4 a[B], b[B];
-    dec_load<B>(L, c1, n4, a);
-    dec_load<B>(L, c2, n4, b);
-    dec_compute<B, MM>(a, x1, S, zoff, acc);
-    dec_compute<B, MM>(b, x2, S, zoff, acc);
-}
-
-#define DEC_SWITCH(bits, call)                                                                                         \
-    switch (bits) {                                                                                                    \
-    case 2: call(2); break;                                                                                            \
-    case 3: call(3); break;                                                                                            \
-    case 4: call(4); break;                                                                                            \
-    case 5: call(5); break;                                                                                            \
-    case 6: call(6); break;                                                                                            \
-    default: call(8); break;                                                                                           \
-    }
-
 template <int MM>
 __global__ void __launch_bounds__(DEC_WARPS * 32) exl2_dec_kernel(tsr_linear_dev L, const float *x, int M, int cpb,
                                                                   float *partial, float *y)
@@ -177,42 +140,26 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) exl2_dec_kernel(tsr_linear_dev
         for (int c = 0; c < 4; c++) acc[m][c] = 0.0f;
     int last_group = -1;
     float S[4] = {0, 0, 0, 0}, zoff[4] = {0, 0, 0, 0};
-    /* warp w takes the chunk pairs (c0 + 2w, c0 + 2w + 1), (c0 + 2w + 2·DEC_WARPS, ...), ... */
-    for (int ci = c0 + 2 * warp; ci < c1; ci += 2 * DEC_WARPS) {
+    for (int ci = c0 + warp; ci < c1; ci += DEC_WARPS) {
         const tsr_exl2_chunk ch = L.chunks[ci];
-        const bool has2 = ci + 1 < c1;
-        const tsr_exl2_chunk ch2 = L.chunks[has2 ? ci + 1 : ci];
-        float xv[MM], xv2[MM];
-        const int row = lane < ch.rows ? L.perm[ch.row0 + lane] : 0;
-        const int row2 = has2 && lane < ch2.rows ? L.perm[ch2.row0 + lane] : 0;
-#pragma unroll
-        for (int m = 0; m < MM; m++) {
-            xv[m] = lane < ch.rows && m < M ? x[(size_t)m * L.K + row] : 0.0f;
-            xv2[m] = has2 && lane < ch2.rows && m < M ? x[(size_t)m * L.K + row2] : 0.0f;
-        }
         const int g = ch.group & 0xffffff, bits = ch.group >> 24;
+        float xv[MM];
+        const int row = lane < ch.rows ? L.perm[ch.row0 + lane] : 0;
+#pragma unroll
+        for (int m = 0; m < MM; m++) xv[m] = lane < ch.rows && m < M ? x[(size_t)m * L.K + row] : 0.0f;
         if (g != last_group) {
 #pragma unroll
             for (int k = 0; k < 4; k++) group_params(L, g, bits, n4 + k, &S[k], &zoff[k]);
             last_group = g;
         }
-        if (has2 && ch2.group == ch.group) {
-#define PAIR(B) dec_pair<B, MM>(L, ch, ch2, n4, xv, xv2, S, zoff, acc)
-            DEC_SWITCH(bits, PAIR)
-#undef PAIR
-            continue;
+        switch (bits) {
+        case 2: dec_chunk<2, MM>(L, ch, n4, xv, S, zoff, acc); break;
+        case 3: dec_chunk<3, MM>(L, ch, n4, xv, S, zoff, acc); break;
+        case 4: dec_chunk<4, MM>(L, ch, n4, xv, S, zoff, acc); break;
+        case 5: dec_chunk<5, MM>(L, ch, n4, xv, S, zoff, acc); break;
+        case 6: dec_chunk<6, MM>(L, ch, n4, xv, S, zoff, acc); break;
+        default: dec_chunk<8, MM>(L, ch, n4, xv, S, zoff, acc); break;
         }
-#define ONE(B) dec_one<B, MM>(L, ch, n4, xv, S, zoff, acc)
-        DEC_SWITCH(bits, ONE)
-#undef ONE
-        if (!has2) continue;
-        const int g2 = ch2.group & 0xffffff, bits2 = ch2.group >> 24;
-#pragma unroll
-        for (int k = 0; k < 4; k++) group_params(L, g2, bits2, n4 + k, &S[k], &zoff[k]);
-        last_group = g2;
-#define ONE2(B) dec_one<B, MM>(L, ch2, n4, xv2, S, zoff, acc)
-        DEC_SWITCH(bits2, ONE2)
-#undef ONE2
     }
 #pragma unroll
     for (int m = 0; m < MM; m++) red[warp][m][lane] = make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
@@ -300,12 +247,10 @@ static void gemv_launch(const tsr_linear_dev *L, const float *x, int M, int cpb,
 template <int MM>
 static void dec_launch(const tsr_linear_dev *L, const float *x, int M, float *y)
 {
-    /* K is split over blocks so that each warp gets about one pair of chunks (many warps in flight), within a
-     * bound on the partial sums' traffic */
+    /* split K over blocks only as far as needed to give every SM about two blocks */
     const int col_blocks = (int)tsr_div_up(L->Npad, DEC_COLS);
-    int splits = (L->n_chunks + 2 * DEC_WARPS - 1) / (2 * DEC_WARPS);
-    if (splits > 32) splits = 32;
-    if (splits < 1) splits = 1;
+    int splits = 1;
+    while (col_blocks * splits < 264 && L->n_chunks / (splits * 2) >= DEC_WARPS) splits *= 2;
     const int cpb = (L->n_chunks + splits - 1) / splits;
     splits = (L->n_chunks + cpb - 1) / cpb;
     float *partial = splits > 1 ? (float *)tsr_cuda_scratch(3, (size_t)splits * M * L->Npad * sizeof(float)) : NULL;
