@@ -192,8 +192,14 @@ extern "C" void *tsr_cuda_scratch(int slot, size_t bytes)
 
 extern "C" double tsr_cuda_copy_bandwidth(size_t bytes)
 {
-    void *a = cuda_alloc(bytes), *b = cuda_alloc(bytes);
-    if (!a || !b) return 0;
+    /* plain cudaMalloc: these buffers are not the backend's and stay out of its peak accounting */
+    void *a = NULL, *b = NULL;
+    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        if (a) cudaFree(a);
+        return 0;
+    }
+    TSR_CUDA_CHECK(cudaMemsetAsync(a, 1, bytes, g_stream));
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
@@ -209,8 +215,8 @@ extern "C" double tsr_cuda_copy_bandwidth(size_t bytes)
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    cuda_release(a);
-    cuda_release(b);
+    TSR_CUDA_CHECK(cudaFree(a));
+    TSR_CUDA_CHECK(cudaFree(b));
     return 2.0 * (double)bytes / (best * 1e-3);
 }
 
