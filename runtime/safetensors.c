@@ -38,11 +38,16 @@ static int cmp_tensor_name(const void *a, const void *b)
     return strcmp(((const tsr_st_tensor *)a)->name, ((const tsr_st_tensor *)b)->name);
 }
 
-static int cmp_tensor_offset(const void *a, const void *b)
+typedef struct {
+    uint64_t begin, end;
+    const char *name;
+} st_span;
+
+static int cmp_span(const void *a, const void *b)
 {
-    const tsr_st_tensor *x = *(const tsr_st_tensor *const *)a, *y = *(const tsr_st_tensor *const *)b;
-    if (x->data != y->data) return (const char *)x->data < (const char *)y->data ? -1 : 1;
-    return x->nbytes < y->nbytes ? -1 : x->nbytes > y->nbytes;
+    const st_span *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
 }
 
 void tsr_st_set_free(tsr_st_set *set)
@@ -95,7 +100,6 @@ static tsr_status parse_header(tsr_st_set *set, const st_file *f)
     }
     const char *data = (const char *)p + 8 + hlen;
     uint64_t data_size = f->size - 8 - hlen;
-    size_t first = set->n_tensors;
     size_t n_new = json_object_size(root);
     tsr_st_tensor *grown = realloc(set->tensors, (set->n_tensors + n_new + 1) * sizeof *grown);
     if (!grown) {
@@ -105,6 +109,13 @@ static tsr_status parse_header(tsr_st_set *set, const st_file *f)
     set->tensors = grown;
 
     tsr_status st = TSR_OK;
+    /* spans keep names borrowed from the JSON object, which lives until the end of this function */
+    st_span *spans = malloc((n_new + 1) * sizeof *spans);
+    size_t n_spans = 0;
+    if (!spans) {
+        json_decref(root);
+        return tsr_fail(TSR_ERR_NOMEM, "%s: out of memory reading the header", f->path);
+    }
     const char *name;
     json_t *val;
     json_object_foreach(root, name, val) {
@@ -148,6 +159,8 @@ static tsr_status parse_header(tsr_st_set *set, const st_file *f)
             break;
         }
         t.data = data + b;
+        t.nbytes = (size_t)(e - b);
+        spans[n_spans++] = (st_span){(uint64_t)b, (uint64_t)e, name};
         if ((uintptr_t)t.data % tsr_dtype_size(t.dtype)) {
             /* files written without header padding: keep an aligned copy (rare; costs the tensor's size) */
             void *copy = malloc(t.nbytes ? t.nbytes : 1);
@@ -163,7 +176,6 @@ static tsr_status parse_header(tsr_st_set *set, const st_file *f)
             set->copies[set->n_copies++] = copy;
             t.data = copy;
         }
-        t.nbytes = (size_t)(e - b);
         t.name = strdup(name);
         if (!t.name) {
             st = tsr_fail(TSR_ERR_NOMEM, "out of memory");
@@ -171,21 +183,15 @@ static tsr_status parse_header(tsr_st_set *set, const st_file *f)
         }
         set->tensors[set->n_tensors++] = t;
     }
-    json_decref(root);
-    if (st != TSR_OK) return st;
-
-    /* no two tensors of this file may overlap */
-    size_t n = set->n_tensors - first;
-    if (n > 1) {
-        const tsr_st_tensor **order = malloc(n * sizeof *order);
-        if (!order) return tsr_fail(TSR_ERR_NOMEM, "out of memory");
-        for (size_t i = 0; i < n; i++) order[i] = &set->tensors[first + i];
-        qsort(order, n, sizeof *order, cmp_tensor_offset);
-        for (size_t i = 1; i < n && st == TSR_OK; i++)
-            if ((const char *)order[i - 1]->data + order[i - 1]->nbytes > (const char *)order[i]->data)
-                st = tsr_fail(TSR_ERR_FORMAT, "%s: tensors '%s' and '%s' overlap", f->path, order[i - 1]->name, order[i]->name);
-        free(order);
+    /* no two tensors of this file may overlap (checked on file offsets: misaligned ones live in copies) */
+    if (st == TSR_OK && n_spans > 1) {
+        qsort(spans, n_spans, sizeof *spans, cmp_span);
+        for (size_t i = 1; i < n_spans && st == TSR_OK; i++)
+            if (spans[i - 1].end > spans[i].begin && spans[i].end > spans[i].begin)
+                st = tsr_fail(TSR_ERR_FORMAT, "%s: tensors '%s' and '%s' overlap", f->path, spans[i - 1].name, spans[i].name);
     }
+    free(spans);
+    json_decref(root);
     return st;
 }
 
