@@ -22,12 +22,16 @@
 
 static const tsr_ops *cpu, *gpu;
 
-static float frand(void) { return (float)((double)rnd() / 4294967296.0 * 2.0 - 1.0); }
+static float frand(void)
+{
+    return (float)((double)rnd() / 4294967296.0 * 2.0 - 1.0);
+}
 
 static float *rand_host(size_t n, float scale)
 {
     float *p = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) p[i] = frand() * scale;
+    for (size_t i = 0; i < n; i++)
+        p[i] = frand() * scale;
     return p;
 }
 
@@ -82,7 +86,8 @@ static void test_elementwise(void **state)
     const int rows = 7, dim = 1000;
     float *x = rand_host((size_t)rows * dim, 3.0f);
     uint16_t w16[1000];
-    for (int i = 0; i < dim; i++) w16[i] = tsr_float_to_half(1.0f + 0.3f * frand());
+    for (int i = 0; i < dim; i++)
+        w16[i] = tsr_float_to_half(1.0f + 0.3f * frand());
     tsr_dense w = {TSR_F16, 1, dim, w16, NULL};
     tsr_dense wd = w;
     wd.dev = dev_copy(w16, sizeof w16);
@@ -161,12 +166,14 @@ static void make_layout(host_layout *h, int n_seqs, const int *pos0, const int *
     for (int s = 0; s < n_seqs; s++) {
         h->seq_row0[s] = h->n_rows;
         int pages = (pos0[s] + n[s] + page - 1) / page;
-        for (int p = 0; p < pages; p++) h->tables[s * 256 + p] = (next_page++ * 7919) % n_pages; /* scattered */
+        for (int p = 0; p < pages; p++)
+            h->tables[s * 256 + p] = (next_page++ * 7919) % n_pages; /* scattered */
         for (int t = 0; t < n[s]; t++) {
             h->row_seq[h->n_rows] = s;
             h->positions[h->n_rows++] = pos0[s] + t;
         }
-        for (int i = 0; i < half; i++) h->inv_freq[s * 64 + i] = powf(10000.0f + 1000.0f * s, -2.0f * i / (2 * half));
+        for (int i = 0; i < half; i++)
+            h->inv_freq[s * 64 + i] = powf(10000.0f + 1000.0f * s, -2.0f * i / (2 * half));
         h->attn_factor[s] = 1.0f + 0.1f * s;
     }
     h->seq_row0[n_seqs] = h->n_rows;
@@ -175,11 +182,12 @@ static void make_layout(host_layout *h, int n_seqs, const int *pos0, const int *
 
 static tsr_batch_layout view(host_layout *h, int on_gpu, int max_position)
 {
-    tsr_batch_layout b = {h->n_seqs, h->n_rows, h->max_pages, max_position, h->row_seq, h->positions, h->seq_row0,
-                          h->tables, NULL, NULL};
+    tsr_batch_layout b = {h->n_seqs,    h->n_rows,   h->max_pages, max_position, h->row_seq,
+                          h->positions, h->seq_row0, h->tables,    NULL,         NULL};
     /* inv_freq with a stride of 64 per sequence: compact it to [n_seqs][half] */
     static float compact[16 * 64];
-    for (int s = 0; s < h->n_seqs; s++) memcpy(compact + s * h->half, h->inv_freq + s * 64, (size_t)h->half * 4);
+    for (int s = 0; s < h->n_seqs; s++)
+        memcpy(compact + s * h->half, h->inv_freq + s * 64, (size_t)h->half * 4);
     b.inv_freq = compact;
     b.attn_factor = h->attn_factor;
     if (!on_gpu) return b;
@@ -240,8 +248,8 @@ static void check_attention(int d, tsr_dtype kv_dtype, int window, int decode)
     gpu->attention(&bg, &a, &kg, dq, dout);
     float *got = to_host(dout, n);
     char what[96];
-    snprintf(what, sizeof what, "attention d%d %s %s window %d", d, tsr_dtype_name(kv_dtype), decode ? "decode" : "prefill",
-             window);
+    snprintf(what, sizeof what, "attention d%d %s %s window %d", d, tsr_dtype_name(kv_dtype),
+             decode ? "decode" : "prefill", window);
     expect_close(what, got, want, n, 2e-5);
 
     /* rope on the same layout */
@@ -325,7 +333,8 @@ static void test_linear_dense(void **state)
             if (types[t] == TSR_BF16) ((uint16_t *)w)[i] = tsr_float_to_bf16(v);
             if (types[t] == TSR_F32) ((float *)w)[i] = v;
         }
-        for (int i = 0; i < N; i++) bias[i] = tsr_float_to_half(frand());
+        for (int i = 0; i < N; i++)
+            bias[i] = tsr_float_to_half(frand());
         tsr_linear L = {.kind = TSR_LINEAR_DENSE, .K = K, .N = N};
         L.w = (tsr_dense){types[t], N, K, w, NULL};
         L.bias = (tsr_dense){TSR_F16, 1, N, bias, NULL};
@@ -371,7 +380,8 @@ static void run_model(const char *name, tsr_dtype kv, const tsr_ops *ops, int32_
         feeds[i] = (tsr_feed){&seqs[i], ids[i], lens[i], TSR_LOGITS_ALL, out[i]};
     }
     assert_int_equal(tsr_engine_feed(e, feeds, n), TSR_OK);
-    for (int i = 0; i < n; i++) tsr_engine_seq_release(e, &seqs[i]);
+    for (int i = 0; i < n; i++)
+        tsr_engine_seq_release(e, &seqs[i]);
     /* greedy 48 tokens after prompt 0, decoded one step at a time: returned after the logits */
     float *logits = malloc((size_t)vocab * 4);
     tsr_seq seq = {0};
@@ -400,46 +410,60 @@ static void test_models(void **state)
         json_t *a = json_array_get(arr, (size_t)i);
         lens[i] = (int)json_array_size(a);
         ids[i] = malloc((size_t)lens[i] * 4);
-        for (int k = 0; k < lens[i]; k++) ids[i][k] = (int32_t)json_integer_value(json_array_get(a, (size_t)k));
+        for (int k = 0; k < lens[i]; k++)
+            ids[i][k] = (int32_t)json_integer_value(json_array_get(a, (size_t)k));
     }
     json_decref(root);
+    /* quantized models against ExLlamaV2: EXL2 (.exl2-ref) and GPTQ (.exllamav2-ref) */
+    static const char *suffixes[] = {".exl2-ref.safetensors", ".exllamav2-ref.safetensors"};
     char **refs;
-    int n_refs = tsr_fixture_list_refs(".exl2-ref.safetensors", &refs);
-    assert_true(n_refs > 0);
-    for (int r = 0; r < n_refs; r++) {
-        float *g[9], *c[9];
-        run_model(refs[r], TSR_F16, gpu, ids, lens, n, g);
-        run_model(refs[r], TSR_F16, cpu, ids, lens, n, c);
-        char refname[600];
-        snprintf(refname, sizeof refname, "reference/%s.exl2-ref.safetensors", refs[r]);
-        assert_non_null(tsr_fixture_path(path, sizeof path, refname));
-        tsr_st_set *ref;
-        assert_int_equal(tsr_st_open_file(path, &ref), TSR_OK);
-        for (int i = 0; i < n; i++) {
-            char name[32];
-            snprintf(name, sizeof name, "logits.%d", i);
-            const tsr_st_tensor *t = tsr_st_find(ref, name);
-            long rows = t->shape[0], vocab = t->shape[1];
-            const float *gg = g[i] + (size_t)(lens[i] - rows) * vocab, *cc = c[i] + (size_t)(lens[i] - rows) * vocab;
-            tsr_logit_diff vs_ref = tsr_compare_logits(gg, t->data, rows, vocab);
-            tsr_logit_diff vs_cpu = tsr_compare_logits(gg, cc, rows, vocab);
-            print_message("  %s prompt %d: GPU vs ExLlamaV2 max %.4f mean %.5f (argmax %ld), GPU vs CPU max %.4f mean %.5f\n",
-                          refs[r], i, vs_ref.max_abs, vs_ref.mean_abs, vs_ref.argmax_disagree, vs_cpu.max_abs, vs_cpu.mean_abs);
-            if (vs_ref.max_abs > 0.25 || vs_ref.mean_abs > 0.02 || vs_ref.argmax_disagree)
-                fail_msg("%s prompt %d: GPU logits out of tolerance against the reference", refs[r], i);
-            if (vs_cpu.max_abs > 0.25 || vs_cpu.mean_abs > 0.02) fail_msg("%s prompt %d: GPU far from CPU", refs[r], i);
+    int n_refs = 0;
+    for (int sfx = 0; sfx < 2; sfx++) {
+        n_refs = tsr_fixture_list_refs(suffixes[sfx], &refs);
+        assert_true(n_refs > 0);
+        for (int r = 0; r < n_refs; r++) {
+            float *g[9], *c[9];
+            run_model(refs[r], TSR_F16, gpu, ids, lens, n, g);
+            run_model(refs[r], TSR_F16, cpu, ids, lens, n, c);
+            char refname[600];
+            snprintf(refname, sizeof refname, "reference/%s%s", refs[r], suffixes[sfx]);
+            assert_non_null(tsr_fixture_path(path, sizeof path, refname));
+            tsr_st_set *ref;
+            assert_int_equal(tsr_st_open_file(path, &ref), TSR_OK);
+            for (int i = 0; i < n; i++) {
+                char name[32];
+                snprintf(name, sizeof name, "logits.%d", i);
+                const tsr_st_tensor *t = tsr_st_find(ref, name);
+                long rows = t->shape[0], vocab = t->shape[1];
+                const float *gg = g[i] + (size_t)(lens[i] - rows) * vocab,
+                            *cc = c[i] + (size_t)(lens[i] - rows) * vocab;
+                tsr_logit_diff vs_ref = tsr_compare_logits(gg, t->data, rows, vocab);
+                tsr_logit_diff vs_cpu = tsr_compare_logits(gg, cc, rows, vocab);
+                print_message(
+                    "  %s prompt %d: GPU vs ExLlamaV2 max %.4f mean %.5f (argmax %ld), GPU vs CPU max %.4f mean %.5f\n",
+                    refs[r], i, vs_ref.max_abs, vs_ref.mean_abs, vs_ref.argmax_disagree, vs_cpu.max_abs,
+                    vs_cpu.mean_abs);
+                if (vs_ref.max_abs > 0.25 || vs_ref.mean_abs > 0.02 || vs_ref.argmax_disagree)
+                    fail_msg("%s prompt %d: GPU logits out of tolerance against the reference", refs[r], i);
+                if (vs_cpu.max_abs > 0.25 || vs_cpu.mean_abs > 0.02)
+                    fail_msg("%s prompt %d: GPU far from CPU", refs[r], i);
+            }
+            const int32_t *want = tsr_st_find(ref, "greedy.0")->data, *gt = (const int32_t *)g[n],
+                          *ct = (const int32_t *)c[n];
+            int agree = 0, agree_cpu = 0;
+            while (agree < 48 && gt[agree] == want[agree])
+                agree++;
+            while (agree_cpu < 48 && gt[agree_cpu] == ct[agree_cpu])
+                agree_cpu++;
+            print_message("  %s greedy: GPU agrees with ExLlamaV2 for %d of 48 tokens, with the CPU for %d\n", refs[r],
+                          agree, agree_cpu);
+            if (agree < 48) fail_msg("%s: GPU greedy tokens diverge from the reference at %d", refs[r], agree);
+            for (int i = 0; i <= n; i++)
+                free(g[i]), free(c[i]);
+            tsr_st_set_free(ref);
         }
-        const int32_t *want = tsr_st_find(ref, "greedy.0")->data, *gt = (const int32_t *)g[n], *ct = (const int32_t *)c[n];
-        int agree = 0, agree_cpu = 0;
-        while (agree < 48 && gt[agree] == want[agree]) agree++;
-        while (agree_cpu < 48 && gt[agree_cpu] == ct[agree_cpu]) agree_cpu++;
-        print_message("  %s greedy: GPU agrees with ExLlamaV2 for %d of 48 tokens, with the CPU for %d\n", refs[r], agree,
-                      agree_cpu);
-        if (agree < 48) fail_msg("%s: GPU greedy tokens diverge from the reference at %d", refs[r], agree);
-        for (int i = 0; i <= n; i++) free(g[i]), free(c[i]);
-        tsr_st_set_free(ref);
+        tsr_fixture_free_list(refs, n_refs);
     }
-    tsr_fixture_free_list(refs, n_refs);
     /* FP16 models on the GPU against HF (FP32 KV; fp32 GEMV, cuBLAS with fp16 operands for prefill) */
     n_refs = tsr_fixture_list_refs(".hf-ref.safetensors", &refs);
     for (int r = 0; r < n_refs; r++) {
@@ -457,15 +481,18 @@ static void test_models(void **state)
             const tsr_st_tensor *t = tsr_st_find(ref, name);
             long rows = t->shape[0], vocab = t->shape[1];
             tsr_logit_diff d = tsr_compare_logits(g[i] + (size_t)(lens[i] - rows) * vocab, t->data, rows, vocab);
-            print_message("  %s prompt %d: GPU vs HF max %.4f mean %.5f (argmax %ld)\n", model, i, d.max_abs, d.mean_abs,
-                          d.argmax_disagree);
-            if (d.max_abs > 0.1 || d.mean_abs > 0.01 || d.argmax_disagree) fail_msg("%s: GPU logits far from HF", model);
+            print_message("  %s prompt %d: GPU vs HF max %.4f mean %.5f (argmax %ld)\n", model, i, d.max_abs,
+                          d.mean_abs, d.argmax_disagree);
+            if (d.max_abs > 0.1 || d.mean_abs > 0.01 || d.argmax_disagree)
+                fail_msg("%s: GPU logits far from HF", model);
         }
-        for (int i = 0; i <= n; i++) free(g[i]);
+        for (int i = 0; i <= n; i++)
+            free(g[i]);
         tsr_st_set_free(ref);
     }
     tsr_fixture_free_list(refs, n_refs);
-    for (int i = 0; i < n; i++) free(ids[i]);
+    for (int i = 0; i < n; i++)
+        free(ids[i]);
 }
 
 int main(void)
@@ -484,7 +511,7 @@ int main(void)
     tsr_cuda_describe(desc, sizeof desc);
     printf("device: %s\n", desc);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_elementwise), cmocka_unit_test(test_attention), cmocka_unit_test(test_linear_exl2),
+        cmocka_unit_test(test_elementwise),  cmocka_unit_test(test_attention), cmocka_unit_test(test_linear_exl2),
         cmocka_unit_test(test_linear_dense), cmocka_unit_test(test_models),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
