@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int tsr_cli_int(const char *cmd, const char *what, const char *s, long lo, long hi, long *out)
 {
@@ -30,6 +31,20 @@ int tsr_cli_float(const char *cmd, const char *what, const char *s, double lo, d
     }
     *out = v;
     return 0;
+}
+
+int tsr_cli_kv_dtype(const char *cmd, const char *s, tsr_dtype *out)
+{
+    if (!strcmp(s, "f16") || !strcmp(s, "fp16")) {
+        *out = TSR_F16;
+        return 0;
+    }
+    if (!strcmp(s, "f32") || !strcmp(s, "fp32")) {
+        *out = TSR_F32;
+        return 0;
+    }
+    fprintf(stderr, "tessera %s: --kv-dtype must be f16 or f32, got '%s'\n", cmd, s);
+    return -1;
 }
 
 int tsr_cli_ids(const char *cmd, const char *s, int32_t **ids, int *n)

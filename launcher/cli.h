@@ -2,6 +2,7 @@
 #ifndef TSR_LAUNCHER_CLI_H
 #define TSR_LAUNCHER_CLI_H
 
+#include "runtime/dtype.h"
 #include "runtime/status.h"
 
 #include <stdint.h>
@@ -10,6 +11,8 @@
  * `what`) otherwise. */
 int tsr_cli_int(const char *cmd, const char *what, const char *s, long lo, long hi, long *out);
 int tsr_cli_float(const char *cmd, const char *what, const char *s, double lo, double hi, double *out);
+/* Parses a --kv-dtype value ("f16"/"fp16" or "f32"/"fp32"); -1 with a message otherwise. */
+int tsr_cli_kv_dtype(const char *cmd, const char *s, tsr_dtype *out);
 /* Parses "1,2,3" into a malloc'd array. */
 int tsr_cli_ids(const char *cmd, const char *s, int32_t **ids, int *n);
 /* Prints "tessera <cmd>: <status>: <last error>" to stderr and returns 1. */

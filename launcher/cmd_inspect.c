@@ -65,12 +65,7 @@ int tsr_cmd_inspect(int argc, char **argv)
         } else if (!strcmp(a, "--max-batch-tokens")) {
             if (tsr_cli_int("inspect", a, v, 1, 1 << 20, &max_tokens)) return 2;
         } else if (!strcmp(a, "--kv-dtype")) {
-            if (!strcmp(v, "f16"))
-                kv_dtype = TSR_F16;
-            else if (!strcmp(v, "f32"))
-                kv_dtype = TSR_F32;
-            else {
-                fprintf(stderr, "tessera inspect: --kv-dtype must be f16 or f32\n");
+            if (tsr_cli_kv_dtype("inspect", v, &kv_dtype)) {
                 return 2;
             }
         } else {

@@ -85,12 +85,7 @@ int tsr_cmd_logits(int argc, char **argv)
             if (!(device = tsr_cli_value("logits", argc, argv, &i))) return 2;
         } else if (!strcmp(a, "--kv-dtype")) {
             if (!(v = tsr_cli_value("logits", argc, argv, &i))) return 2;
-            if (!strcmp(v, "f16") || !strcmp(v, "fp16"))
-                kv_dtype = TSR_F16;
-            else if (!strcmp(v, "f32") || !strcmp(v, "fp32"))
-                kv_dtype = TSR_F32;
-            else {
-                fprintf(stderr, "tessera logits: --kv-dtype must be f16 or f32\n");
+            if (tsr_cli_kv_dtype("logits", v, &kv_dtype)) {
                 return 2;
             }
         } else {

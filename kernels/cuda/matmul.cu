@@ -36,13 +36,9 @@ __device__ __forceinline__ void group_params(const tsr_linear_dev &L, int g, int
     *zoff = 0.0f;
 }
 
-/* Codes of rows 0..31 of a chunk in column n (rows beyond the chunk decode from zero words). */
-template <int B> __device__ __forceinline__ void decode32(const uint32_t *qw, size_t Npad, int qrow, int rows, int n, int *codes)
+/* Codes (offset by −2^(B−1)) of rows 0..31 from a chunk's packed words already in registers. */
+template <int B> __device__ __forceinline__ void decode_words(const uint32_t *w, int *codes)
 {
-    uint32_t w[B];
-    const int n_words = (rows * B + 31) / 32;
-#pragma unroll
-    for (int t = 0; t < B; t++) w[t] = t < n_words ? qw[(size_t)(qrow + t) * Npad + n] : 0u;
 #pragma unroll
     for (int j = 0; j < 32; j++) {
         const int bit = j * B, t = bit >> 5, sh = bit & 31;
@@ -50,6 +46,16 @@ template <int B> __device__ __forceinline__ void decode32(const uint32_t *qw, si
         if (sh + B > 32) v |= w[t + 1] << (32 - sh);
         codes[j] = (int)(v & ((1u << B) - 1u)) - (1 << (B - 1));
     }
+}
+
+/* Codes of rows 0..31 of a chunk in column n (rows beyond the chunk decode from zero words). */
+template <int B> __device__ __forceinline__ void decode32(const uint32_t *qw, size_t Npad, int qrow, int rows, int n, int *codes)
+{
+    uint32_t w[B];
+    const int n_words = (rows * B + 31) / 32;
+#pragma unroll
+    for (int t = 0; t < B; t++) w[t] = t < n_words ? qw[(size_t)(qrow + t) * Npad + n] : 0u;
+    decode_words<B>(w, codes);
 }
 
 __device__ __forceinline__ void decode_any(int bits, const uint32_t *qw, size_t Npad, int qrow, int rows, int n, int *codes)
@@ -61,18 +67,6 @@ __device__ __forceinline__ void decode_any(int bits, const uint32_t *qw, size_t 
     case 5: decode32<5>(qw, Npad, qrow, rows, n, codes); break;
     case 6: decode32<6>(qw, Npad, qrow, rows, n, codes); break;
     default: decode32<8>(qw, Npad, qrow, rows, n, codes); break;
-    }
-}
-
-/* Codes (offset by −2^(B−1)) of rows 0..31 from a chunk's packed words already in registers. */
-template <int B> __device__ __forceinline__ void decode_words(const uint32_t *w, int *codes)
-{
-#pragma unroll
-    for (int j = 0; j < 32; j++) {
-        const int bit = j * B, t = bit >> 5, sh = bit & 31;
-        uint32_t v = w[t] >> sh;
-        if (sh + B > 32) v |= w[t + 1] << (32 - sh);
-        codes[j] = (int)(v & ((1u << B) - 1u)) - (1 << (B - 1));
     }
 }
 

@@ -10,6 +10,7 @@
 
 char *tsr_fixture_path(char *buf, size_t cap, const char *rel)
 {
+    if (!buf || cap == 0) return NULL;
     const char *vars[] = {"TSR_FIXTURES_BUILD", "TSR_FIXTURES", "TSR_MODELS"};
     for (size_t i = 0; i < 3; i++) {
         const char *root = getenv(vars[i]);
