@@ -51,7 +51,7 @@ static void test_pack_columns_independent(void **state)
     /* 3 columns: each column's words equal the single-column packing of its codes */
     enum { N = 3, R = 64 };
     uint8_t codes[R * N], col[R];
-    uint32_t words[R * 6 / 32 * N], one[R * 6 / 32];
+    uint32_t words[R * 8 / 32 * N], one[R * 8 / 32]; /* room for the widest (8-bit) packing */
     for (int b = 2; b <= 8; b++) {
         if (b == 7) continue;
         for (int i = 0; i < R * N; i++) codes[i] = (uint8_t)((i * 37 + 11) % (1 << b));
