@@ -50,6 +50,8 @@ typedef struct tsr_ops {
      * record the work the first times it sees the key and replay the recording afterwards (CUDA graphs): every
      * call with the same key must then issue the same ops with the same arguments. CPU: calls fn. */
     void (*run_cached)(uint64_t key, void (*fn)(void *ctx), void *ctx);
+    /* Free backend memory in bytes, for sizing the KV pool (0 when the backend cannot tell: the CPU). */
+    size_t (*memory_free)(void);
     /* Mirrors the model's weights into backend memory (CPU: nothing to do). */
     tsr_status (*prepare_model)(struct tsr_model *m);
     void (*release_model)(struct tsr_model *m);

@@ -16,13 +16,28 @@ tsr_status tsr_engine_open(const char *model_dir, const tsr_engine_opts *opts, t
     e->ops = o.ops;
     e->max_tokens = o.max_tokens;
     tsr_status st = tsr_model_load(model_dir, &e->model);
+    if (st == TSR_OK) st = e->ops->prepare_model(e->model);
     if (st == TSR_OK) {
         const tsr_model_config *c = &e->model->cfg;
         long tokens = o.kv_tokens > 0 ? o.kv_tokens : c->rope.max_pos;
+        size_t free_bytes = o.kv_tokens > 0 ? 0 : e->ops->memory_free();
+        if (free_bytes > 0) {
+            /* the pool takes a share of what the weights left, minus a reserve for the forward workspace */
+            double fraction = o.kv_fraction > 0 && o.kv_fraction <= 1 ? o.kv_fraction : 0.9;
+            size_t per_token = tsr_kv_bytes_per_token(c->n_layers, c->n_kv_heads, c->head_dim, o.kv_dtype);
+            size_t per_row = (size_t)4 * (4 * (size_t)c->hidden + 3 * (size_t)c->n_heads * c->head_dim +
+                                          2 * (size_t)c->intermediate);
+            size_t reserve = per_row * (size_t)o.max_tokens + (size_t)128 * c->vocab_size * 4 + ((size_t)512 << 20);
+            double usable = free_bytes > reserve ? (double)(free_bytes - reserve) * fraction : 0;
+            tokens = (long)(usable / (double)per_token);
+            if (tokens < (long)o.page_size * 4)
+                st = tsr_fail(TSR_ERR_NOMEM, "not enough device memory for a KV pool (%.1f MiB free after the weights)",
+                              (double)free_bytes / (1 << 20));
+        }
         long pages = (tokens + o.page_size - 1) / o.page_size;
         if (pages < 4) pages = 4;
         if (pages > (1L << 30)) pages = 1L << 30;
-        st = e->ops->prepare_model(e->model);
+        e->kv_pool_tokens = pages * o.page_size;
         if (st == TSR_OK)
             st = tsr_kv_init(&e->kv, e->ops, c->n_layers, c->n_kv_heads, c->head_dim, o.page_size, (int)pages, o.kv_dtype);
     }

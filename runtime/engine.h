@@ -12,7 +12,9 @@
 typedef struct tsr_engine_opts {
     int max_tokens;       /* tokens per forward call (default 512) */
     int page_size;        /* tokens per KV page (default 16) */
-    long kv_tokens;       /* KV pool size in tokens (default: max_position_embeddings, at least 4 pages) */
+    long kv_tokens;       /* KV pool size in tokens; 0: kv_fraction of the backend's free memory after the weights and
+                             workspace when the backend reports it (GPU), else max_position_embeddings */
+    double kv_fraction;   /* share of free memory for the KV pool when kv_tokens is 0 (default 0.9) */
     tsr_dtype kv_dtype;   /* TSR_F16 (default) or TSR_F32 */
     const tsr_ops *ops;   /* default: the CPU backend */
 } tsr_engine_opts;
@@ -23,6 +25,7 @@ typedef struct tsr_engine {
     tsr_kv_cache kv;
     tsr_forward_ctx *fwd;
     int max_tokens;
+    long kv_pool_tokens;  /* the pool's size in tokens, as allocated */
 } tsr_engine;
 
 typedef struct tsr_seq {

@@ -15,6 +15,7 @@ static void cpu_run_cached(uint64_t key, void (*fn)(void *ctx), void *ctx)
     (void)key;
     fn(ctx);
 }
+static size_t cpu_memory_free(void) { return 0; }
 static tsr_status cpu_prepare_model(struct tsr_model *m)
 {
     (void)m;
@@ -29,6 +30,7 @@ static const tsr_ops cpu_ops = {
     .to_device = cpu_copy,
     .to_host = cpu_copy,
     .run_cached = cpu_run_cached,
+    .memory_free = cpu_memory_free,
     .prepare_model = cpu_prepare_model,
     .release_model = cpu_release_model,
     .embed = tsr_cpu_embed,

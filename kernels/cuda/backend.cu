@@ -354,6 +354,16 @@ static void cuda_release_model(struct tsr_model *m)
     release_dense(&m->embed);
 }
 
+static size_t cuda_memory_free(void)
+{
+    size_t free_bytes = 0, total = 0;
+    if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return free_bytes;
+}
+
 static tsr_status cuda_prepare_model(struct tsr_model *m)
 {
     if (g_device < 0) return tsr_fail(TSR_ERR_ARG, "CUDA backend used before tsr_cuda_init");
@@ -379,6 +389,7 @@ static const tsr_ops cuda_ops = {
     cuda_to_device,
     cuda_to_host,
     cuda_run_cached,
+    cuda_memory_free,
     cuda_prepare_model,
     cuda_release_model,
     tsr_cuda_embed,
@@ -482,7 +493,7 @@ static void pf_gather(const float *x, const int32_t *index, int n, int dim, floa
 }
 
 static const tsr_ops cuda_ops_profiled = {
-    "cuda", cuda_alloc, cuda_release, cuda_to_device, cuda_to_host, cuda_run_cached, cuda_prepare_model, cuda_release_model, pf_embed,
+    "cuda", cuda_alloc, cuda_release, cuda_to_device, cuda_to_host, cuda_run_cached, cuda_memory_free, cuda_prepare_model, cuda_release_model, pf_embed,
     pf_norm, pf_linear, pf_rope, pf_kv, pf_attn, pf_silu, pf_add, pf_gather,
 };
 

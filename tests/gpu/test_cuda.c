@@ -495,6 +495,25 @@ static void test_models(void **state)
         free(ids[i]);
 }
 
+/* With no KV size given, the pool takes most of the device memory the weights left. */
+static void test_kv_pool_from_free_memory(void **state)
+{
+    (void)state;
+    char dir[4096];
+    assert_non_null(tsr_fixture_model(dir, sizeof dir, "tiny-llama-exl2-4.0bpw"));
+    size_t free0, total;
+    tsr_cuda_memory(&free0, &total);
+    tsr_engine_opts o = {.ops = gpu, .kv_fraction = 0.05};
+    tsr_engine *e;
+    assert_int_equal(tsr_engine_open(dir, &o, &e), TSR_OK);
+    const tsr_model_config *c = &e->model->cfg;
+    double pool = (double)e->kv_pool_tokens * tsr_kv_bytes_per_token(c->n_layers, c->n_kv_heads, c->head_dim, TSR_F16);
+    print_message("  KV pool from free memory: %ld tokens, %.1f GiB of %.1f GiB free\n", e->kv_pool_tokens,
+                  pool / (1 << 30), (double)free0 / (1 << 30));
+    assert_true(pool > 0.02 * (double)free0 && pool < 0.06 * (double)free0);
+    tsr_engine_close(e);
+}
+
 int main(void)
 {
     if (tsr_cuda_device_count() == 0) {
@@ -512,7 +531,7 @@ int main(void)
     printf("device: %s\n", desc);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise),  cmocka_unit_test(test_attention), cmocka_unit_test(test_linear_exl2),
-        cmocka_unit_test(test_linear_dense), cmocka_unit_test(test_models),
+        cmocka_unit_test(test_linear_dense), cmocka_unit_test(test_models), cmocka_unit_test(test_kv_pool_from_free_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
