@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The tessera command end to end on the bundled model: generate (ids and text, greedy equal to ExLlamaV2's first
+# tokens), logits, inspect, and the exit codes and messages for bad input (usage 2, runtime 1, never a crash).
+set -u
+bin=${TSR_BIN:?TSR_BIN not set}
+model=${TSR_MODELS:?}/tiny-llama-exl2-4.0bpw
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+# greedy ids after prompt 0 match the first ExLlamaV2 greedy tokens of the fixture
+ids=$("$bin" generate --model "$model" --ids 0,1392,1329,263,680 --max-tokens 10 --print-ids) || fail "generate --ids"
+[ "$ids" = "16,722,328,263,1037,1207,1259,304,518,18" ] || fail "greedy ids: $ids"
+text=$("$bin" generate --model "$model" --prompt "Once upon a time" --max-tokens 20) || fail "generate --prompt"
+case "$text" in *"there was a little girl"*) ;; *) fail "generated text: $text" ;; esac
+"$bin" generate --model "$model" --prompt "Hello" --chat --max-tokens 5 --temperature 0.7 --seed 1 > /dev/null || fail "--chat"
+a=$("$bin" generate --model "$model" --prompt "Hello" --max-tokens 12 --temperature 1 --top-p 0.9 --seed 7 --print-ids)
+b=$("$bin" generate --model "$model" --prompt "Hello" --max-tokens 12 --temperature 1 --top-p 0.9 --seed 7 --print-ids)
+[ "$a" = "$b" ] || fail "same seed, different tokens: $a / $b"
+
+echo '{"ids": [[0, 1392, 1329], [0, 5, 9, 11]]}' > "$tmp/p.json"
+"$bin" logits --model "$model" --prompts "$tmp/p.json" --out "$tmp/l.safetensors" || fail "logits"
+[ -s "$tmp/l.safetensors" ] || fail "logits output empty"
+"$bin" inspect --model "$model" --context 1024 --batch 2 | grep -q "format         exl2" || fail "inspect"
+
+# usage errors exit 2, runtime errors 1, each with a message
+"$bin" generate --model "$model" 2> "$tmp/err"; [ $? -eq 2 ] || fail "missing prompt should exit 2"
+"$bin" generate --model "$model" --ids 1,x 2> "$tmp/err"; [ $? -eq 2 ] || fail "bad ids should exit 2"
+"$bin" generate --model "$model" --ids 5000 2> "$tmp/err"; [ $? -eq 2 ] || fail "out-of-vocabulary id should exit 2"
+"$bin" logits --model /nonexistent --prompts "$tmp/p.json" --out "$tmp/x" 2> "$tmp/err"; [ $? -eq 1 ] || fail "missing model should exit 1"
+grep -q "/nonexistent" "$tmp/err" || fail "message does not name the directory"
+echo '{"ids": [[0, 99999]]}' > "$tmp/bad.json"
+"$bin" logits --model "$model" --prompts "$tmp/bad.json" --out "$tmp/x" 2> "$tmp/err"; [ $? -eq 1 ] || fail "bad token should exit 1"
+mkdir "$tmp/broken" && cp "$model"/*.json "$tmp/broken/"
+head -c 200000 "$model/output.safetensors" > "$tmp/broken/output.safetensors"
+"$bin" generate --model "$tmp/broken" --ids 0,1 --max-tokens 1 2> "$tmp/err"; rc=$?
+[ $rc -eq 1 ] || fail "truncated weights should exit 1 (got $rc)"
+grep -q "output.safetensors" "$tmp/err" || fail "message does not name the file: $(cat "$tmp/err")"
+"$bin" nosuchcommand 2> /dev/null; [ $? -eq 2 ] || fail "unknown command should exit 2"
+echo "commands: ok"
