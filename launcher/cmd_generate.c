@@ -152,6 +152,7 @@ int tsr_cmd_generate(int argc, char **argv)
         rc = tsr_cli_error("generate", st);
         goto done;
     }
+    if (prompt && !chat && !print_ids) fputs(prompt, stdout); /* the continuation follows the prompt */
     while (n_out < max_tokens) {
         if ((st = tsr_engine_feed(e, &feed, 1)) != TSR_OK) break;
         int32_t tok;
