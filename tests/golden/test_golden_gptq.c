@@ -23,6 +23,7 @@
 #include "runtime/half.h"
 #include "runtime/sampler.h"
 #include "tests/common/fixtures.h"
+#include "tests/common/golden.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -30,75 +31,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    int n;
-    int32_t *ids[8];
-    int len[8];
-} prompts;
-
-static prompts load_prompts(void)
-{
-    prompts p = {0};
-    char path[4096];
-    assert_non_null(tsr_fixture_path(path, sizeof path, "reference/prompts.json"));
-    json_t *root = json_load_file(path, 0, NULL);
-    assert_non_null(root);
-    json_t *arr = json_object_get(root, "ids");
-    p.n = (int)json_array_size(arr);
-    assert_true(p.n >= 4 && p.n <= 8);
-    for (int i = 0; i < p.n; i++) {
-        json_t *a = json_array_get(arr, (size_t)i);
-        p.len[i] = (int)json_array_size(a);
-        p.ids[i] = malloc((size_t)p.len[i] * sizeof(int32_t));
-        for (int k = 0; k < p.len[i]; k++) p.ids[i][k] = (int32_t)json_integer_value(json_array_get(a, (size_t)k));
-    }
-    json_decref(root);
-    return p;
-}
-
-static void free_prompts(prompts *p)
-{
-    for (int i = 0; i < p->n; i++) free(p->ids[i]);
-}
-
-static tsr_st_set *open_ref(const char *model)
-{
-    char rel[1024], path[4096];
-    snprintf(rel, sizeof rel, "reference/%s.exllamav2-ref.safetensors", model);
-    if (!tsr_fixture_path(path, sizeof path, rel)) fail_msg("reference %s not found in the fixtures", rel);
-    tsr_st_set *set = NULL;
-    if (tsr_st_open_file(path, &set) != TSR_OK) fail_msg("%s: %s", path, tsr_last_error());
-    return set;
-}
-
-static const tsr_linear *module_linear(const tsr_model *m, const char *module)
-{
-    int l;
-    char kind[64];
-    if (!strcmp(module, "lm_head")) return &m->head;
-    if (sscanf(module, "model.layers.%d.%63s", &l, kind) != 2 || l < 0 || l >= m->cfg.n_layers) return NULL;
-    const tsr_layer *ly = &m->layers[l];
-    if (!strcmp(kind, "self_attn.q_proj")) return &ly->q;
-    if (!strcmp(kind, "self_attn.k_proj")) return &ly->k;
-    if (!strcmp(kind, "self_attn.v_proj")) return &ly->v;
-    if (!strcmp(kind, "self_attn.o_proj")) return &ly->o;
-    if (!strcmp(kind, "mlp.gate_proj")) return &ly->gate;
-    if (!strcmp(kind, "mlp.up_proj")) return &ly->up;
-    if (!strcmp(kind, "mlp.down_proj")) return &ly->down;
-    return NULL;
-}
-
-/* ulps between two fp16 values */
-static int half_ulps(uint16_t a, uint16_t b)
-{
-    int ia = (a & 0x8000) ? -(int)(a & 0x7fff) : (int)a, ib = (b & 0x8000) ? -(int)(b & 0x7fff) : (int)b;
-    return abs(ia - ib);
-}
-
 /* Compares one dq.<module> (original order, see the top comment); returns the worst ulp distance. */
 static int check_dq(const tsr_model *m, const tsr_st_tensor *t, const char *module, int *permuted)
 {
-    const tsr_linear *L = module_linear(m, module);
+    int layer;
+    const tsr_linear *L = module_linear(m, module, &layer);
     if (!L) fail_msg("reference tensor %s names an unknown module", t->name);
     assert_int_equal(L->kind, TSR_LINEAR_EXL2);
     const tsr_qmatrix *q = &L->q;
@@ -122,24 +59,13 @@ static int check_dq(const tsr_model *m, const tsr_st_tensor *t, const char *modu
     return worst;
 }
 
-static void run_prompts(tsr_engine *e, const prompts *p, float **out)
-{
-    const int vocab = e->model->cfg.vocab_size;
-    tsr_seq seqs[8] = {0};
-    tsr_feed feeds[8];
-    for (int i = 0; i < p->n; i++) {
-        out[i] = malloc((size_t)p->len[i] * vocab * sizeof(float));
-        feeds[i] = (tsr_feed){&seqs[i], p->ids[i], p->len[i], TSR_LOGITS_ALL, out[i]};
-    }
-    if (tsr_engine_feed(e, feeds, p->n) != TSR_OK) fail_msg("forward: %s", tsr_last_error());
-    for (int i = 0; i < p->n; i++) tsr_engine_seq_release(e, &seqs[i]);
-}
-
 static void check_model(const char *model, int expect_act_order)
 {
     print_message("%s\n", model);
     prompts p = load_prompts();
-    tsr_st_set *ref = open_ref(model);
+    char refname[512];
+    snprintf(refname, sizeof refname, "%s.exllamav2-ref", model);
+    tsr_st_set *ref = open_ref(refname);
     char dir[4096];
     if (!tsr_fixture_model(dir, sizeof dir, model)) fail_msg("model %s not found in the fixtures", model);
     long need = 64;
