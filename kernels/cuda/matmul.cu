@@ -71,69 +71,84 @@ __device__ __forceinline__ void decode_any(int bits, const uint32_t *qw, size_t 
 }
 
 /* ---- decode GEMV (M <= 8): warps split K inside a block ----
- * A block of DEC_WARPS warps owns 128 adjacent columns (each lane four of them, read with one 16-byte load per
- * packed row, so a warp reads 512 contiguous bytes per row). Warp w takes chunks c0+w, c0+w+DEC_WARPS, ... of the
+ * A block of DEC_WARPS warps owns 32·CPL adjacent columns (each lane CPL = 2 or 4 of them, read with one 8- or
+ * 16-byte load per packed row, so a warp reads 256 or 512 contiguous bytes per row). Warp w takes chunks c0+w, c0+w+DEC_WARPS, ... of the
  * block's range; each lane gathers one activation of the chunk through the permutation and the warp shares them
  * with shuffles. The warps' sums meet in shared memory; the block writes y (plus bias) directly, or a partial sum
  * when K is split over several blocks to fill the chip. */
 #define DEC_WARPS 8
-#define DEC_COLS 128
 
-template <int B, int MM>
-__device__ __forceinline__ void dec_chunk(const tsr_linear_dev &L, const tsr_exl2_chunk &ch, int n4, const float *xv,
-                                          const float *S, const float *zoff, float (*acc)[4])
+/* CPL (columns per lane) consecutive packed words of one row: one 8- or 16-byte load. */
+template <int CPL> __device__ __forceinline__ void load_cols(const uint32_t *p, uint32_t *w)
 {
-    uint4 w4[B];
+    if (CPL == 4) {
+        const uint4 v = __ldg((const uint4 *)p);
+        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else {
+        const uint2 v = __ldg((const uint2 *)p);
+        w[0] = v.x, w[1] = v.y;
+    }
+}
+
+template <int B, int MM, int CPL>
+__device__ __forceinline__ void dec_chunk(const tsr_linear_dev &L, const tsr_exl2_chunk &ch, int n0, const float *xv,
+                                          const float *S, const float *zoff, float (*acc)[CPL])
+{
+    uint32_t w[B][CPL];
     const int n_words = (ch.rows * B + 31) / 32;
 #pragma unroll
-    for (int t = 0; t < B; t++)
-        w4[t] = t < n_words ? __ldg((const uint4 *)(L.q_weight + (size_t)(ch.qrow + t) * L.Npad + n4)) : make_uint4(0, 0, 0, 0);
+    for (int t = 0; t < B; t++) {
+        if (t < n_words) {
+            load_cols<CPL>(L.q_weight + (size_t)(ch.qrow + t) * L.Npad + n0, w[t]);
+        } else {
+#pragma unroll
+            for (int c = 0; c < CPL; c++) w[t][c] = 0u;
+        }
+    }
     /* code → float without a conversion instruction: the bits 0x4B000000 | code are the float 2^23 + code, and
      * subtracting 2^23 + 2^(B-1) − zoff leaves the exact signed value, which the fp16-rounded scale multiplies */
-    float bias[4];
+    float bias[CPL];
 #pragma unroll
-    for (int c = 0; c < 4; c++) bias[c] = 8388608.0f + (float)(1 << (B - 1)) - zoff[c];
+    for (int c = 0; c < CPL; c++) bias[c] = 8388608.0f + (float)(1 << (B - 1)) - zoff[c];
 #pragma unroll
     for (int j = 0; j < 32; j++) {
         const int bit = j * B, t = bit >> 5, sh = bit & 31;
-        float wv[4];
+        float wv[CPL];
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const uint32_t lo = c == 0 ? w4[t].x : c == 1 ? w4[t].y : c == 2 ? w4[t].z : w4[t].w;
-            uint32_t v = lo >> sh;
-            if (sh + B > 32) {
-                const uint32_t hi = c == 0 ? w4[t + 1].x : c == 1 ? w4[t + 1].y : c == 2 ? w4[t + 1].z : w4[t + 1].w;
-                v |= hi << (32 - sh);
-            }
+        for (int c = 0; c < CPL; c++) {
+            uint32_t v = w[t][c] >> sh;
+            if (sh + B > 32) v |= w[t + 1][c] << (32 - sh);
             wv[c] = (__uint_as_float(0x4B000000u | (v & ((1u << B) - 1u))) - bias[c]) * S[c];
         }
 #pragma unroll
         for (int m = 0; m < MM; m++) {
             const float xj = __shfl_sync(0xffffffffu, xv[m], j); /* rows beyond the chunk carry x = 0 */
 #pragma unroll
-            for (int c = 0; c < 4; c++) acc[m][c] = fmaf(wv[c], xj, acc[m][c]);
+            for (int c = 0; c < CPL; c++) acc[m][c] = fmaf(wv[c], xj, acc[m][c]);
         }
     }
 }
 
-template <int MM>
+template <int MM, int CPL>
 __global__ void __launch_bounds__(DEC_WARPS * 32) exl2_dec_kernel(tsr_linear_dev L, const float *x, int M, int cpb,
                                                                   float *partial, float *y)
 {
-    __shared__ float4 red[DEC_WARPS][MM][32];
+    __shared__ float red[DEC_WARPS][MM][32 * CPL];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int n4_out = blockIdx.x * DEC_COLS + lane * 4;
-    const bool live = n4_out < L.Npad;
+    const int n_out = blockIdx.x * (32 * CPL) + lane * CPL;
+    const bool live = n_out < L.Npad;
     /* lanes past the last column decode column 0 (every lane must take part in the shuffles) and write nothing */
-    const int n4 = live ? n4_out : 0;
+    const int n0 = live ? n_out : 0;
     const int c0 = blockIdx.y * cpb, c1 = min(L.n_chunks, c0 + cpb);
-    float acc[MM][4];
+    float acc[MM][CPL];
 #pragma unroll
     for (int m = 0; m < MM; m++)
 #pragma unroll
-        for (int c = 0; c < 4; c++) acc[m][c] = 0.0f;
+        for (int c = 0; c < CPL; c++) acc[m][c] = 0.0f;
     int last_group = -1;
-    float S[4] = {0, 0, 0, 0}, zoff[4] = {0, 0, 0, 0};
+    float S[CPL], zoff[CPL];
+#pragma unroll
+    for (int c = 0; c < CPL; c++) S[c] = zoff[c] = 0.0f;
     for (int ci = c0 + warp; ci < c1; ci += DEC_WARPS) {
         const tsr_exl2_chunk ch = L.chunks[ci];
         const int g = ch.group & 0xffffff, bits = ch.group >> 24;
@@ -143,36 +158,34 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) exl2_dec_kernel(tsr_linear_dev
         for (int m = 0; m < MM; m++) xv[m] = lane < ch.rows && m < M ? x[(size_t)m * L.K + row] : 0.0f;
         if (g != last_group) {
 #pragma unroll
-            for (int k = 0; k < 4; k++) group_params(L, g, bits, n4 + k, &S[k], &zoff[k]);
+            for (int k = 0; k < CPL; k++) group_params(L, g, bits, n0 + k, &S[k], &zoff[k]);
             last_group = g;
         }
         switch (bits) {
-        case 2: dec_chunk<2, MM>(L, ch, n4, xv, S, zoff, acc); break;
-        case 3: dec_chunk<3, MM>(L, ch, n4, xv, S, zoff, acc); break;
-        case 4: dec_chunk<4, MM>(L, ch, n4, xv, S, zoff, acc); break;
-        case 5: dec_chunk<5, MM>(L, ch, n4, xv, S, zoff, acc); break;
-        case 6: dec_chunk<6, MM>(L, ch, n4, xv, S, zoff, acc); break;
-        default: dec_chunk<8, MM>(L, ch, n4, xv, S, zoff, acc); break;
+        case 2: dec_chunk<2, MM, CPL>(L, ch, n0, xv, S, zoff, acc); break;
+        case 3: dec_chunk<3, MM, CPL>(L, ch, n0, xv, S, zoff, acc); break;
+        case 4: dec_chunk<4, MM, CPL>(L, ch, n0, xv, S, zoff, acc); break;
+        case 5: dec_chunk<5, MM, CPL>(L, ch, n0, xv, S, zoff, acc); break;
+        case 6: dec_chunk<6, MM, CPL>(L, ch, n0, xv, S, zoff, acc); break;
+        default: dec_chunk<8, MM, CPL>(L, ch, n0, xv, S, zoff, acc); break;
         }
     }
 #pragma unroll
-    for (int m = 0; m < MM; m++) red[warp][m][lane] = make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+    for (int m = 0; m < MM; m++)
+#pragma unroll
+        for (int c = 0; c < CPL; c++) red[warp][m][lane * CPL + c] = acc[m][c];
     __syncthreads();
     /* warp w sums rows m = w, w + DEC_WARPS, ... over the warps */
     for (int m = warp; m < MM && m < M; m += DEC_WARPS) {
-        float4 t = red[0][m][lane];
-        for (int k = 1; k < DEC_WARPS; k++) {
-            const float4 u = red[k][m][lane];
-            t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;
-        }
-        if (!live) continue;
-        if (partial) {
-            *(float4 *)(partial + ((size_t)blockIdx.y * M + m) * L.Npad + n4) = t;
-        } else {
-            const float v[4] = {t.x, t.y, t.z, t.w};
 #pragma unroll
-            for (int c = 0; c < 4; c++)
-                if (n4 + c < L.N) y[(size_t)m * L.N + n4 + c] = v[c] + (L.bias ? __half2float(L.bias[n4 + c]) : 0.0f);
+        for (int c = 0; c < CPL; c++) {
+            float t = 0.0f;
+            for (int k = 0; k < DEC_WARPS; k++) t += red[k][m][lane * CPL + c];
+            if (!live) continue;
+            if (partial)
+                partial[((size_t)blockIdx.y * M + m) * L.Npad + n0 + c] = t;
+            else if (n0 + c < L.N)
+                y[(size_t)m * L.N + n0 + c] = t + (L.bias ? __half2float(L.bias[n0 + c]) : 0.0f);
         }
     }
 }
@@ -238,18 +251,18 @@ static void gemv_launch(const tsr_linear_dev *L, const float *x, int M, int cpb,
     exl2_gemv_kernel<MM><<<grid, GEMV_COLS, 0, tsr_cuda_stream()>>>(*L, x, M, cpb, partial);
 }
 
-template <int MM>
+template <int MM, int CPL>
 static void dec_launch(const tsr_linear_dev *L, const float *x, int M, float *y)
 {
     /* split K over blocks only as far as needed to give every SM about two blocks */
-    const int col_blocks = (int)tsr_div_up(L->Npad, DEC_COLS);
+    const int col_blocks = (int)tsr_div_up(L->Npad, 32 * CPL);
     int splits = 1;
     while (col_blocks * splits < 264 && L->n_chunks / (splits * 2) >= DEC_WARPS) splits *= 2;
     const int cpb = (L->n_chunks + splits - 1) / splits;
     splits = (L->n_chunks + cpb - 1) / cpb;
     float *partial = splits > 1 ? (float *)tsr_cuda_scratch(3, (size_t)splits * M * L->Npad * sizeof(float)) : NULL;
     dim3 grid(col_blocks, splits);
-    exl2_dec_kernel<MM><<<grid, DEC_WARPS * 32, 0, tsr_cuda_stream()>>>(*L, x, M, cpb, partial, y);
+    exl2_dec_kernel<MM, CPL><<<grid, DEC_WARPS * 32, 0, tsr_cuda_stream()>>>(*L, x, M, cpb, partial, y);
     TSR_CUDA_LAUNCHED();
     if (splits > 1) {
         exl2_reduce_kernel<<<tsr_div_up((size_t)M * L->N, 256), 256, 0, tsr_cuda_stream()>>>(partial, splits, M, L->N,
@@ -262,11 +275,12 @@ static void exl2_gemv(const tsr_linear_dev *L, const float *x, int M, float *y)
 {
     if (M <= 8 && L->Npad % 4 == 0) {
         switch (M) {
-        case 1: dec_launch<1>(L, x, M, y); break;
-        case 2: dec_launch<2>(L, x, M, y); break;
+        /* two columns per lane for one or two rows (fewer registers, more warps per SM), four above */
+        case 1: dec_launch<1, 2>(L, x, M, y); break;
+        case 2: dec_launch<2, 2>(L, x, M, y); break;
         case 3:
-        case 4: dec_launch<4>(L, x, M, y); break;
-        default: dec_launch<8>(L, x, M, y); break;
+        case 4: dec_launch<4, 4>(L, x, M, y); break;
+        default: dec_launch<8, 4>(L, x, M, y); break;
         }
         return;
     }
