@@ -15,6 +15,7 @@
 #include "kernels/cpu/threadpool.h"
 #include "runtime/half.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define TILE_N 32
@@ -59,14 +60,32 @@ static void decode_chunk(const tsr_qmatrix *q, const tsr_qgroup *g, int j0, int 
     }
 }
 
+/* Per-thread buffer of the current group's column scales and zero points over the thread's column range. */
+static _Thread_local float *param_buf;
+static _Thread_local size_t param_cap;
+
+static float *params(size_t n)
+{
+    if (n > param_cap) {
+        float *grown = realloc(param_buf, n * sizeof *grown);
+        if (!grown) return NULL;
+        param_buf = grown;
+        param_cap = n;
+    }
+    return param_buf;
+}
+
+/* Walks the matrix row chunk by row chunk, and inside each chunk across the thread's column blocks, so that the
+ * packed words of one row are read contiguously (reading one 32-column block down all rows would stride by the
+ * row length and touch a new page every row). Sums go straight into y. */
 static void exl2_range(void *ctx, int begin, int end)
 {
     const exl2_job *job = ctx;
     const tsr_qmatrix *q = job->q;
     float tile[CHUNK_ROWS][TILE_N];
-    float scale[TILE_N];
-    float zero[TILE_N];
     float acc[TILE_N];
+    const int n_blocks = end - begin;
+    float *par = params((size_t)n_blocks * TILE_N * 2);
     for (int blk = begin; blk < end; blk++) {
         const int n0 = blk * TILE_N;
         const int nb = job->N - n0 < TILE_N ? job->N - n0 : TILE_N;
@@ -74,18 +93,32 @@ static void exl2_range(void *ctx, int begin, int end)
             float *yr = job->y + (size_t)m * job->N + n0;
             for (int c = 0; c < nb; c++) yr[c] = q->bias ? tsr_half_to_float(q->bias[n0 + c]) : 0.0f;
         }
-        for (int gi = 0; gi < q->G; gi++) {
-            const tsr_qgroup *g = &q->groups[gi];
-            for (int c = 0; c < TILE_N; c++) scale[c] = c < nb ? tsr_qmatrix_scale(q, gi, n0 + c) : 0.0f;
-            if (q->kind == TSR_QMATRIX_GPTQ) {
-                for (int c = 0; c < TILE_N; c++) zero[c] = c < nb ? (float)tsr_qmatrix_zero(q, gi, n0 + c) : 0.0f;
-            } else {
-                for (int c = 0; c < TILE_N; c++) zero[c] = (float)(1 << (g->bits - 1));
-            }
-            for (int j0 = 0; j0 < g->rows; j0 += CHUNK_ROWS) {
-                const int rows = g->rows - j0 < CHUNK_ROWS ? g->rows - j0 : CHUNK_ROWS;
-                decode_chunk(q, g, j0, rows, n0, nb, zero, scale, tile);
-                const int32_t *perm = q->perm + g->row0 + j0;
+    }
+    float scale_one[TILE_N], zero_one[TILE_N];
+    for (int gi = 0; gi < q->G; gi++) {
+        const tsr_qgroup *g = &q->groups[gi];
+        /* the group's scales and zero points for every column of the range (recomputed per block if no buffer) */
+        for (int bi = 0; par && bi < n_blocks; bi++) {
+            const int n0 = (begin + bi) * TILE_N, nb = job->N - n0 < TILE_N ? job->N - n0 : TILE_N;
+            float *sc = par + (size_t)bi * TILE_N * 2, *ze = sc + TILE_N;
+            for (int c = 0; c < TILE_N; c++) sc[c] = c < nb ? tsr_qmatrix_scale(q, gi, n0 + c) : 0.0f;
+            for (int c = 0; c < TILE_N; c++)
+                ze[c] = q->kind == TSR_QMATRIX_GPTQ ? (c < nb ? (float)tsr_qmatrix_zero(q, gi, n0 + c) : 0.0f)
+                                                    : (float)(1 << (g->bits - 1));
+        }
+        for (int j0 = 0; j0 < g->rows; j0 += CHUNK_ROWS) {
+            const int rows = g->rows - j0 < CHUNK_ROWS ? g->rows - j0 : CHUNK_ROWS;
+            const int32_t *perm = q->perm + g->row0 + j0;
+            for (int bi = 0; bi < n_blocks; bi++) {
+                const int n0 = (begin + bi) * TILE_N, nb = job->N - n0 < TILE_N ? job->N - n0 : TILE_N;
+                const float *sc = par ? par + (size_t)bi * TILE_N * 2 : scale_one, *ze = par ? sc + TILE_N : zero_one;
+                if (!par) {
+                    for (int c = 0; c < TILE_N; c++) scale_one[c] = c < nb ? tsr_qmatrix_scale(q, gi, n0 + c) : 0.0f;
+                    for (int c = 0; c < TILE_N; c++)
+                        zero_one[c] = q->kind == TSR_QMATRIX_GPTQ ? (c < nb ? (float)tsr_qmatrix_zero(q, gi, n0 + c) : 0.0f)
+                                                                  : (float)(1 << (g->bits - 1));
+                }
+                decode_chunk(q, g, j0, rows, n0, nb, ze, sc, tile);
                 for (int m = 0; m < job->M; m++) {
                     const float *xr = job->x + (size_t)m * q->K;
                     for (int c = 0; c < TILE_N; c++) acc[c] = 0.0f;
