@@ -87,19 +87,32 @@ void free_matrix(synth_matrix *m)
 }
 
 /* Writes the matrix as tensors `w.*` to a temporary safetensors file; `skip` omits one tensor name suffix. */
-static void write_file(const synth_matrix *m, const char *path, const char *skip, tsr_dtype scale_dtype)
+const exl2_pack_vector exl2_pack_vectors[6] = {
+    {2, {0x1B1B1B1B, 0x1B1B1B1B}},
+    {3, {0x53977053, 0x70539770, 0x97705397}},
+    {4, {0x4D6F81A3, 0xC5E7092B, 0x4D6F81A3, 0xC5E7092B}},
+    {5, {0x4DFC4543, 0x78245BA3, 0x0753617D, 0x4B276CF4, 0xE55C7066}},
+    {6, {0x9F611283, 0x90BBD2D9, 0xB2579740, 0x8F201EB3, 0x9CAB91D5, 0x71538703}},
+    {8, {0x18110A03, 0x342D261F, 0x5049423B, 0x6C655E57, 0x88817A73, 0xA49D968F, 0xC0B9B2AB, 0xDCD5CEC7}},
+};
+
+void write_test_tensors(const char *path, const test_tensor *t, int n, const int *use)
 {
     tsr_st_writer *w;
     assert_int_equal(tsr_st_writer_open(path, &w), TSR_OK);
+    for (int i = 0; i < n; i++)
+        if (!use || use[i]) assert_int_equal(tsr_st_writer_declare(w, t[i].name, t[i].dt, t[i].nd, t[i].shape), TSR_OK);
+    assert_int_equal(tsr_st_writer_begin_data(w), TSR_OK);
+    for (int i = 0; i < n; i++)
+        if (!use || use[i]) assert_int_equal(tsr_st_writer_write(w, t[i].data, t[i].bytes), TSR_OK);
+    assert_int_equal(tsr_st_writer_close(w), TSR_OK);
+}
+
+/* Writes the matrix as tensors `w.*` to a temporary safetensors file; `skip` omits one tensor name suffix. */
+static void write_file(const synth_matrix *m, const char *path, const char *skip, tsr_dtype scale_dtype)
+{
     int G = m->G;
-    struct {
-        const char *name;
-        tsr_dtype dt;
-        int nd;
-        int64_t shape[2];
-        const void *data;
-        size_t bytes;
-    } t[] = {
+    const test_tensor t[] = {
         {"w.q_weight", TSR_I32, 2, {m->Q, m->N}, m->q_weight, (size_t)m->Q * m->N * 4},
         {"w.q_invperm", TSR_I32, 1, {m->K}, m->invperm, (size_t)m->K * 4},
         {"w.q_scale", scale_dtype, 2, {G, m->N / 8}, m->q_scale, (size_t)G * m->N / 8 * 4},
@@ -107,14 +120,9 @@ static void write_file(const synth_matrix *m, const char *path, const char *skip
         {"w.q_groups", TSR_I16, 1, {2 * G}, m->q_groups, (size_t)G * 4},
         {"w.bias", TSR_F16, 1, {m->N}, m->bias, (size_t)m->N * 2},
     };
-    int n = m->bias ? 6 : 5;
-    for (int i = 0; i < n; i++)
-        if (!skip || strcmp(t[i].name + 2, skip))
-            assert_int_equal(tsr_st_writer_declare(w, t[i].name, t[i].dt, t[i].nd, t[i].shape), TSR_OK);
-    assert_int_equal(tsr_st_writer_begin_data(w), TSR_OK);
-    for (int i = 0; i < n; i++)
-        if (!skip || strcmp(t[i].name + 2, skip)) assert_int_equal(tsr_st_writer_write(w, t[i].data, t[i].bytes), TSR_OK);
-    assert_int_equal(tsr_st_writer_close(w), TSR_OK);
+    int use[6];
+    for (int i = 0; i < 6; i++) use[i] = (i < 5 || m->bias) && (!skip || strcmp(t[i].name + 2, skip));
+    write_test_tensors(path, t, 6, use);
 }
 
 tsr_status load(const synth_matrix *m, const char *skip, tsr_st_set **set, tsr_qmatrix *q)

@@ -19,6 +19,26 @@ typedef struct {
     uint16_t *bias;         /* [N] */
 } synth_matrix;
 
+/* One tensor to write into a test safetensors file. */
+typedef struct {
+    const char *name;
+    tsr_dtype dt;
+    int nd;
+    int64_t shape[2];
+    const void *data;
+    size_t bytes;
+} test_tensor;
+
+/* Writes the tensors with use[i] set (all when use is NULL) to path; asserts every step succeeds. */
+void write_test_tensors(const char *path, const test_tensor *t, int n, const int *use);
+
+/* EXL2.md §5.1: one column group of 32 rows with codes (7j+3) mod 2^b packs to these words, per width. */
+typedef struct {
+    int bits;
+    uint32_t words[8];
+} exl2_pack_vector;
+extern const exl2_pack_vector exl2_pack_vectors[6];
+
 /* Deterministic pseudo-random numbers shared by the tests. */
 uint32_t rnd(void);
 /* Packs m->codes into m->q_weight and fills q_groups (value j of a group at stream bits [j*b, j*b+b)). */

@@ -49,31 +49,21 @@ static void test_vectors_5_1(void **state)
 {
     (void)state;
     /* one column group of 32 rows with codes (7j+3) mod 2^b must pack to EXL2.md §5.1's words */
-    static const struct {
-        int b;
-        uint32_t words[8];
-    } v[] = {
-        {2, {0x1B1B1B1B, 0x1B1B1B1B}},
-        {3, {0x53977053, 0x70539770, 0x97705397}},
-        {4, {0x4D6F81A3, 0xC5E7092B, 0x4D6F81A3, 0xC5E7092B}},
-        {5, {0x4DFC4543, 0x78245BA3, 0x0753617D, 0x4B276CF4, 0xE55C7066}},
-        {6, {0x9F611283, 0x90BBD2D9, 0xB2579740, 0x8F201EB3, 0x9CAB91D5, 0x71538703}},
-        {8, {0x18110A03, 0x342D261F, 0x5049423B, 0x6C655E57, 0x88817A73, 0xA49D968F, 0xC0B9B2AB, 0xDCD5CEC7}},
-    };
-    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+    const exl2_pack_vector *v = exl2_pack_vectors;
+    for (size_t i = 0; i < sizeof exl2_pack_vectors / sizeof exl2_pack_vectors[0]; i++) {
         synth_matrix m;
-        const int bits[] = {v[i].b}, rows[] = {32};
+        const int bits[] = {v[i].bits}, rows[] = {32};
         make_matrix(&m, 32, 1, bits, rows, 0);
         for (int j = 0; j < 32; j++)
-            for (int n = 0; n < 32; n++) m.codes[(size_t)j * 32 + n] = (uint32_t)(7 * j + 3) % (1u << v[i].b);
+            for (int n = 0; n < 32; n++) m.codes[(size_t)j * 32 + n] = (uint32_t)(7 * j + 3) % (1u << v[i].bits);
         free(m.q_weight);
         pack(&m);
-        for (int w = 0; w < v[i].b; w++) assert_int_equal(m.q_weight[(size_t)w * 32 + 5], v[i].words[w]);
+        for (int w = 0; w < v[i].bits; w++) assert_int_equal(m.q_weight[(size_t)w * 32 + 5], v[i].words[w]);
         /* and the loader reads them back */
         tsr_st_set *set;
         tsr_qmatrix q;
         assert_int_equal(load(&m, NULL, &set, &q), TSR_OK);
-        for (int j = 0; j < 32; j++) assert_int_equal(tsr_qmatrix_code(&q, &q.groups[0], j, 5), (uint32_t)(7 * j + 3) % (1u << v[i].b));
+        for (int j = 0; j < 32; j++) assert_int_equal(tsr_qmatrix_code(&q, &q.groups[0], j, 5), (uint32_t)(7 * j + 3) % (1u << v[i].bits));
         tsr_qmatrix_free(&q);
         tsr_st_set_free(set);
         free_matrix(&m);

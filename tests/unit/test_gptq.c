@@ -16,6 +16,7 @@
 #include "runtime/gptq.h"
 #include "runtime/half.h"
 #include "runtime/safetensors.h"
+#include "tests/common/exl2_synth.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -36,13 +37,6 @@ typedef struct {
     uint16_t *scales16;    /* [G][N] */
     float *scales32;       /* [G][N] */
 } gmat;
-
-static uint64_t rng_state = 987654321;
-static uint32_t rnd(void)
-{
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(rng_state >> 33);
-}
 
 /* gs: rows per group; act_order: shuffle the group assignment over the rows. */
 static void make(gmat *m, int K, int N, int gs, int act_order, int with_bias)
@@ -126,14 +120,7 @@ static tsr_st_set *write_and_open(const gmat *m, const file_opts *o)
     uint32_t *qz = calloc((size_t)m->G * zcols, sizeof(uint32_t));
     for (int g = 0; g < m->G; g++)
         for (int c = 0; c < zcols && c < m->N / 8; c++) qz[(size_t)g * zcols + c] = m->qzeros[(size_t)g * (m->N / 8) + c];
-    struct {
-        const char *name;
-        tsr_dtype dt;
-        int nd;
-        int64_t shape[2];
-        const void *data;
-        size_t bytes;
-    } t[] = {
+    const test_tensor t[] = {
         {"w.qweight", TSR_I32, 2, {qrows, m->N}, qw, (size_t)qrows * m->N * 4},
         {"w.qzeros", TSR_I32, 2, {m->G, zcols}, qz, (size_t)m->G * zcols * 4},
         {"w.scales", o->f32_scales ? TSR_F32 : TSR_F16, 2, {m->G, m->N},
@@ -145,14 +132,7 @@ static tsr_st_set *write_and_open(const gmat *m, const file_opts *o)
     int use[5] = {1, 1, 1, !o->no_g_idx, m->bias != NULL};
     for (int i = 0; i < 5; i++)
         if (o->skip && !strcmp(t[i].name + 2, o->skip)) use[i] = 0;
-    tsr_st_writer *w;
-    assert_int_equal(tsr_st_writer_open(path, &w), TSR_OK);
-    for (int i = 0; i < 5; i++)
-        if (use[i]) assert_int_equal(tsr_st_writer_declare(w, t[i].name, t[i].dt, t[i].nd, t[i].shape), TSR_OK);
-    assert_int_equal(tsr_st_writer_begin_data(w), TSR_OK);
-    for (int i = 0; i < 5; i++)
-        if (use[i]) assert_int_equal(tsr_st_writer_write(w, t[i].data, t[i].bytes), TSR_OK);
-    assert_int_equal(tsr_st_writer_close(w), TSR_OK);
+    write_test_tensors(path, t, 5, use);
     free(zeros_idx);
     free(qw);
     free(qz);

@@ -14,6 +14,7 @@
 #include "runtime/model.h"
 #include "runtime/safetensors.h"
 #include "runtime/synth.h"
+#include "tests/common/exl2_synth.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -24,18 +25,8 @@
 static void test_pack_vectors(void **state)
 {
     (void)state;
-    static const struct {
-        int bits;
-        uint32_t words[8];
-    } vec[] = {
-        {2, {0x1B1B1B1B, 0x1B1B1B1B}},
-        {3, {0x53977053, 0x70539770, 0x97705397}},
-        {4, {0x4D6F81A3, 0xC5E7092B, 0x4D6F81A3, 0xC5E7092B}},
-        {5, {0x4DFC4543, 0x78245BA3, 0x0753617D, 0x4B276CF4, 0xE55C7066}},
-        {6, {0x9F611283, 0x90BBD2D9, 0xB2579740, 0x8F201EB3, 0x9CAB91D5, 0x71538703}},
-        {8, {0x18110A03, 0x342D261F, 0x5049423B, 0x6C655E57, 0x88817A73, 0xA49D968F, 0xC0B9B2AB, 0xDCD5CEC7}},
-    };
-    for (size_t v = 0; v < sizeof vec / sizeof vec[0]; v++) {
+    const exl2_pack_vector *vec = exl2_pack_vectors;
+    for (size_t v = 0; v < sizeof exl2_pack_vectors / sizeof exl2_pack_vectors[0]; v++) {
         int b = vec[v].bits;
         uint8_t codes[32];
         uint32_t words[8];
