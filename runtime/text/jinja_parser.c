@@ -517,31 +517,23 @@ static jnode *parse_not(parser *P)
     return parse_compare(P);
 }
 
-static jnode *parse_and(parser *P)
+/* A left-associative chain `operand (keyword operand)*` such as `a and b and c`. */
+static jnode *parse_keyword_chain(parser *P, const char *keyword, jnode_kind kind, jnode *(*operand)(parser *))
 {
-    jnode *l = parse_not(P);
-    while (is_name(cur(P), "and")) {
-        jnode *n = mk(P, N_AND, cur(P)->line);
+    jnode *l = operand(P);
+    while (is_name(cur(P), keyword)) {
+        jnode *n = mk(P, kind, cur(P)->line);
         adv(P);
         n->a = l;
-        n->b = parse_not(P);
+        n->b = operand(P);
         l = n;
     }
     return l;
 }
 
-static jnode *parse_or(parser *P)
-{
-    jnode *l = parse_and(P);
-    while (is_name(cur(P), "or")) {
-        jnode *n = mk(P, N_OR, cur(P)->line);
-        adv(P);
-        n->a = l;
-        n->b = parse_and(P);
-        l = n;
-    }
-    return l;
-}
+static jnode *parse_and(parser *P) { return parse_keyword_chain(P, "and", N_AND, parse_not); }
+
+static jnode *parse_or(parser *P) { return parse_keyword_chain(P, "or", N_OR, parse_and); }
 
 static jnode *parse_condexpr(parser *P)
 {
