@@ -35,15 +35,20 @@ int tsr_cli_float(const char *cmd, const char *what, const char *s, double lo, d
 
 int tsr_cli_kv_dtype(const char *cmd, const char *s, tsr_dtype *out)
 {
-    if (!strcmp(s, "f16") || !strcmp(s, "fp16")) {
-        *out = TSR_F16;
-        return 0;
-    }
-    if (!strcmp(s, "f32") || !strcmp(s, "fp32")) {
-        *out = TSR_F32;
-        return 0;
-    }
-    fprintf(stderr, "tessera %s: --kv-dtype must be f16 or f32, got '%s'\n", cmd, s);
+    static const struct {
+        const char *name;
+        tsr_dtype dtype;
+    } modes[] = {{"f16", TSR_F16},   {"fp16", TSR_F16},  {"f32", TSR_F32},
+                 {"fp32", TSR_F32},  {"q4", TSR_KV_Q4},  {"q6", TSR_KV_Q6}, {"q8", TSR_KV_Q8}};
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+        if (!strcmp(s, modes[i].name)) {
+            *out = modes[i].dtype;
+            return 0;
+        }
+    fprintf(stderr,
+            "tessera %s: --kv-dtype must be f16, f32, q4 (4-bit K and V), q6 (8-bit K, 4-bit V) or q8 (8-bit K and V), "
+            "got '%s'\n",
+            cmd, s);
     return -1;
 }
 

@@ -13,6 +13,7 @@
 #include "kernels/cuda/ops_cuda.h"
 #endif
 #include "launcher/backend_select.h"
+#include "launcher/bench_service.h"
 #include "launcher/cli.h"
 #include "launcher/commands.h"
 #include "runtime/engine.h"
@@ -30,7 +31,10 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: tessera bench --model DIR [--device cpu|cuda[:N]] [--batch 1,8] [--prompt-len 128] [--gen 32]\n"
                "                     [--threads N] [--kv-dtype f16|f32] [--max-tokens 512] [--seed S] [--json FILE]\n"
-               "Prefills `batch` random prompts, then decodes `gen` tokens per sequence (greedy), for each batch size.\n");
+               "       tessera bench --model DIR --concurrency 1,8,64 [--shared-prefix N] [--requests N]\n"
+               "                     [--page-size 16] [--kv-tokens N] (and --device, --prompt-len, --gen, ...)\n"
+               "Prefills `batch` random prompts, then decodes `gen` tokens per sequence (greedy), for each batch size.\n"
+               "With --concurrency: closed-loop clients through the scheduler and service loop, per level.\n");
 }
 
 static double now_s(void)
@@ -215,8 +219,9 @@ static tsr_status run_batch(const tsr_ops *ops, const char *model, int batch, in
 int tsr_cmd_bench(int argc, char **argv)
 {
     const char *model = NULL, *json_path = NULL, *device = "cpu";
-    int32_t *batches = NULL;
-    int n_batches = 0;
+    int32_t *batches = NULL, *levels = NULL;
+    int n_batches = 0, n_levels = 0;
+    long shared_prefix = 0, requests = 0, page_size = 16, kv_tokens = 0;
     long prompt_len = 128, gen = 32, threads = 0, max_tokens = 512, seed = 1234;
     tsr_dtype kv_dtype = TSR_F16;
     for (int i = 1; i < argc; i++) {
@@ -241,6 +246,24 @@ int tsr_cmd_bench(int argc, char **argv)
                     free(batches);
                     return 2;
                 }
+        } else if (!strcmp(a, "--concurrency")) {
+            free(levels);
+            levels = NULL;
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_ids("bench", v, &levels, &n_levels)) return 2;
+            for (int b = 0; b < n_levels; b++)
+                if (levels[b] < 1 || levels[b] > 4096) {
+                    fprintf(stderr, "tessera bench: --concurrency levels must be in 1..4096\n");
+                    free(levels);
+                    return 2;
+                }
+        } else if (!strcmp(a, "--shared-prefix")) {
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 0, 1 << 20, &shared_prefix)) return 2;
+        } else if (!strcmp(a, "--requests")) {
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 1, 1 << 24, &requests)) return 2;
+        } else if (!strcmp(a, "--page-size")) {
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 1, 4096, &page_size)) return 2;
+        } else if (!strcmp(a, "--kv-tokens")) {
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 16, 1L << 30, &kv_tokens)) return 2;
         } else if (!strcmp(a, "--prompt-len")) {
             if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 1, 1 << 20, &prompt_len)) return 2;
         } else if (!strcmp(a, "--gen")) {
@@ -266,7 +289,17 @@ int tsr_cmd_bench(int argc, char **argv)
     if (!model) {
         usage(stderr);
         free(batches);
+        free(levels);
         return 2;
+    }
+    if (levels) {
+        if (threads > 0) tsr_threads_set((int)threads);
+        bench_service_args sa = {model, device, levels, n_levels, (int)prompt_len, (int)gen, (int)shared_prefix,
+                                 (int)requests, (int)max_tokens, (int)page_size, kv_tokens, seed, kv_dtype};
+        int rc = tsr_bench_service(&sa);
+        free(levels);
+        free(batches);
+        return rc;
     }
     const tsr_ops *ops;
     tsr_status sel = tsr_select_backend(device, &ops);

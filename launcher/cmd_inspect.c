@@ -1,8 +1,11 @@
 /* tessera inspect: describes a model directory without running it: architecture and dimensions, the format and
  * bits per weight of every layer, total weight bytes, and the memory a given context length and batch would need
- * (weights + KV pool + activation workspace). */
+ * (weights + KV pool + activation workspace). With --plan it also prints how `mpirun -np N` would split the model
+ * over its N-1 workers (parallel/plan.h): the same planner every multi-rank run uses before loading, with the
+ * per-GPU cap of --gpu-memory, so a deployment can be checked on any machine. */
 #include "launcher/cli.h"
 #include "launcher/commands.h"
+#include "parallel/plan.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 
@@ -12,7 +15,11 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: tessera inspect --model DIR [--context N] [--batch B] [--kv-dtype f16|f32] [--max-batch-tokens T]\n"
-               "Memory is estimated for B sequences of N tokens each (default: max_position_embeddings, batch 1).\n");
+               "                       [--plan [--np N] [--split S] [--tp N] [--gpu-memory SIZE[,SIZE...]]]\n"
+               "Memory is estimated for B sequences of N tokens each (default: max_position_embeddings, batch 1).\n"
+               "--plan prints the split of `mpirun -np N` (N-1 workers; N = 1: one process): S is none, layers,\n"
+               "layers:R1,R2,... or tensor; --gpu-memory caps each worker (GPU workers); without it memory is not\n"
+               "limited and the KV pool holds B x N tokens.\n");
 }
 
 static double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
@@ -47,13 +54,19 @@ static double linear_bpw(const tsr_linear *L)
 int tsr_cmd_inspect(int argc, char **argv)
 {
     const char *dir = NULL;
-    long context = 0, batch = 1, max_tokens = 512;
+    long context = 0, batch = 1, max_tokens = 512, np = 1, tp = 0;
+    int plan = 0;
+    const char *split = NULL, *gpu_memory = NULL;
     tsr_dtype kv_dtype = TSR_F16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--plan")) {
+            plan = 1;
+            continue;
         }
         if (!(v = tsr_cli_value("inspect", argc, argv, &i))) return 2;
         if (!strcmp(a, "--model"))
@@ -64,6 +77,14 @@ int tsr_cmd_inspect(int argc, char **argv)
             if (tsr_cli_int("inspect", a, v, 1, 1 << 20, &batch)) return 2;
         } else if (!strcmp(a, "--max-batch-tokens")) {
             if (tsr_cli_int("inspect", a, v, 1, 1 << 20, &max_tokens)) return 2;
+        } else if (!strcmp(a, "--np")) {
+            if (tsr_cli_int("inspect", a, v, 1, TSR_PLAN_MAX + 1, &np)) return 2;
+        } else if (!strcmp(a, "--tp")) {
+            if (tsr_cli_int("inspect", a, v, 1, TSR_PLAN_MAX, &tp)) return 2;
+        } else if (!strcmp(a, "--split")) {
+            split = v;
+        } else if (!strcmp(a, "--gpu-memory")) {
+            gpu_memory = v;
         } else if (!strcmp(a, "--kv-dtype")) {
             if (tsr_cli_kv_dtype("inspect", v, &kv_dtype)) {
                 return 2;
@@ -78,10 +99,36 @@ int tsr_cmd_inspect(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    tsr_plan_input pin;
+    memset(&pin, 0, sizeof pin);
+    if (plan) {
+        /* everything that can be checked without the model, first */
+        pin.n_workers = np > 1 ? (int)np - 1 : 1;
+        pin.tp = (int)tp;
+        if (tsr_split_parse(split, &pin.split) != TSR_OK) {
+            fprintf(stderr, "tessera inspect: %s\n", tsr_last_error());
+            return 2;
+        }
+        if (gpu_memory) {
+            uint64_t v[TSR_PLAN_MAX];
+            int n = 0;
+            if (tsr_sizes_parse(gpu_memory, v, TSR_PLAN_MAX, &n) != TSR_OK) {
+                fprintf(stderr, "tessera inspect: --gpu-memory: %s\n", tsr_last_error());
+                return 2;
+            }
+            if (n != 1 && n < pin.n_workers) {
+                fprintf(stderr, "tessera inspect: --gpu-memory has %d values for %d workers\n", n, pin.n_workers);
+                return 2;
+            }
+            for (int w = 0; w < pin.n_workers; w++) pin.capacity[w] = n == 1 ? v[0] : v[w];
+            pin.gpu = 1;
+        }
+    }
     tsr_model *m;
     tsr_status st = tsr_model_load(dir, &m);
     if (st != TSR_OK) return tsr_cli_error("inspect", st);
     const tsr_model_config *c = &m->cfg;
+    const int context_given = context != 0;
     if (!context) context = c->rope.max_pos;
 
     printf("model          %s\n", dir);
@@ -129,6 +176,21 @@ int tsr_cmd_inspect(int argc, char **argv)
            kv_dtype == TSR_F32 ? "f32" : "f16", tsr_kv_bytes_per_token(c->n_layers, c->n_kv_heads, c->head_dim, kv_dtype));
     printf("workspace      %.1f MiB for %ld tokens per forward call\n", mib(work), max_tokens);
     printf("total          %.1f MiB\n", mib((double)m->file_bytes + kv + work));
+    int rc = 0;
+    if (plan) {
+        tsr_plan p;
+        pin.page_size = 16;
+        pin.max_tokens = (int)max_tokens;
+        pin.kv_dtype = kv_dtype;
+        /* a cap sizes the pool by what fits unless a context was asked for */
+        pin.kv_tokens = gpu_memory && !context_given ? 0 : context * batch;
+        printf("\n");
+        if ((st = tsr_plan_make(m, &pin, &p)) != TSR_OK) {
+            rc = tsr_cli_error("inspect", st);
+        } else {
+            tsr_plan_print(stdout, &p, m);
+        }
+    }
     tsr_model_free(m);
-    return 0;
+    return rc;
 }

@@ -1,11 +1,15 @@
 /* tessera logits: runs prompts through the model and writes their logits to a safetensors file.
  *
  * Input: {"ids": [[...], ...]} (the fixtures' prompts.json shape). Output: F32 tensors `logits.<i>` of shape
- * [tokens, vocab], one per prompt. All prompts are processed together: their prefill chunks share forward calls. */
+ * [tokens, vocab], one per prompt. All prompts are processed together: each step plan carries up to
+ * --max-batch-tokens tokens, prompts' chunks side by side, and asks for every token's logits. The plans run on an
+ * executor: this process's engine, or under mpirun the worker ranks (parallel/session.h); prompt i's pages are
+ * numbered after prompt i-1's. Under mpirun only rank 0 writes. */
 #include "launcher/backend_select.h"
 #include "launcher/cli.h"
 #include "launcher/commands.h"
-#include "runtime/engine.h"
+#include "parallel/rank.h"
+#include "parallel/session.h"
 #include "runtime/safetensors.h"
 
 #include <jansson.h>
@@ -16,8 +20,9 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: tessera logits --model DIR --prompts FILE.json --out OUT.safetensors [--max-batch-tokens N]\n"
-               "                      [--kv-dtype f16|f32] [--device cpu|cuda[:N]]\n"
+               "                      [--kv-dtype f16|f32] [--device cpu|cuda[:N]] [--threads N]\n"
                "FILE.json: {\"ids\": [[id, ...], ...]}; OUT gets F32 tensors logits.<i> of shape [tokens, vocab].\n");
+    tsr_par_opts_help(f);
 }
 
 static int read_prompts(const char *path, int32_t ***ids, int **lens, int *n)
@@ -61,15 +66,91 @@ static int read_prompts(const char *path, int32_t ***ids, int **lens, int *n)
     return 0;
 }
 
+/* Runs every prompt through the executor; outs[i] = logits [lens[i]][vocab]. */
+static tsr_status run_prompts(tsr_executor *x, int32_t **ids, const int *lens, int n, float **outs)
+{
+    const int vocab = x->vocab, page = x->page_size;
+    int *done = calloc((size_t)n, sizeof *done);
+    int32_t **tables = calloc((size_t)n, sizeof *tables);
+    float *rows = NULL;
+    size_t cap_rows = 0;
+    tsr_step step;
+    memset(&step, 0, sizeof step);
+    tsr_status st = done && tables ? TSR_OK : tsr_fail(TSR_ERR_NOMEM, "out of memory");
+    /* prompt i's pages follow prompt i-1's */
+    for (int i = 0, next = 0; st == TSR_OK && i < n; i++) {
+        int np = (lens[i] + page - 1) / page;
+        if (next + np > x->n_pages) {
+            st = tsr_fail(TSR_ERR_NOMEM, "KV cache full: the prompts need more than %d pages of %d tokens", x->n_pages, page);
+            break;
+        }
+        if (!(tables[i] = malloc((size_t)np * sizeof(int32_t)))) st = tsr_fail(TSR_ERR_NOMEM, "out of memory");
+        for (int k = 0; st == TSR_OK && k < np; k++) tables[i][k] = next++;
+    }
+    while (st == TSR_OK) {
+        tsr_step_clear(&step);
+        int budget = x->max_step_tokens, taken[64], owner[64], nb = 0;
+        size_t need = 0;
+        for (int i = 0; i < n && budget > 0 && nb < 64; i++) {
+            int take = lens[i] - done[i] < budget ? lens[i] - done[i] : budget;
+            if (take <= 0) continue;
+            tsr_step_seq q;
+            memset(&q, 0, sizeof q);
+            q.id = (uint64_t)i + 1;
+            q.pos0 = done[i];
+            q.n_tokens = take;
+            q.n_pages = (done[i] + take + page - 1) / page;
+            q.n_logprobs = -1;
+            q.logits = 2;
+            q.sampling = tsr_sampling_default();
+            if ((st = tsr_step_add(&step, &q, ids[i] + done[i], tables[i], NULL, NULL)) != TSR_OK) break;
+            taken[nb] = take;
+            owner[nb++] = i;
+            budget -= take;
+            need += (size_t)take;
+        }
+        if (st != TSR_OK || nb == 0) break;
+        if (need > cap_rows) {
+            float *g = realloc(rows, need * (size_t)vocab * sizeof *g);
+            if (!g) {
+                st = tsr_fail(TSR_ERR_NOMEM, "out of memory for %zu rows of logits", need);
+                break;
+            }
+            rows = g;
+            cap_rows = need;
+        }
+        tsr_step_result res[64];
+        if ((st = x->run(x, &step, res, rows)) != TSR_OK) break;
+        size_t row = 0;
+        for (int b = 0; b < nb; b++) {
+            int i = owner[b];
+            memcpy(outs[i] + (size_t)done[i] * vocab, rows + row * vocab, (size_t)taken[b] * vocab * sizeof(float));
+            row += (size_t)taken[b];
+            done[i] += taken[b];
+        }
+    }
+    for (int i = 0; tables && i < n; i++) free(tables[i]);
+    free(tables);
+    free(done);
+    free(rows);
+    tsr_step_free(&step);
+    return st;
+}
+
 int tsr_cmd_logits(int argc, char **argv)
 {
     const char *model = NULL, *prompts = NULL, *out = NULL, *device = "cpu";
-    long max_batch = 512;
+    long max_batch = 512, threads = 0;
     tsr_dtype kv_dtype = TSR_F16;
+    tsr_par_opts po;
+    tsr_par_opts_init(&po);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
+        int par = tsr_par_opts_take("logits", &po, argc, argv, &i);
+        if (par < 0) return 2;
+        if (par > 0) continue;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
+            if (!tsr_rank_is_worker()) usage(stdout);
             return 0;
         } else if (!strcmp(a, "--model")) {
             if (!(model = tsr_cli_value("logits", argc, argv, &i))) return 2;
@@ -80,6 +161,9 @@ int tsr_cmd_logits(int argc, char **argv)
         } else if (!strcmp(a, "--max-batch-tokens")) {
             if (!(v = tsr_cli_value("logits", argc, argv, &i)) ||
                 tsr_cli_int("logits", "--max-batch-tokens", v, 1, 1 << 20, &max_batch))
+                return 2;
+        } else if (!strcmp(a, "--threads")) {
+            if (!(v = tsr_cli_value("logits", argc, argv, &i)) || tsr_cli_int("logits", "--threads", v, 1, 1024, &threads))
                 return 2;
         } else if (!strcmp(a, "--device")) {
             if (!(device = tsr_cli_value("logits", argc, argv, &i))) return 2;
@@ -98,38 +182,43 @@ int tsr_cmd_logits(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    tsr_session_req req = {.cmd = "logits", .model_dir = model, .device = device, .select_backend = tsr_select_backend,
+                           .threads = (int)threads, .max_tokens = (int)max_batch, .kv_dtype = kv_dtype};
+    tsr_session *s = NULL;
+    tsr_status st;
+    if (tsr_rank_is_worker()) {
+        if ((st = tsr_session_open(&req, &po, &s)) != TSR_OK) return tsr_cli_error("logits", st);
+        int rc = s->worker_rc;
+        tsr_session_close(s);
+        return rc;
+    }
     int32_t **ids = NULL;
     int *lens = NULL, n = 0;
     int rc = 1;
-    tsr_engine *e = NULL;
-    tsr_seq *seqs = NULL;
-    tsr_feed *feeds = NULL;
     float **outs = NULL;
     tsr_st_writer *w = NULL;
-    if (read_prompts(prompts, &ids, &lens, &n)) goto done;
-
+    if (read_prompts(prompts, &ids, &lens, &n)) {
+        tsr_session_cancel("unreadable prompts");
+        goto done;
+    }
     long total = 0;
     for (int i = 0; i < n; i++) total += lens[i];
-    tsr_engine_opts o = {.max_tokens = (int)max_batch, .kv_tokens = total + 16L * n, .kv_dtype = kv_dtype};
-    tsr_status st = tsr_select_backend(device, &o.ops);
-    if (st == TSR_OK) st = tsr_engine_open(model, &o, &e);
-    if (st != TSR_OK) {
+    req.kv_tokens = total + 16L * n;
+    if ((st = tsr_session_open(&req, &po, &s)) != TSR_OK) {
         rc = tsr_cli_error("logits", st);
         goto done;
     }
-    const int vocab = e->model->cfg.vocab_size;
-    seqs = calloc((size_t)n, sizeof *seqs);
-    feeds = calloc((size_t)n, sizeof *feeds);
+    const int vocab = s->cfg.vocab_size;
     outs = calloc((size_t)n, sizeof *outs);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; outs && i < n; i++) {
         outs[i] = malloc((size_t)lens[i] * vocab * sizeof(float));
-        if (!outs[i]) {
-            fprintf(stderr, "tessera logits: out of memory\n");
-            goto done;
-        }
-        feeds[i] = (tsr_feed){&seqs[i], ids[i], lens[i], TSR_LOGITS_ALL, outs[i]};
+        if (!outs[i]) break;
     }
-    if ((st = tsr_engine_feed(e, feeds, n)) != TSR_OK) {
+    if (!outs || (n && !outs[n - 1])) {
+        fprintf(stderr, "tessera logits: out of memory\n");
+        goto done;
+    }
+    if ((st = run_prompts(s->x, ids, lens, n, outs)) != TSR_OK) {
         rc = tsr_cli_error("logits", st);
         goto done;
     }
@@ -156,13 +245,10 @@ done:
     for (int i = 0; i < n; i++) {
         if (ids) free(ids[i]);
         if (outs) free(outs[i]);
-        if (seqs && e) tsr_engine_seq_release(e, &seqs[i]);
     }
     free(ids);
     free(lens);
     free(outs);
-    free(seqs);
-    free(feeds);
-    tsr_engine_close(e);
+    tsr_session_close(s);
     return rc;
 }

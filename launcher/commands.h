@@ -11,5 +11,9 @@ int tsr_cmd_synth(int argc, char **argv);
 int tsr_cmd_bench(int argc, char **argv);
 int tsr_cmd_tokenize(int argc, char **argv);
 int tsr_cmd_template(int argc, char **argv);
+int tsr_cmd_serve(int argc, char **argv);
+int tsr_cmd_batch(int argc, char **argv);
+int tsr_cmd_intake(int argc, char **argv);
+int tsr_cmd_submit(int argc, char **argv);
 
 #endif

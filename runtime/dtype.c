@@ -21,6 +21,10 @@ size_t tsr_dtype_size(tsr_dtype t)
 
 const char *tsr_dtype_name(tsr_dtype t)
 {
+    /* KV-cache storage modes: named, but outside the element table (no size, never parsed) */
+    if (t == TSR_KV_Q4) return "KV_Q4";
+    if (t == TSR_KV_Q6) return "KV_Q6";
+    if (t == TSR_KV_Q8) return "KV_Q8";
     for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
         if (dtypes[i].type == t) return dtypes[i].name;
     return "INVALID";

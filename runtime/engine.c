@@ -15,19 +15,29 @@ tsr_status tsr_engine_open(const char *model_dir, const tsr_engine_opts *opts, t
     if (!e) return tsr_fail(TSR_ERR_NOMEM, "out of memory");
     e->ops = o.ops;
     e->max_tokens = o.max_tokens;
-    tsr_status st = tsr_model_load(model_dir, &e->model);
+    tsr_status st = tsr_model_load_part(model_dir, o.part, &e->model);
+    if (st == TSR_OK && o.on_load) st = o.on_load(o.on_load_ctx, e->model);
+    size_t free_before = st == TSR_OK && o.memory_cap && !o.kv_tokens ? e->ops->memory_free() : 0;
     if (st == TSR_OK) st = e->ops->prepare_model(e->model);
     if (st == TSR_OK) {
         const tsr_model_config *c = &e->model->cfg;
+        const tsr_model_local *lo = &e->model->local;
+        const int n_layers = e->model->part.layer1 - e->model->part.layer0;
         long tokens = o.kv_tokens > 0 ? o.kv_tokens : c->rope.max_pos;
         size_t free_bytes = o.kv_tokens > 0 ? 0 : e->ops->memory_free();
+        if (free_bytes > 0 && o.memory_cap) {
+            /* the cap counts what this engine placed on the device so far (the weights) */
+            size_t used = free_before > free_bytes ? free_before - free_bytes : 0;
+            size_t left = o.memory_cap > used ? o.memory_cap - used : 0;
+            if (left < free_bytes) free_bytes = left ? left : 1;
+        }
         if (free_bytes > 0) {
             /* the pool takes a share of what the weights left, minus a reserve for the forward workspace */
             double fraction = o.kv_fraction > 0 && o.kv_fraction <= 1 ? o.kv_fraction : 0.9;
-            size_t per_token = tsr_kv_bytes_per_token(c->n_layers, c->n_kv_heads, c->head_dim, o.kv_dtype);
-            size_t per_row = (size_t)4 * (4 * (size_t)c->hidden + 3 * (size_t)c->n_heads * c->head_dim +
-                                          2 * (size_t)c->intermediate);
-            size_t reserve = per_row * (size_t)o.max_tokens + (size_t)128 * c->vocab_size * 4 + ((size_t)512 << 20);
+            size_t per_token = tsr_kv_bytes_per_token(n_layers, lo->n_kv_heads, c->head_dim, o.kv_dtype);
+            size_t per_row = (size_t)4 * (4 * (size_t)c->hidden + 3 * (size_t)lo->n_heads * c->head_dim +
+                                          2 * (size_t)lo->intermediate);
+            size_t reserve = per_row * (size_t)o.max_tokens + (size_t)128 * lo->vocab * 4 + ((size_t)512 << 20);
             double usable = free_bytes > reserve ? (double)(free_bytes - reserve) * fraction : 0;
             tokens = (long)(usable / (double)per_token);
             if (tokens < (long)o.page_size * 4)
@@ -39,7 +49,7 @@ tsr_status tsr_engine_open(const char *model_dir, const tsr_engine_opts *opts, t
         if (pages > (1L << 30)) pages = 1L << 30;
         e->kv_pool_tokens = pages * o.page_size;
         if (st == TSR_OK)
-            st = tsr_kv_init(&e->kv, e->ops, c->n_layers, c->n_kv_heads, c->head_dim, o.page_size, (int)pages, o.kv_dtype);
+            st = tsr_kv_init(&e->kv, e->ops, n_layers, lo->n_kv_heads, c->head_dim, o.page_size, (int)pages, o.kv_dtype);
     }
     if (st == TSR_OK) st = tsr_forward_ctx_new(e->model, e->ops, &e->kv, o.max_tokens, &e->fwd);
     if (st != TSR_OK) {
@@ -91,7 +101,7 @@ static tsr_status reserve(tsr_engine *e, tsr_seq *seq, int len)
 
 tsr_status tsr_engine_feed(tsr_engine *e, tsr_feed *feeds, int n)
 {
-    const int vocab = e->model->cfg.vocab_size;
+    const int vocab = e->model->local.vocab;
     int *done = calloc((size_t)n, sizeof *done);
     tsr_seq_input *batch = malloc((size_t)n * sizeof *batch);
     int *owner = malloc((size_t)n * sizeof *owner);

@@ -3,7 +3,10 @@
  * This is what the commands (generate, logits, bench) and, later, each worker rank drive. tsr_engine_feed()
  * appends tokens to several sequences at once: it packs them into forward calls of at most max_tokens tokens
  * (prefill chunks of different sequences share a call), reserving KV pages as the sequences grow, and hands back
- * the logits each sequence asked for. */
+ * the logits each sequence asked for.
+ *
+ * A worker rank of a split model opens an engine on its part (opts.part, and opts.on_load to cut a tensor shard
+ * before the weights reach the backend); the KV pool then holds the part's layers and local KV heads. */
 #ifndef TSR_ENGINE_H
 #define TSR_ENGINE_H
 
@@ -17,6 +20,13 @@ typedef struct tsr_engine_opts {
     double kv_fraction;   /* share of free memory for the KV pool when kv_tokens is 0 (default 0.9) */
     tsr_dtype kv_dtype;   /* TSR_F16 (default) or TSR_F32 */
     const tsr_ops *ops;   /* default: the CPU backend */
+    const tsr_model_part *part; /* load only this part of the model (NULL: all of it) */
+    /* called once the model is loaded, before its weights go to the backend (NULL: nothing); a failure fails the
+     * open */
+    tsr_status (*on_load)(void *ctx, tsr_model *m);
+    void *on_load_ctx;
+    size_t memory_cap;    /* bytes this engine may use on its device when sizing the KV pool from free memory (0: no
+                             cap); the weights and workspace count against it */
 } tsr_engine_opts;
 
 typedef struct tsr_engine {

@@ -1,7 +1,9 @@
 /* Forward pass over the ops table (see forward.h). Per layer:
  *   h = RMSNorm(x); q,k,v = h·Wq, h·Wk, h·Wv (+bias); RoPE(q, k); store k, v; x += Attention(q)·Wo;
  *   h = RMSNorm(x); x += (silu(h·Wg) ⊙ h·Wu)·Wd
- * then RMSNorm and the head on the rows whose logits are wanted.
+ * then RMSNorm and the head on the rows whose logits are wanted. A model part runs its layers only (from or into
+ * the hidden buffer at the stage boundaries); a tensor shard sums o_proj's and down_proj's partial outputs over its
+ * group before each residual add (forward.h).
  *
  * Each call builds the batch layout (row → sequence, positions, page tables, RoPE frequencies) on the host and
  * copies it into the backend's memory once; every op then reads it there. */
@@ -28,6 +30,8 @@ struct tsr_forward_ctx {
     int max_tokens, max_seqs, pages_per_seq;
     int logit_rows;         /* rows of logits computed per head call (the logits buffer holds this many) */
     uint32_t id;            /* distinguishes this context's replayable work from other contexts' */
+    tsr_forward_comm comm;  /* tensor-parallel sums (part.tp_size > 1) */
+    int has_comm;
     /* activations, backend memory */
     float *x, *h, *q, *k, *v, *attn, *gate, *up, *out_rows, *logits;
     layout_arrays host, dev;
@@ -58,6 +62,14 @@ void tsr_forward_ctx_free(tsr_forward_ctx *c)
 
 int tsr_forward_max_tokens(const tsr_forward_ctx *ctx) { return ctx->max_tokens; }
 
+void tsr_forward_set_comm(tsr_forward_ctx *ctx, const tsr_forward_comm *comm)
+{
+    ctx->has_comm = comm != NULL;
+    if (comm) ctx->comm = *comm;
+}
+
+float *tsr_forward_hidden(tsr_forward_ctx *ctx) { return ctx->x; }
+
 /* Allocates the layout arrays with `alloc` (host calloc or the backend's allocator); returns 0 on failure. */
 static int alloc_arrays(layout_arrays *a, void *(*alloc)(size_t), size_t T, size_t S, size_t pages, size_t half)
 {
@@ -79,8 +91,10 @@ tsr_status tsr_forward_ctx_new(const tsr_model *model, const tsr_ops *ops, tsr_k
                                tsr_forward_ctx **out)
 {
     const tsr_model_config *c = &model->cfg;
+    const tsr_model_local *lo = &model->local;
     if (max_tokens <= 0) return tsr_fail(TSR_ERR_ARG, "forward: max_tokens must be positive");
-    if (kv->n_layers != c->n_layers || kv->n_kv_heads != c->n_kv_heads || kv->head_dim != c->head_dim)
+    if (kv->n_layers != model->part.layer1 - model->part.layer0 || kv->n_kv_heads != lo->n_kv_heads ||
+        kv->head_dim != c->head_dim)
         return tsr_fail(TSR_ERR_ARG, "forward: KV cache geometry does not match the model");
     if (c->head_dim > 512 || c->rope.dim / 2 > 512)
         return tsr_fail(TSR_ERR_UNSUPPORTED, "forward: head_dim %d exceeds the kernels' limit of 512", c->head_dim);
@@ -95,7 +109,7 @@ tsr_status tsr_forward_ctx_new(const tsr_model *model, const tsr_ops *ops, tsr_k
     long ctx_pages = (c->rope.max_pos + kv->page_size - 1) / kv->page_size + 1;
     x->pages_per_seq = (int)(ctx_pages < kv->n_pages ? ctx_pages : kv->n_pages);
     size_t T = (size_t)max_tokens, S = (size_t)x->max_seqs;
-    size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t qd = (size_t)lo->n_heads * c->head_dim, kvd = (size_t)lo->n_kv_heads * c->head_dim;
     size_t half = (size_t)c->rope.dim / 2;
     x->x = ops->alloc(T * c->hidden * sizeof(float));
     x->h = ops->alloc(T * c->hidden * sizeof(float));
@@ -103,13 +117,13 @@ tsr_status tsr_forward_ctx_new(const tsr_model *model, const tsr_ops *ops, tsr_k
     x->k = ops->alloc(T * kvd * sizeof(float));
     x->v = ops->alloc(T * kvd * sizeof(float));
     x->attn = ops->alloc(T * qd * sizeof(float));
-    x->gate = ops->alloc(T * c->intermediate * sizeof(float));
-    x->up = ops->alloc(T * c->intermediate * sizeof(float));
+    x->gate = ops->alloc(T * lo->intermediate * sizeof(float));
+    x->up = ops->alloc(T * lo->intermediate * sizeof(float));
     x->out_rows = ops->alloc(T * c->hidden * sizeof(float));
     x->logit_rows = max_tokens < 128 ? max_tokens : 128;
     static uint32_t next_id;
     x->id = ++next_id;
-    x->logits = ops->alloc((size_t)x->logit_rows * (size_t)c->vocab_size * sizeof(float));
+    x->logits = ops->alloc((size_t)x->logit_rows * (size_t)(model->part.head ? lo->vocab : 1) * sizeof(float));
     int ok = x->x && x->h && x->q && x->k && x->v && x->attn && x->gate && x->up && x->out_rows && x->logits;
     ok = ok && alloc_arrays(&x->host, host_calloc, T, S, (size_t)x->pages_per_seq, half);
     ok = ok && alloc_arrays(&x->dev, ops->alloc, T, S, (size_t)x->pages_per_seq, half);
@@ -215,42 +229,58 @@ typedef struct {
     tsr_forward_ctx *c;
     tsr_batch_layout b;
     int T, n_out;
+    tsr_status comm_st;     /* first failure of the comm hook (later sums are skipped) */
 } forward_job;
+
+/* Sums a tensor shard's partial output over its group. */
+static void group_sum(forward_job *j, float *buf, size_t n)
+{
+    tsr_forward_ctx *c = j->c;
+    if (c->model->part.tp_size <= 1 || j->comm_st != TSR_OK) return;
+    if (!c->has_comm) {
+        j->comm_st = tsr_fail(TSR_ERR_INTERNAL, "forward: a tensor shard runs without a comm");
+        return;
+    }
+    j->comm_st = c->comm.allreduce(c->comm.ctx, buf, n);
+}
 
 static void forward_body(void *arg)
 {
-    const forward_job *j = arg;
+    forward_job *j = arg;
     tsr_forward_ctx *c = j->c;
     const tsr_model *m = c->model;
     const tsr_model_config *cfg = &m->cfg;
     const tsr_ops *ops = c->ops;
-    const int T = j->T, H = cfg->hidden, nh = cfg->n_heads, nkv = cfg->n_kv_heads, d = cfg->head_dim;
+    const int T = j->T, H = cfg->hidden, nh = m->local.n_heads, nkv = m->local.n_kv_heads, d = cfg->head_dim;
     const tsr_batch_layout *b = &j->b;
 
-    ops->embed(&m->embed, c->dev.tokens, T, c->x);
+    if (m->part.embed) ops->embed(&m->embed, c->dev.tokens, T, c->x);
     const float scale = 1.0f / sqrtf((float)d);
-    for (int l = 0; l < cfg->n_layers; l++) {
+    for (int l = m->part.layer0; l < m->part.layer1; l++) {
         const tsr_layer *ly = &m->layers[l];
+        const int kl = l - m->part.layer0; /* the cache holds the part's layers only */
         ops->rmsnorm(c->x, &ly->attn_norm, cfg->norm_eps, T, H, c->h);
         ops->linear(&ly->q, c->h, T, c->q);
         ops->linear(&ly->k, c->h, T, c->k);
         ops->linear(&ly->v, c->h, T, c->v);
         ops->rope(b, c->q, nh, d, cfg->rope.dim);
         ops->rope(b, c->k, nkv, d, cfg->rope.dim);
-        ops->kv_store(b, c->kv, l, c->k, c->v);
-        tsr_attn_args args = {nh, nkv, d, scale, tsr_config_layer_window(cfg, l), l};
+        ops->kv_store(b, c->kv, kl, c->k, c->v);
+        tsr_attn_args args = {nh, nkv, d, scale, tsr_config_layer_window(cfg, l), kl};
         ops->attention(b, &args, c->kv, c->q, c->attn);
         ops->linear(&ly->o, c->attn, T, c->h);
+        group_sum(j, c->h, (size_t)T * H);
         ops->add(c->x, c->h, (size_t)T * H);
 
         ops->rmsnorm(c->x, &ly->mlp_norm, cfg->norm_eps, T, H, c->h);
         ops->linear(&ly->gate, c->h, T, c->gate);
         ops->linear(&ly->up, c->h, T, c->up);
-        ops->silu_mul(c->gate, c->up, (size_t)T * cfg->intermediate, c->gate);
+        ops->silu_mul(c->gate, c->up, (size_t)T * m->local.intermediate, c->gate);
         ops->linear(&ly->down, c->gate, T, c->h);
+        group_sum(j, c->h, (size_t)T * H);
         ops->add(c->x, c->h, (size_t)T * H);
     }
-    if (j->n_out == 0) return;
+    if (j->n_out == 0 || !m->part.head) return;
     ops->gather_rows(c->x, c->dev.out_index, j->n_out, H, c->out_rows);
     ops->rmsnorm(c->out_rows, &m->final_norm, cfg->norm_eps, j->n_out, H, c->out_rows);
     if (j->n_out <= c->logit_rows) ops->linear(&m->head, c->out_rows, j->n_out, c->logits);
@@ -259,16 +289,21 @@ static void forward_body(void *arg)
 tsr_status tsr_forward(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs, float *logits)
 {
     int T = 0;
+    const tsr_model *m = c->model;
     TSR_TRY(validate(c, seqs, n_seqs, &T));
-    if (tsr_forward_logit_rows(seqs, n_seqs) && !logits)
+    if (m->part.head && tsr_forward_logit_rows(seqs, n_seqs) && !logits)
         return tsr_fail(TSR_ERR_ARG, "forward: logits requested but no output buffer given");
-    /* decode steps (one token per sequence, logits of each) have a fixed shape per batch size: replayable */
+    /* decode steps (one token per sequence, logits of each) have a fixed shape per batch size: replayable, unless a
+     * tensor shard's sums block on the host */
+    const int host_comm = m->part.tp_size > 1 && (!c->has_comm || !c->comm.capturable);
     const int decode = T == n_seqs && tsr_forward_logit_rows(seqs, n_seqs) == n_seqs;
-    forward_job job = {c, {0}, T, 0};
+    forward_job job = {c, {0}, T, 0, TSR_OK};
     job.n_out = build_layout(c, seqs, n_seqs, T, decode, &job.b);
-    const uint64_t key = decode ? ((uint64_t)1 << 62) | ((uint64_t)c->id << 24) | (uint64_t)n_seqs : 0;
+    const uint64_t key = decode && !host_comm ? ((uint64_t)1 << 62) | ((uint64_t)c->id << 24) | (uint64_t)n_seqs : 0;
     c->ops->run_cached(key, forward_body, &job);
-    const size_t vocab = (size_t)c->model->cfg.vocab_size;
+    if (job.comm_st != TSR_OK) return job.comm_st;
+    if (!m->part.head) return TSR_OK;
+    const size_t vocab = (size_t)m->local.vocab;
     if (job.n_out <= c->logit_rows) {
         if (job.n_out) c->ops->to_host(logits, c->logits, (size_t)job.n_out * vocab * sizeof(float));
         return TSR_OK;

@@ -6,7 +6,14 @@
  * each sequence asks for (none, its last token, or all its tokens), in sequence order.
  *
  * A tsr_forward_ctx owns the activation workspace, sized at creation for `max_tokens` tokens per call, so nothing
- * is allocated per call. */
+ * is allocated per call.
+ *
+ * Split models (model.h, tsr_model_part): a context runs only the layers its model part holds. A stage without the
+ * embedding takes its input hidden state from tsr_forward_hidden() (the caller puts the previous stage's output
+ * there), and a stage without the head leaves its output hidden state there. A tensor shard computes its local
+ * heads, MLP features and vocabulary columns and sums the attention and MLP outputs over its group through the
+ * comm hook (tsr_forward_set_comm) right after o_proj and down_proj; its logits rows hold its vocabulary columns
+ * only (model->local.vocab wide). The KV cache holds the part's layers (indexed from layer0) and local KV heads. */
 #ifndef TSR_FORWARD_H
 #define TSR_FORWARD_H
 
@@ -27,17 +34,36 @@ typedef struct tsr_seq_input {
 
 typedef struct tsr_forward_ctx tsr_forward_ctx;
 
+/* Sums over a tensor-parallel group, called from inside the forward pass. */
+typedef struct tsr_forward_comm {
+    void *ctx;
+    /* buf: n floats in the backend's memory, summed in place over the group (same result on every member) */
+    tsr_status (*allreduce)(void *ctx, float *buf, size_t n);
+    int capturable;         /* 1: the call may be recorded and replayed by ops->run_cached (NCCL on the stream);
+                               0: it blocks on the host, so the forward pass is never recorded */
+} tsr_forward_comm;
+
 tsr_status tsr_forward_ctx_new(const tsr_model *model, const tsr_ops *ops, tsr_kv_cache *kv, int max_tokens,
                                tsr_forward_ctx **out);
 void tsr_forward_ctx_free(tsr_forward_ctx *ctx);
 int tsr_forward_max_tokens(const tsr_forward_ctx *ctx);
 
-/* Runs the batch. logits receives [rows][vocab_size] fp32 for the requested rows, in order; it may be NULL when
- * no sequence asks for logits. Fails (changing nothing) on invalid input: token ids out of range, too many tokens,
- * page tables too short or naming pages outside the pool. */
+/* Installs (or with NULL removes) the tensor-parallel comm; required when model->part.tp_size > 1. The struct is
+ * copied. */
+void tsr_forward_set_comm(tsr_forward_ctx *ctx, const tsr_forward_comm *comm);
+
+/* The hidden-state buffer: [max_tokens][hidden] fp32 in the backend's memory. A stage without the embedding reads
+ * its input rows from here; a stage without the head leaves its output rows here (row order = token order of the
+ * call). */
+float *tsr_forward_hidden(tsr_forward_ctx *ctx);
+
+/* Runs the batch. logits receives [rows][vocab_size] fp32 for the requested rows, in order (a vocabulary shard:
+ * [rows][local.vocab]); it may be NULL when no sequence asks for logits or the part has no head. Fails (changing
+ * nothing) on invalid input: token ids out of range, too many tokens, page tables too short or naming pages outside
+ * the pool; fails with the hook's status (TSR_ERR_REMOTE) when the comm hook failed (the group is then unusable). */
 tsr_status tsr_forward(tsr_forward_ctx *ctx, const tsr_seq_input *seqs, int n_seqs, float *logits);
 
-/* Number of logit rows the batch produces. */
+/* Number of logit rows the batch produces (when the part has the head). */
 int tsr_forward_logit_rows(const tsr_seq_input *seqs, int n_seqs);
 
 #endif

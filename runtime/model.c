@@ -1,4 +1,6 @@
-/* Model loading: binds config and tensors into tsr_model (see model.h). */
+/* Model loading: binds config and tensors into tsr_model (see model.h), for the whole model or one stage's part.
+ * Only the held layers' tensors are looked up, so a stage never touches (or needs) the others' bytes beyond the
+ * mapping of the files. */
 #include "runtime/model.h"
 
 #include "runtime/gptq.h"
@@ -101,6 +103,7 @@ static tsr_status load_head(tsr_model *m)
     if (!c->tie_word_embeddings)
         return tsr_fail(TSR_ERR_MISSING, "%s: tensor 'lm_head.weight' is missing (and tie_word_embeddings is false)", m->dir);
     memset(&m->head, 0, sizeof m->head);
+    m->head_tied = 1;
     m->head.kind = TSR_LINEAR_DENSE;
     m->head.K = c->hidden;
     m->head.N = c->vocab_size;
@@ -120,13 +123,32 @@ void tsr_model_free(tsr_model *m)
         }
     }
     tsr_qmatrix_free(&m->head.q);
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
     free(m->layers);
     tsr_st_set_free(m->st);
     free(m->dir);
     free(m);
 }
 
-tsr_status tsr_model_load(const char *dir, tsr_model **out)
+tsr_status tsr_model_own(tsr_model *m, void *p)
+{
+    if (!p) return tsr_fail(TSR_ERR_NOMEM, "out of memory");
+    if (m->n_owned == m->cap_owned) {
+        int cap = m->cap_owned ? m->cap_owned * 2 : 64;
+        void **grown = realloc(m->owned, (size_t)cap * sizeof *grown);
+        if (!grown) {
+            free(p);
+            return tsr_fail(TSR_ERR_NOMEM, "out of memory");
+        }
+        m->owned = grown;
+        m->cap_owned = cap;
+    }
+    m->owned[m->n_owned++] = p;
+    return TSR_OK;
+}
+
+tsr_status tsr_model_load_part(const char *dir, const tsr_model_part *part, tsr_model **out)
 {
     tsr_model *m = calloc(1, sizeof *m);
     if (!m || !(m->dir = strdup(dir))) {
@@ -134,18 +156,33 @@ tsr_status tsr_model_load(const char *dir, tsr_model **out)
         return tsr_fail(TSR_ERR_NOMEM, "out of memory");
     }
     tsr_status st = tsr_config_load(dir, &m->cfg);
+    if (st == TSR_OK) {
+        m->part = part ? *part : (tsr_model_part){0, m->cfg.n_layers, 1, 1, 0, 1};
+        const tsr_model_part *p = &m->part;
+        if (p->layer0 < 0 || p->layer1 > m->cfg.n_layers || p->layer0 > p->layer1 ||
+            (p->layer0 == p->layer1 && !p->embed && !p->head))
+            st = tsr_fail(TSR_ERR_ARG, "%s: layers [%d, %d) are not a part of the model's %d layers", dir, p->layer0,
+                          p->layer1, m->cfg.n_layers);
+        else if (p->tp_size != 1 || p->tp_rank != 0)
+            st = tsr_fail(TSR_ERR_ARG, "%s: a tensor shard is cut after loading (tp_size must be 1 here)", dir);
+        m->local = (tsr_model_local){m->cfg.n_heads, m->cfg.n_kv_heads, m->cfg.intermediate, 0, m->cfg.vocab_size};
+    }
     if (st == TSR_OK) st = tsr_st_open_dir(dir, &m->st);
     if (st == TSR_OK) {
         m->file_bytes = tsr_st_total_bytes(m->st);
-        st = load_dense(m->st, "model.embed_tokens.weight", m->cfg.vocab_size, m->cfg.hidden, &m->embed);
+        /* a tied head needs the embedding on the last stage too */
+        int tied_head = m->part.head && m->cfg.tie_word_embeddings && !has_tensor(m->st, "lm_head", "q_weight") &&
+                        !has_tensor(m->st, "lm_head", "weight") && !has_tensor(m->st, "lm_head", "qweight");
+        if (m->part.embed || tied_head)
+            st = load_dense(m->st, "model.embed_tokens.weight", m->cfg.vocab_size, m->cfg.hidden, &m->embed);
     }
     if (st == TSR_OK) {
         m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
         if (!m->layers) st = tsr_fail(TSR_ERR_NOMEM, "out of memory");
     }
-    for (int l = 0; st == TSR_OK && l < m->cfg.n_layers; l++) st = load_layer(m, l);
-    if (st == TSR_OK) st = load_dense(m->st, "model.norm.weight", 1, m->cfg.hidden, &m->final_norm);
-    if (st == TSR_OK) st = load_head(m);
+    for (int l = m->part.layer0; st == TSR_OK && l < m->part.layer1; l++) st = load_layer(m, l);
+    if (st == TSR_OK && m->part.head) st = load_dense(m->st, "model.norm.weight", 1, m->cfg.hidden, &m->final_norm);
+    if (st == TSR_OK && m->part.head) st = load_head(m);
     if (st != TSR_OK) {
         tsr_model_free(m);
         return st;
@@ -153,6 +190,35 @@ tsr_status tsr_model_load(const char *dir, tsr_model **out)
     *out = m;
     return TSR_OK;
 }
+
+tsr_status tsr_model_load(const char *dir, tsr_model **out) { return tsr_model_load_part(dir, NULL, out); }
+
+static uint64_t dense_bytes(const tsr_dense *d)
+{
+    return d->data ? (uint64_t)d->rows * (uint64_t)d->cols * tsr_dtype_size(d->dtype) : 0;
+}
+
+uint64_t tsr_model_layer_bytes(const tsr_model *m, int l)
+{
+    if (!m->layers || l < 0 || l >= m->cfg.n_layers) return 0;
+    const tsr_layer *ly = &m->layers[l];
+    const tsr_linear *all[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->up, &ly->down};
+    uint64_t b = dense_bytes(&ly->attn_norm) + dense_bytes(&ly->mlp_norm);
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i]->kind == TSR_LINEAR_EXL2 || all[i]->w.data) b += tsr_linear_bytes(all[i]);
+    return b;
+}
+
+uint64_t tsr_model_embed_bytes(const tsr_model *m) { return dense_bytes(&m->embed); }
+
+uint64_t tsr_model_head_bytes(const tsr_model *m)
+{
+    uint64_t b = dense_bytes(&m->final_norm);
+    if (m->head_tied || (m->head.kind == TSR_LINEAR_DENSE && !m->head.w.data)) return b;
+    return b + tsr_linear_bytes(&m->head);
+}
+
+int tsr_model_head_tied(const tsr_model *m) { return m->head_tied; }
 
 /* Quantized linear layers in GPTQ mode (they are counted in n_exl2 too). */
 static int count_gptq(const tsr_model *m)

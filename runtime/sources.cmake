@@ -14,5 +14,9 @@ list(APPEND TSR_CORE_SOURCES
   runtime/forward.c
   runtime/engine.c
   runtime/sampler.c
+  runtime/step.c
+  runtime/step_sample.c
+  runtime/step_exec.c
+  runtime/service.c
   runtime/synth.c
 )

@@ -20,6 +20,8 @@ const char *tsr_status_str(tsr_status s)
     case TSR_ERR_ARG: return "invalid argument";
     case TSR_ERR_MISSING: return "missing";
     case TSR_ERR_INTERNAL: return "internal error";
+    case TSR_ERR_BUSY: return "busy";
+    case TSR_ERR_REMOTE: return "remote rank failed";
     }
     return "unknown status";
 }

@@ -14,7 +14,9 @@ typedef enum tsr_status {
     TSR_ERR_NOMEM,       /* an allocation failed */
     TSR_ERR_ARG,         /* a caller or command-line argument is invalid */
     TSR_ERR_MISSING,     /* a required tensor, key or file is absent */
-    TSR_ERR_INTERNAL     /* an invariant broke: a bug in tessera */
+    TSR_ERR_INTERNAL,    /* an invariant broke: a bug in tessera */
+    TSR_ERR_BUSY,        /* a queue or pool is full right now; retrying later may succeed */
+    TSR_ERR_REMOTE       /* another rank failed, died or timed out */
 } tsr_status;
 
 /* Name of a status code, e.g. "format error". Never NULL. */

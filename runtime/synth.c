@@ -1,4 +1,4 @@
-/* Synthetic EXL2 model writer (see synth.h; format in EXL2.md §1, §3-§6, §9).
+/* Synthetic EXL2 and GPTQ model writer (see synth.h; formats in EXL2.md §1, §3-§6, §8, §9).
  *
  * Three steps. (1) Plan: every linear layer gets a converter-style option (descending widths, group sizes
  * 32/64/128, the rows at each width); the decoder layers' options are solved one matrix at a time with error
@@ -12,7 +12,16 @@
  * and write it a group at a time. Codes follow a rounded, clamped normal distribution around the EXL2 offset
  * 2^(b-1) (symmetric, like real GPTQ codes); scale codes are uniform in 8..15 and q_scale_max is chosen per group
  * so that the dequantized weights have standard deviation ~1/sqrt(K). q/k/v share one row permutation and gate/up
- * another, as in converted models. */
+ * another, as in converted models.
+ *
+ * GPTQ matrices need no plan (4 bits, one group size). Their values are generated without storing a matrix:
+ * the zero points of group g come from their own random stream (seeded by the qzeros name and g), so the qzeros
+ * writer and the qweight writer derive the same ones independently; qweight is written in blocks of 128
+ * original rows, each code drawn around the zero point of its row's group (the same rounded normal as the EXL2
+ * 4-bit codes, clamped to 0..15), and scales are fp16 values around the one that makes the weights' standard
+ * deviation 1/sqrt(K). With act-order, g_idx is the desc_act assignment of a random row order (the K-entry array
+ * is regenerated from its seed wherever it is needed); q/k/v share it and gate/up share another, as they share
+ * a Hessian in a real quantization. */
 #include "runtime/synth.h"
 
 #include "runtime/half.h"
@@ -204,6 +213,15 @@ static rng_t rng_for(uint64_t seed, const char *name)
     return r;
 }
 
+/* An independent stream per row (or group) of a tensor, so one row can be regenerated without the others. */
+static rng_t rng_for_row(uint64_t seed, const char *name, uint64_t row)
+{
+    rng_t r = rng_for(seed, name);
+    r.s ^= (row + 1) * 0xd1b54a32d192ed03ull;
+    rng_next(&r);
+    return r;
+}
+
 /* Approximately standard normal: Irwin-Hall sum of four 16-bit uniforms. */
 static inline float rng_gauss(rng_t *r)
 {
@@ -216,16 +234,21 @@ static inline uint32_t rng_below(rng_t *r, uint32_t n) { return (uint32_t)(((rng
 
 /* ---------------- model inventory ---------------- */
 
-typedef enum { TK_EMBED, TK_NORM, TK_QWEIGHT, TK_INVPERM, TK_SCALE, TK_SCALEMAX, TK_GROUPS, TK_BIAS } tkind;
+typedef enum {
+    TK_EMBED, TK_NORM, TK_QWEIGHT, TK_INVPERM, TK_SCALE, TK_SCALEMAX, TK_GROUPS, TK_BIAS, /* EXL2 (and shared) */
+    TK_GQWEIGHT, TK_GZEROS, TK_GSCALES, TK_GIDX, TK_DENSE                                 /* GPTQ */
+} tkind;
+
+#define GPTQ_BLOCK 128 /* original rows of a GPTQ qweight generated at a time */
 
 typedef struct {
-    char name[128];
+    char name[160];
     tkind kind;
     tsr_dtype dtype;
     int ndim;
     int64_t shape[2];
     uint64_t nbytes;
-    int mat;   /* matrix index for EXL2 tensors */
+    int mat;   /* matrix index for quantized tensors and biases */
     int shard;
 } stensor;
 
@@ -233,8 +256,9 @@ typedef struct {
     char key[96];
     char perm_key[96]; /* matrices with the same perm_key share q_invperm */
     int K, Nreal;
-    tsr_synth_qplan plan;
+    tsr_synth_qplan plan; /* EXL2; for GPTQ only K and N (unpadded) are set */
     int has_bias;
+    int gs, G;            /* GPTQ: rows per group (K for one group) and groups; 0 for EXL2 */
 } smatrix;
 
 typedef struct {
@@ -246,8 +270,11 @@ typedef struct {
     uint8_t *ctab[9];   /* per width: 16-bit uniform → code */
     double code_var[9]; /* E[(code - offset)^2] per width */
     double scale_sq;    /* E[((s+1)^2/256)^2] for scale codes s uniform in 8..15 */
+    double gptq_var;    /* E[(code - zero)^2] of the GPTQ codes, over the zero points used */
     uint8_t *codes;
     uint32_t *words;
+    uint8_t *zrow;      /* GPTQ: zero points of one group row [N] */
+    int32_t *gidx;      /* GPTQ act-order: g_idx of one matrix [K] */
     void *buf;
     size_t buf_bytes;
 } synth_ctx;
@@ -274,8 +301,9 @@ static tsr_status add_tensor(synth_ctx *c, const char *name, tkind kind, tsr_dty
     return TSR_OK;
 }
 
-static tsr_status add_matrix(synth_ctx *c, const char *key, const char *perm_key, int K, int N, int has_bias,
-                             const tsr_synth_qplan *plan)
+/* Appends a matrix record (no tensors). */
+static tsr_status add_matrix_entry(synth_ctx *c, const char *key, const char *perm_key, int K, int N, int has_bias,
+                                   const tsr_synth_qplan *plan)
 {
     if (c->n_mats == c->cap_mats) {
         int cap = c->cap_mats ? 2 * c->cap_mats : 64;
@@ -293,7 +321,16 @@ static tsr_status add_matrix(synth_ctx *c, const char *key, const char *perm_key
     m->Nreal = N;
     m->plan = *plan;
     m->has_bias = has_bias;
-    const tsr_synth_qplan *p = &m->plan;
+    return TSR_OK;
+}
+
+/* Appends an EXL2 matrix and its tensors. */
+static tsr_status add_matrix(synth_ctx *c, const char *key, const char *perm_key, int K, int N, int has_bias,
+                             const tsr_synth_qplan *plan)
+{
+    TSR_TRY(add_matrix_entry(c, key, perm_key, K, N, has_bias, plan));
+    const int mi = c->n_mats - 1;
+    const tsr_synth_qplan *p = &c->mats[mi].plan;
     char name[160];
 #define T(suffix, kind, dt, nd, d0, d1)                                                                            \
     do {                                                                                                           \
@@ -306,6 +343,45 @@ static tsr_status add_matrix(synth_ctx *c, const char *key, const char *perm_key
     T("q_scale_max", TK_SCALEMAX, TSR_F16, 1, p->G, 0);
     T("q_groups", TK_GROUPS, TSR_I16, 1, 2 * p->G, 0);
     if (has_bias) T("bias", TK_BIAS, TSR_F16, 1, p->N, 0);
+#undef T
+    return TSR_OK;
+}
+
+/* Rows per group of a K-row GPTQ matrix: the option (0 = 128), K for -1 (one group). */
+static int gptq_group_rows(const tsr_synth_opts *o, int K)
+{
+    const int gs = o->group_size ? o->group_size : 128;
+    return gs == -1 ? K : gs;
+}
+
+/* Stored bits of a GPTQ matrix as tsr_qmatrix_bpw counts them (qweight, qzeros, scales, g_idx; no bias). */
+static uint64_t gptq_bits(int K, int N, int G)
+{
+    return (uint64_t)K * N * 4 + (uint64_t)G * N * 4 + (uint64_t)G * N * 16 + (uint64_t)K * 32;
+}
+
+static tsr_status add_gptq_matrix(synth_ctx *c, const char *key, const char *perm_key, int K, int N, int has_bias)
+{
+    tsr_synth_qplan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.K = K;
+    plan.N = N;
+    TSR_TRY(add_matrix_entry(c, key, perm_key, K, N, has_bias, &plan));
+    const int mi = c->n_mats - 1;
+    smatrix *m = &c->mats[mi];
+    m->gs = gptq_group_rows(c->o, K);
+    m->G = (K + m->gs - 1) / m->gs;
+    char name[160];
+#define T(suffix, kind, dt, nd, d0, d1)                                                                            \
+    do {                                                                                                           \
+        snprintf(name, sizeof name, "%s.%s", key, suffix);                                                         \
+        TSR_TRY(add_tensor(c, name, kind, dt, nd, d0, d1, mi));                                                    \
+    } while (0)
+    T("qweight", TK_GQWEIGHT, TSR_I32, 2, K / 8, N);
+    T("qzeros", TK_GZEROS, TSR_I32, 2, m->G, N / 8);
+    T("scales", TK_GSCALES, TSR_F16, 2, m->G, N);
+    T("g_idx", TK_GIDX, TSR_I32, 1, K, 0);
+    if (has_bias) T("bias", TK_BIAS, TSR_F16, 1, N, 0);
 #undef T
     return TSR_OK;
 }
@@ -347,6 +423,23 @@ static const char *arch_class(tsr_arch a)
 
 static const char *arch_type(tsr_arch a) { return a == TSR_ARCH_QWEN2 ? "qwen2" : a == TSR_ARCH_MISTRAL ? "mistral" : "llama"; }
 
+static tsr_status check_gptq_opts(const tsr_synth_opts *o)
+{
+    const int qd = o->heads * o->head_dim, kvd = o->kv_heads * o->head_dim;
+    if (o->hidden % 8 || o->intermediate % 8 || qd % 8 || kvd % 8)
+        return tsr_fail(TSR_ERR_ARG,
+                        "synth: hidden (%d), intermediate (%d), heads*head_dim (%d) and kv_heads*head_dim (%d) must be "
+                        "multiples of 8 for GPTQ (qweight packs 8 rows, qzeros 8 columns, per int32)",
+                        o->hidden, o->intermediate, qd, kvd);
+    const int gs = o->group_size;
+    if (gs != 0 && gs != -1 && (gs < 8 || gs > 65536 || (gs & (gs - 1))))
+        return tsr_fail(TSR_ERR_ARG,
+                        "synth: --group-size %d: use a power of two from 8 to 65536 (ExLlamaV2 assumes one), or -1 for "
+                        "one group per matrix",
+                        gs);
+    return TSR_OK;
+}
+
 static tsr_status check_opts(const tsr_synth_opts *o)
 {
     const int qd = o->heads * o->head_dim;
@@ -356,6 +449,12 @@ static tsr_status check_opts(const tsr_synth_opts *o)
     if (o->heads % o->kv_heads)
         return tsr_fail(TSR_ERR_ARG, "synth: --heads %d is not a multiple of --kv-heads %d", o->heads, o->kv_heads);
     if (o->head_dim % 2) return tsr_fail(TSR_ERR_ARG, "synth: --head-dim %d must be even", o->head_dim);
+    if (o->vocab < 3) return tsr_fail(TSR_ERR_ARG, "synth: --vocab must be at least 3 (bos 1, eos 2)");
+    if (o->max_pos <= 0) return tsr_fail(TSR_ERR_ARG, "synth: --max-pos must be positive");
+    if (o->format == TSR_SYNTH_GPTQ) return check_gptq_opts(o);
+    if (o->format != TSR_SYNTH_EXL2) return tsr_fail(TSR_ERR_ARG, "synth: unknown format %d", (int)o->format);
+    if (o->group_size || o->act_order || o->sym)
+        return tsr_fail(TSR_ERR_ARG, "synth: group size, act-order and sym are GPTQ options (EXL2 was asked for)");
     if (o->hidden % 32 || o->intermediate % 32 || qd % 32)
         return tsr_fail(TSR_ERR_ARG,
                         "synth: hidden (%d), intermediate (%d) and heads*head_dim (%d) must be multiples of 32 (EXL2 "
@@ -363,9 +462,7 @@ static tsr_status check_opts(const tsr_synth_opts *o)
                         o->hidden, o->intermediate, qd);
     if (o->hidden > 65535 || o->intermediate > 65535 || qd > 65535)
         return tsr_fail(TSR_ERR_ARG, "synth: input widths above 65535 cannot be stored in EXL2 (16-bit permutation)");
-    if (o->vocab < 3) return tsr_fail(TSR_ERR_ARG, "synth: --vocab must be at least 3 (bos 1, eos 2)");
     if (!(o->bpw >= 2.0 && o->bpw <= 8.5)) return tsr_fail(TSR_ERR_ARG, "synth: --bpw %g is outside 2..8.5", o->bpw);
-    if (o->max_pos <= 0) return tsr_fail(TSR_ERR_ARG, "synth: --max-pos must be positive");
     return TSR_OK;
 }
 
@@ -374,7 +471,7 @@ static tsr_status build_inventory(synth_ctx *c, tsr_synth_result *res)
 {
     const tsr_synth_opts *o = c->o;
     const int H = o->hidden, qd = o->heads * o->head_dim, kvd = o->kv_heads * o->head_dim, I = o->intermediate;
-    const int bias = o->arch == TSR_ARCH_QWEN2;
+    const int bias = o->arch == TSR_ARCH_QWEN2, gptq = o->format == TSR_SYNTH_GPTQ;
     rng_t prng = rng_for(o->seed, "plan");
     TSR_TRY(add_tensor(c, "model.embed_tokens.weight", TK_EMBED, TSR_F16, 2, o->vocab, H, -1));
     double carry = 0, layer_bits = 0, layer_numel = 0;
@@ -392,17 +489,24 @@ static tsr_status build_inventory(synth_ctx *c, tsr_synth_result *res)
         for (size_t i = 0; i < sizeof lin / sizeof lin[0]; i++) {
             int K = lin[i].kind == 2 ? qd : lin[i].kind == 4 ? I : H;
             int N = lin[i].kind == 0 ? qd : lin[i].kind == 1 ? kvd : lin[i].kind == 3 ? I : H;
-            int Np = (N + 31) / 32 * 32;
-            double target = o->bpw * (double)K * Np + carry;
-            tsr_synth_qplan p;
-            TSR_TRY(plan_layer_matrix(K, Np, target, &prng, &p));
-            double bits = (double)tsr_synth_qplan_bits(&p);
-            carry = target - bits;
-            layer_bits += bits;
-            layer_numel += (double)K * Np;
             snprintf(key, sizeof key, "model.layers.%d.%s", l, lin[i].name);
             snprintf(pkey, sizeof pkey, "model.layers.%d.%s", l, lin[i].perm);
-            TSR_TRY(add_matrix(c, key, pkey, K, N, bias && lin[i].kind <= 1, &p));
+            if (gptq) {
+                const int gs = gptq_group_rows(o, K);
+                layer_bits += (double)gptq_bits(K, N, (K + gs - 1) / gs);
+                layer_numel += (double)K * N;
+                TSR_TRY(add_gptq_matrix(c, key, pkey, K, N, bias && lin[i].kind <= 1));
+            } else {
+                int Np = (N + 31) / 32 * 32;
+                double target = o->bpw * (double)K * Np + carry;
+                tsr_synth_qplan p;
+                TSR_TRY(plan_layer_matrix(K, Np, target, &prng, &p));
+                double bits = (double)tsr_synth_qplan_bits(&p);
+                carry = target - bits;
+                layer_bits += bits;
+                layer_numel += (double)K * Np;
+                TSR_TRY(add_matrix(c, key, pkey, K, N, bias && lin[i].kind <= 1, &p));
+            }
             if (i == 3) {
                 snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
                 TSR_TRY(add_tensor(c, name, TK_NORM, TSR_F16, 1, H, 0, -1));
@@ -410,6 +514,15 @@ static tsr_status build_inventory(synth_ctx *c, tsr_synth_result *res)
         }
     }
     TSR_TRY(add_tensor(c, "model.norm.weight", TK_NORM, TSR_F16, 1, H, 0, -1));
+    res->n_params = (uint64_t)o->vocab * H + (uint64_t)(2 * o->layers + 1) * H;
+    if (gptq) {
+        TSR_TRY(add_tensor(c, "lm_head.weight", TK_DENSE, TSR_F16, 2, o->vocab, H, -1));
+        res->layers_bpw = layer_bits / layer_numel;
+        res->head_bpw = 16.0;
+        for (int i = 0; i < c->n_mats; i++) res->n_params += (uint64_t)c->mats[i].K * c->mats[i].plan.N;
+        res->n_params += (uint64_t)o->vocab * H;
+        return TSR_OK;
+    }
     tsr_synth_qplan hp;
     TSR_TRY(tsr_synth_head_plan(H, o->vocab, o->head_bits, &hp));
     TSR_TRY(add_matrix(c, "lm_head", "lm_head", H, o->vocab, 0, &hp));
@@ -420,13 +533,21 @@ static tsr_status build_inventory(synth_ctx *c, tsr_synth_result *res)
                         "synth: --bpw %.3f is not reachable for this geometry: the closest layout averages %.3f bpw "
                         "(index overhead of q_invperm/q_scale is large for small matrices)",
                         o->bpw, res->layers_bpw);
-    res->n_params = 0;
     for (int i = 0; i < c->n_mats; i++) res->n_params += (uint64_t)c->mats[i].K * c->mats[i].plan.N;
-    res->n_params += (uint64_t)o->vocab * H + (uint64_t)(2 * o->layers + 1) * H;
     return TSR_OK;
 }
 
 /* ---------------- value tables ---------------- */
+
+/* GPTQ zero point from a random byte: 6..10, centred on 8 */
+static inline int gptq_zero_of_byte(unsigned byte) { return 6 + (int)((byte * 5u) >> 8); }
+
+/* GPTQ code around zero point z from a 4-bit code of the shared table (centred on 8) */
+static inline int gptq_code(int z, int code)
+{
+    const int q = z + code - 8;
+    return q < 0 ? 0 : q > 15 ? 15 : q;
+}
 
 static tsr_status build_tables(synth_ctx *c)
 {
@@ -447,6 +568,17 @@ static tsr_status build_tables(synth_ctx *c)
         }
         c->code_var[b] = var / 65536.0;
     }
+    /* GPTQ: code = clamp(zero + 4-bit code - 8, 0, 15); zero 8, or 6 + (byte * 5 >> 8) for random zero points */
+    double var_z[16] = {0}, gv = 0;
+    for (int z = 1; z < 16; z++) {
+        for (int u = 0; u < 65536; u++) {
+            const int d = gptq_code(z, c->ctab[4][u]) - z;
+            var_z[z] += (double)d * d;
+        }
+        var_z[z] /= 65536.0;
+    }
+    for (int byte = 0; byte < 256; byte++) gv += var_z[gptq_zero_of_byte((unsigned)byte)];
+    c->gptq_var = c->o->sym ? var_z[8] : gv / 256.0;
     double s = 0;
     for (int q = 8; q <= 15; q++) {
         double v = (q + 1.0) * (q + 1.0) / 256.0;
@@ -495,6 +627,121 @@ static tsr_status write_qweight(synth_ctx *c, tsr_st_writer *w, const stensor *t
             tsr_synth_pack(c->codes, gr, b, (int)N, c->words);
             TSR_TRY(tsr_st_writer_write(w, c->words, (size_t)gr * b / 32 * N * sizeof(uint32_t)));
         }
+    }
+    return TSR_OK;
+}
+
+/* ---------------- GPTQ tensor data ---------------- */
+
+/* True zero points (1..15; stored as zero - 1) of group g of a GPTQ matrix, [N]: from the group's own stream. */
+static void gptq_zero_row(const synth_ctx *c, const smatrix *m, int g, uint8_t *z)
+{
+    const int N = m->Nreal;
+    if (c->o->sym) {
+        memset(z, 8, (size_t)N);
+        return;
+    }
+    char name[160];
+    snprintf(name, sizeof name, "%s.qzeros", m->key);
+    rng_t r = rng_for_row(c->o->seed, name, (uint64_t)g);
+    for (int n = 0; n < N; n += 8) { /* N is a multiple of 8 */
+        const uint64_t x = rng_next(&r);
+        for (int i = 0; i < 8; i++) z[n + i] = (uint8_t)gptq_zero_of_byte((unsigned)(x >> (8 * i)) & 0xffu);
+    }
+}
+
+/* g_idx of a GPTQ matrix [K]: k / gs, or with act-order the desc_act assignment of a random row order (row k at
+ * position pos[k] of the order falls in group pos[k] / gs), seeded by the shared permutation key. */
+static void gptq_fill_gidx(const synth_ctx *c, const smatrix *m, int32_t *gidx)
+{
+    const int K = m->K;
+    for (int k = 0; k < K; k++) gidx[k] = k;
+    if (c->o->act_order && m->G > 1) {
+        rng_t pr = rng_for(c->o->seed, m->perm_key);
+        for (int k = K - 1; k > 0; k--) {
+            uint32_t j = rng_below(&pr, (uint32_t)k + 1);
+            int32_t tmp = gidx[k];
+            gidx[k] = gidx[j];
+            gidx[j] = tmp;
+        }
+    }
+    for (int k = 0; k < K; k++) gidx[k] /= m->gs;
+}
+
+/* qweight [K/8][N]: blocks of GPTQ_BLOCK original rows, codes around their group's zero points, packed along K
+ * (row k in bits 4(k%8) of word [k/8][n], the 4-bit EXL2 column stream). */
+static tsr_status write_gptq_qweight(synth_ctx *c, tsr_st_writer *w, const stensor *t, const smatrix *m)
+{
+    const int K = m->K, N = m->Nreal;
+    const uint8_t *tab = c->ctab[4];
+    const int act = c->o->act_order && m->G > 1;
+    rng_t r = rng_for(c->o->seed, t->name);
+    if (act) gptq_fill_gidx(c, m, c->gidx);
+    int zg = -1;
+    for (int k0 = 0; k0 < K; k0 += GPTQ_BLOCK) {
+        const int rows = K - k0 < GPTQ_BLOCK ? K - k0 : GPTQ_BLOCK; /* a multiple of 8 */
+        for (int j = 0; j < rows; j++) {
+            const int k = k0 + j, g = act ? c->gidx[k] : k / m->gs;
+            if (g != zg) {
+                gptq_zero_row(c, m, g, c->zrow);
+                zg = g;
+            }
+            uint8_t *row = c->codes + (size_t)j * (size_t)N;
+            for (int n = 0; n < N; n += 4) {
+                const uint64_t x = rng_next(&r);
+                for (int i = 0; i < 4; i++)
+                    row[n + i] = (uint8_t)gptq_code(c->zrow[n + i], tab[(x >> (16 * i)) & 0xffff]);
+            }
+        }
+        tsr_synth_pack(c->codes, rows, 4, N, c->words);
+        TSR_TRY(tsr_st_writer_write(w, c->words, (size_t)rows / 8 * (size_t)N * sizeof(uint32_t)));
+    }
+    return TSR_OK;
+}
+
+/* qzeros [G][N/8]: v1 convention, zero - 1 in nibble n%8 of word [g][n/8]. */
+static tsr_status write_gptq_qzeros(synth_ctx *c, tsr_st_writer *w, const smatrix *m)
+{
+    const int N = m->Nreal;
+    for (int g = 0; g < m->G; g++) {
+        gptq_zero_row(c, m, g, c->zrow);
+        memset(c->words, 0, (size_t)N / 8 * sizeof(uint32_t));
+        for (int n = 0; n < N; n++) c->words[n / 8] |= (uint32_t)(c->zrow[n] - 1) << (4 * (n % 8));
+        TSR_TRY(tsr_st_writer_write(w, c->words, (size_t)N / 8 * sizeof(uint32_t)));
+    }
+    return TSR_OK;
+}
+
+/* scales [G][N] fp16: base · U(0.75, 1.25), base such that E[W^2] = 1/K. */
+static tsr_status write_gptq_scales(synth_ctx *c, tsr_st_writer *w, const stensor *t, const smatrix *m)
+{
+    const int N = m->Nreal;
+    const double jitter_sq = 1.0 + 0.5 * 0.5 / 12.0; /* E[U(0.75, 1.25)^2] */
+    const double base = 1.0 / sqrt((double)m->K) / sqrt(c->gptq_var * jitter_sq);
+    rng_t r = rng_for(c->o->seed, t->name);
+    TSR_TRY(ensure_buf(c, (size_t)N * 2));
+    uint16_t *v = c->buf;
+    for (int g = 0; g < m->G; g++) {
+        for (int n = 0; n < N; n++) {
+            const double u = (double)(rng_next(&r) >> 11) / 9007199254740992.0;
+            v[n] = tsr_float_to_half((float)(base * (0.75 + 0.5 * u)));
+        }
+        TSR_TRY(tsr_st_writer_write(w, v, (size_t)N * 2));
+    }
+    return TSR_OK;
+}
+
+/* A dense fp16 matrix [rows][cols] (the GPTQ model's lm_head), row by row, std 1/sqrt(cols). */
+static tsr_status write_dense(synth_ctx *c, tsr_st_writer *w, const stensor *t)
+{
+    const int64_t rows = t->shape[0], cols = t->shape[1];
+    const float sd = (float)(1.0 / sqrt((double)cols));
+    rng_t r = rng_for(c->o->seed, t->name);
+    TSR_TRY(ensure_buf(c, (size_t)cols * 2));
+    uint16_t *row = c->buf;
+    for (int64_t i = 0; i < rows; i++) {
+        for (int64_t j = 0; j < cols; j++) row[j] = tsr_float_to_half(sd * rng_gauss(&r));
+        TSR_TRY(tsr_st_writer_write(w, row, (size_t)cols * 2));
     }
     return TSR_OK;
 }
@@ -574,6 +821,13 @@ static tsr_status write_tensor(synth_ctx *c, tsr_st_writer *w, const stensor *t)
         tsr_synth_qplan_groups(&m->plan, c->buf);
         return tsr_st_writer_write(w, c->buf, t->nbytes);
     }
+    case TK_GQWEIGHT: return write_gptq_qweight(c, w, t, m);
+    case TK_GZEROS: return write_gptq_qzeros(c, w, m);
+    case TK_GSCALES: return write_gptq_scales(c, w, t, m);
+    case TK_GIDX:
+        gptq_fill_gidx(c, m, c->gidx);
+        return tsr_st_writer_write(w, c->gidx, (size_t)m->K * sizeof(int32_t));
+    case TK_DENSE: return write_dense(c, w, t);
     }
     return tsr_fail(TSR_ERR_INTERNAL, "synth: unknown tensor kind");
 }
@@ -588,6 +842,22 @@ static tsr_status write_json(const char *dir, const char *file, json_t *root)
     json_decref(root);
     if (rc != 0) return tsr_fail(TSR_ERR_IO, "%s: cannot write", path);
     return TSR_OK;
+}
+
+/* The GPTQ quantization settings, as AutoGPTQ / transformers write them (v1 checkpoint format: zero - 1). */
+static json_t *gptq_quant_config(const tsr_synth_opts *o)
+{
+    json_t *q = json_object();
+    json_object_set_new(q, "quant_method", json_string("gptq"));
+    json_object_set_new(q, "bits", json_integer(4));
+    json_object_set_new(q, "group_size", json_integer(o->group_size ? o->group_size : 128));
+    json_object_set_new(q, "damp_percent", json_real(0.01));
+    json_object_set_new(q, "desc_act", json_boolean(o->act_order));
+    json_object_set_new(q, "static_groups", json_false());
+    json_object_set_new(q, "sym", json_boolean(o->sym));
+    json_object_set_new(q, "true_sequential", json_true());
+    json_object_set_new(q, "checkpoint_format", json_string("gptq"));
+    return q;
 }
 
 static tsr_status write_configs(const tsr_synth_opts *o, const char *dir)
@@ -620,16 +890,26 @@ static tsr_status write_configs(const tsr_synth_opts *o, const char *dir)
     json_object_set_new(c, "bos_token_id", json_integer(1));
     json_object_set_new(c, "eos_token_id", json_integer(2));
     json_object_set_new(c, "torch_dtype", json_string("float16"));
-    json_t *q = json_object();
-    json_object_set_new(q, "quant_method", json_string("exl2"));
-    json_object_set_new(q, "version", json_string("0.3.2"));
-    json_object_set_new(q, "bits", json_real(o->bpw));
-    json_object_set_new(q, "head_bits", json_integer(o->head_bits));
-    json_t *cal = json_object();
-    json_object_set_new(cal, "rows", json_integer(0));
-    json_object_set_new(cal, "length", json_integer(0));
-    json_object_set_new(cal, "dataset", json_string("(synthetic: tessera synth)"));
-    json_object_set_new(q, "calibration", cal);
+    json_t *q;
+    if (o->format == TSR_SYNTH_GPTQ) {
+        q = gptq_quant_config(o);
+        /* AutoGPTQ's own file too, as GPTQ repositories ship it (config.json's block takes precedence) */
+        json_t *qf = gptq_quant_config(o);
+        json_object_set_new(qf, "model_name_or_path", json_string("(synthetic: tessera synth)"));
+        json_object_set_new(qf, "model_file_base_name", json_string("model"));
+        TSR_TRY(write_json(dir, "quantize_config.json", qf));
+    } else {
+        q = json_object();
+        json_object_set_new(q, "quant_method", json_string("exl2"));
+        json_object_set_new(q, "version", json_string("0.3.2"));
+        json_object_set_new(q, "bits", json_real(o->bpw));
+        json_object_set_new(q, "head_bits", json_integer(o->head_bits));
+        json_t *cal = json_object();
+        json_object_set_new(cal, "rows", json_integer(0));
+        json_object_set_new(cal, "length", json_integer(0));
+        json_object_set_new(cal, "dataset", json_string("(synthetic: tessera synth)"));
+        json_object_set_new(q, "calibration", cal);
+    }
     json_object_set_new(c, "quantization_config", q);
     json_t *syn = json_object();
     json_object_set_new(syn, "seed", json_integer((json_int_t)o->seed));
@@ -644,12 +924,37 @@ static tsr_status write_configs(const tsr_synth_opts *o, const char *dir)
     return write_json(dir, "generation_config.json", g);
 }
 
-static void shard_name(char *buf, size_t n, const char *dir, int i, int n_shards)
+/* EXL2: output.safetensors / output-0000i-of-0000N (the converter's names); GPTQ: model.safetensors /
+ * model-0000i-of-0000N (transformers' names). */
+static void shard_name(char *buf, size_t n, const char *dir, int i, int n_shards, tsr_synth_format f)
 {
+    const char *base = f == TSR_SYNTH_GPTQ ? "model" : "output";
     if (n_shards == 1)
-        snprintf(buf, n, "%s/output.safetensors", dir);
+        snprintf(buf, n, "%s/%s.safetensors", dir, base);
     else
-        snprintf(buf, n, "%s/output-%05d-of-%05d.safetensors", dir, i + 1, n_shards);
+        snprintf(buf, n, "%s/%s-%05d-of-%05d.safetensors", dir, base, i + 1, n_shards);
+}
+
+/* model.safetensors.index.json of a sharded GPTQ model: total size and the file of every tensor. */
+static tsr_status write_index(const synth_ctx *c, const char *dir, int n_shards)
+{
+    json_t *root = json_object(), *meta = json_object(), *map = json_object();
+    uint64_t total = 0;
+    for (int i = 0; i < c->n_tens; i++) {
+        char path[4096];
+        shard_name(path, sizeof path, "", c->tens[i].shard, n_shards, c->o->format);
+        json_object_set_new(map, c->tens[i].name, json_string(path + 1));
+        total += c->tens[i].nbytes;
+    }
+    json_object_set_new(meta, "total_size", json_integer((json_int_t)total));
+    json_object_set_new(root, "metadata", meta);
+    json_object_set_new(root, "weight_map", map);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    int rc = json_dump_file(root, path, JSON_INDENT(2) | JSON_SORT_KEYS);
+    json_decref(root);
+    if (rc != 0) return tsr_fail(TSR_ERR_IO, "%s: cannot write", path);
+    return TSR_OK;
 }
 
 /* safetensors' save_file order inside a file: dtype descending in its enum order (I32 > F16 > I16), then name;
@@ -665,7 +970,7 @@ static int cmp_tensor(const void *pa, const void *pb)
 }
 
 /* Refuses a directory holding other *.safetensors files (the loader would read them too). */
-static tsr_status check_dir(const char *dir, int n_shards)
+static tsr_status check_dir(const char *dir, int n_shards, tsr_synth_format f)
 {
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) return tsr_fail(TSR_ERR_IO, "%s: cannot create: %s", dir, strerror(errno));
     DIR *d = opendir(dir);
@@ -678,7 +983,7 @@ static tsr_status check_dir(const char *dir, int n_shards)
         int ours = 0;
         for (int i = 0; i < n_shards && !ours; i++) {
             char p[4096], full[4096];
-            shard_name(p, sizeof p, "", i, n_shards);
+            shard_name(p, sizeof p, "", i, n_shards, f);
             snprintf(full, sizeof full, "/%s", e->d_name);
             ours = !strcmp(p, full);
         }
@@ -713,24 +1018,32 @@ tsr_status tsr_synth_write(const tsr_synth_opts *o, const char *dir, tsr_synth_r
             used += c.tens[i].nbytes;
         }
         qsort(c.tens, (size_t)c.n_tens, sizeof *c.tens, cmp_tensor);
-        st = check_dir(dir, n_shards);
+        st = check_dir(dir, n_shards, o->format);
     }
     if (st == TSR_OK) {
-        int maxN = 0, maxgs = 0;
+        /* one group (EXL2) or one GPTQ_BLOCK-row block (GPTQ) of the widest matrix; GPTQ: a zero row and g_idx */
+        int maxN = 0, maxK = 0, maxrows = 0;
         for (int i = 0; i < c.n_mats; i++) {
             if (c.mats[i].plan.N > maxN) maxN = c.mats[i].plan.N;
+            if (c.mats[i].K > maxK) maxK = c.mats[i].K;
+            if (c.mats[i].gs && maxrows < GPTQ_BLOCK) maxrows = GPTQ_BLOCK;
             for (int k = 0; k < c.mats[i].plan.n_widths; k++)
-                if (c.mats[i].plan.group_size[k] > maxgs) maxgs = c.mats[i].plan.group_size[k];
+                if (c.mats[i].plan.group_size[k] > maxrows) maxrows = c.mats[i].plan.group_size[k];
         }
-        c.codes = malloc((size_t)maxgs * maxN);
-        c.words = malloc((size_t)maxgs * 8 / 32 * maxN * sizeof(uint32_t));
-        if (!c.codes || !c.words) st = tsr_fail(TSR_ERR_NOMEM, "synth: out of memory for a group buffer");
+        c.codes = malloc((size_t)maxrows * maxN);
+        c.words = malloc((size_t)maxrows * 8 / 32 * maxN * sizeof(uint32_t));
+        if (o->format == TSR_SYNTH_GPTQ) {
+            c.zrow = malloc((size_t)maxN);
+            c.gidx = malloc((size_t)maxK * sizeof(int32_t));
+        }
+        if (!c.codes || !c.words || (o->format == TSR_SYNTH_GPTQ && (!c.zrow || !c.gidx)))
+            st = tsr_fail(TSR_ERR_NOMEM, "synth: out of memory for a group buffer");
     }
     if (st == TSR_OK) st = write_configs(o, dir);
     int ti = 0;
     for (int s = 0; st == TSR_OK && s < n_shards; s++) {
         char path[4096];
-        shard_name(path, sizeof path, dir, s, n_shards);
+        shard_name(path, sizeof path, dir, s, n_shards, o->format);
         st = tsr_st_writer_open(path, &w);
         int first = ti;
         for (int i = first; st == TSR_OK && i < c.n_tens && c.tens[i].shard == s; i++)
@@ -753,16 +1066,25 @@ tsr_status tsr_synth_write(const tsr_synth_opts *o, const char *dir, tsr_synth_r
                 fprintf(stderr, "synth: wrote %s (%d tensors, %.1f MiB)\n", path, ti - first, (double)bytes / 1048576.0);
         }
     }
+    if (st == TSR_OK && o->format == TSR_SYNTH_GPTQ && n_shards > 1) st = write_index(&c, dir, n_shards);
     if (w) tsr_st_writer_abort(w);
-    if (st != TSR_OK) /* remove the shards already finished: a partial model must not look loadable */
+    if (st != TSR_OK) { /* remove the shards already finished: a partial model must not look loadable */
         for (int s = 0; s < n_shards; s++) {
             char path[4096];
-            shard_name(path, sizeof path, dir, s, n_shards);
+            shard_name(path, sizeof path, dir, s, n_shards, o->format);
             remove(path);
         }
+        if (o->format == TSR_SYNTH_GPTQ && n_shards > 1) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+            remove(path);
+        }
+    }
     for (int b = 0; b < 9; b++) free(c.ctab[b]);
     free(c.codes);
     free(c.words);
+    free(c.zrow);
+    free(c.gidx);
     free(c.buf);
     free(c.mats);
     free(c.tens);

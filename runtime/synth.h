@@ -1,16 +1,22 @@
-/* Synthetic EXL2 models: the bit packer, the per-matrix bit-width planner and a streaming model writer.
+/* Synthetic quantized models: the bit packer, the per-matrix bit-width planner and a streaming model writer.
  *
  * Owner: the `tessera synth` / `tessera bench` work (runtime/synth.c, launcher/cmd_synth.c). tsr_synth_write()
- * produces a model directory that any EXL2 reader accepts (EXL2.md §1, §3-§6, §9): config.json with a
- * quantization_config block, generation_config.json, and output.safetensors (or output-0000i-of-0000N shards)
+ * produces a model directory of one of two formats. EXL2 (the default; EXL2.md §1, §3-§6, §9): config.json with
+ * a quantization_config block, generation_config.json, and output.safetensors (or output-0000i-of-0000N shards)
  * holding an fp16 embedding, fp16 norms and, for every linear layer and the head, the EXL2 tensor set with random
  * codes, random scale codes, random row permutations and bit widths mixed inside each matrix so that the decoder
- * layers average the requested bits per weight. Everything is derived from the seed (same seed, same bytes), and
- * it streams: at most one quantization group of one matrix (plus one K-entry permutation) is in memory at a time,
- * so a 70B-geometry model can be written on a small machine. Weights dequantize to a standard deviation of about
- * 1/sqrt(K), which keeps activations finite through many layers. The host must be little-endian (x86-64, arm64).
- * Errors: TSR_ERR_ARG for a geometry or target that cannot be built (message says why and what is reachable),
- * TSR_ERR_IO for files that cannot be written (partial files are removed), TSR_ERR_NOMEM. */
+ * layers average the requested bits per weight. GPTQ (EXL2.md §8): every decoder linear layer as a 4-bit GPTQ set
+ * (qweight, qzeros, scales, g_idx; bias for Qwen2's q/k/v), v1 checkpoint format (qzeros store zero − 1), groups
+ * in file order or, with act_order, a random desc_act assignment (g_idx[k] = position of row k in a random order
+ * / group size, shared by the matrices reading the same input); lm_head and the embedding fp16; config.json's
+ * quantization_config and AutoGPTQ's quantize_config.json; model.safetensors, or model-0000i-of-0000N shards
+ * with model.safetensors.index.json. Everything is derived from the seed (same seed, same bytes), and it streams:
+ * at most one quantization group (EXL2) or one 128-row block (GPTQ) of one matrix, plus one K-entry permutation,
+ * is in memory at a time, so a 70B-geometry model can be written on a small machine. Weights dequantize to a
+ * standard deviation of about 1/sqrt(K), which keeps activations finite through many layers. The host must be
+ * little-endian (x86-64, arm64). Errors: TSR_ERR_ARG for a geometry, target or option that cannot be built
+ * (message says why and what is reachable), TSR_ERR_IO for files that cannot be written (partial files are
+ * removed), TSR_ERR_NOMEM. */
 #ifndef TSR_SYNTH_H
 #define TSR_SYNTH_H
 
@@ -51,11 +57,18 @@ tsr_status tsr_synth_head_plan(int K, int N, int head_bits, tsr_synth_qplan *p);
 /* Writes the q_groups table of a plan: [2G] pairs (bits, first packed row). */
 void tsr_synth_qplan_groups(const tsr_synth_qplan *p, int16_t *q_groups);
 
+typedef enum tsr_synth_format { TSR_SYNTH_EXL2 = 0, TSR_SYNTH_GPTQ = 1 } tsr_synth_format;
+
 typedef struct tsr_synth_opts {
     tsr_arch arch;
     int hidden, layers, heads, kv_heads, head_dim, intermediate, vocab;
-    double bpw;               /* target average of the decoder layers' linear layers */
-    int head_bits;            /* converter -hb option for lm_head (default 6) */
+    tsr_synth_format format;  /* TSR_SYNTH_EXL2 (0) or TSR_SYNTH_GPTQ */
+    double bpw;               /* EXL2: target average of the decoder layers' linear layers (ignored for GPTQ) */
+    int head_bits;            /* EXL2: converter -hb option for lm_head (default 6; ignored for GPTQ) */
+    /* GPTQ only (must stay 0 for EXL2): */
+    int group_size;           /* rows per group: a power of two 8..65536, -1 one group per matrix, 0 = 128 */
+    int act_order;            /* desc_act: g_idx a random non-monotonic assignment (else g_idx[k] = k / gs) */
+    int sym;                  /* symmetric: every zero point 8 (else random zero points 6..10) */
     uint64_t seed;
     int max_pos;              /* max_position_embeddings */
     uint64_t shard_bytes;     /* 0: one file */
@@ -63,8 +76,8 @@ typedef struct tsr_synth_opts {
 } tsr_synth_opts;
 
 typedef struct tsr_synth_result {
-    double layers_bpw;        /* achieved average over the decoder layers (bits / (K*N)) */
-    double head_bpw;
+    double layers_bpw;        /* achieved average over the decoder layers (bits / (K*N), as tsr_qmatrix_bpw) */
+    double head_bpw;          /* GPTQ: 16 (fp16 lm_head) */
     int n_files;
     uint64_t total_bytes;     /* of the safetensors files */
     uint64_t n_params;        /* K*N summed over linear layers (padded N) plus embedding and norms */

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent EXL2 model checker (numpy only), written from docs/EXL2.md, not from tessera's C code.
+"""Independent EXL2 / GPTQ model checker (numpy only), written from docs/EXL2.md, not from tessera's C code.
 
 Usage: exl2_check.py MODEL_DIR [--expect-bpw B] [--tolerance 0.05] [--no-dequant] [--quiet]
        exl2_check.py --selftest
@@ -11,6 +11,11 @@ q_invperm (a permutation of 0..K-1, §4.3), then dequantizes every group (§5.1 
 evaluation) and checks the values are finite, not all zero, and that padded columns (§5.2) hold code 2^(b-1).
 Reports the average bits per weight of the decoder layers (stored q_weight + q_scale + q_scale_max + q_groups +
 q_invperm bits over K*N) and, with --expect-bpw, fails when it is off by more than --tolerance.
+GPTQ models (quantization_config.quant_method "gptq", or a quantize_config.json) are checked per §8 instead:
+qweight [K/8, N], qzeros [G, N/8], scales [G, N], g_idx [K] (range, at most group_size rows per group; all zeros
+or absent means k / group_size), every layer dequantized as (q - (zero code + 1)) * scale (v1) or
+(q - zero code) * scale (checkpoint_format gptq_v2); lm_head may be fp16 (lm_head.weight) or GPTQ. The bits per
+weight count qweight + qzeros + scales + g_idx. --expect-bpw applies to both formats.
 --selftest decodes the §5.1 test vectors. Exit status: 0 valid, 1 invalid, 2 usage.
 """
 import glob
@@ -188,6 +193,76 @@ def check_linear(m, key, K, N, need_bias, dequant):
     return bits, K * Np, stats, G
 
 
+def check_gptq_linear(m, key, K, N, need_bias, dequant, qc):
+    """Returns (stored bits without bias, K*N, stats, G, act_order) of GPTQ layer `key` (EXL2.md §8)."""
+    if K % 8 or N % 8:
+        raise Invalid(f"'{key}': a {K} x {N} GPTQ layer needs K and N multiples of 8")
+    qw = m.get(key + ".qweight", "I32", (K // 8, N)).view(np.uint32)
+    if key + ".scales" not in m.tensors:
+        raise Invalid(f"tensor '{key}.scales' is missing")
+    sdt = m.tensors[key + ".scales"][1]
+    if sdt not in ("F16", "F32"):
+        raise Invalid(f"'{key}.scales' is {sdt}, expected F16 or F32")
+    sc = m.get(key + ".scales", sdt, (None, N))
+    G = sc.shape[0]
+    if G < 1 or G > K:
+        raise Invalid(f"'{key}.scales' has {G} groups for {K} rows")
+    qz = m.get(key + ".qzeros", "I32", (G, N // 8)).view(np.uint32)
+    gidx = m.get(key + ".g_idx", "I32", (K,)) if key + ".g_idx" in m.tensors else None
+    bias = None
+    if key + ".bias" in m.tensors:
+        bias = m.get(key + ".bias", "F16", (N,))
+    elif need_bias:
+        raise Invalid(f"tensor '{key}.bias' is missing")
+    gs = qc.get("group_size")
+    if gs == -1:
+        gs = K
+    if not gs:
+        gs = 1
+        while gs * G < K:
+            gs *= 2
+    act = gidx is not None and bool(np.any(gidx != 0))
+    if act:
+        if gidx.min() < 0 or gidx.max() >= G:
+            raise Invalid(f"'{key}.g_idx' has entries outside [0, {G})")
+        counts = np.bincount(np.asarray(gidx), minlength=G)
+        if counts.max() > gs:
+            g = int(counts.argmax())
+            raise Invalid(f"'{key}.g_idx': group {g} holds {int(counts[g])} rows, more than the group size {gs}")
+        grp = np.asarray(gidx).astype(np.int64)
+        act = bool(np.any(np.diff(grp) < 0))
+    else:
+        if (K + gs - 1) // gs != G:
+            raise Invalid(f"'{key}': {G} groups, but {K} rows in groups of {gs} make {(K + gs - 1) // gs}")
+        grp = np.arange(K) // gs
+    zero_add = 0 if qc.get("checkpoint_format") == "gptq_v2" else 1
+    bits = (qw.size + qz.size + (gidx.size if gidx is not None else 0)) * 32 + sc.size * sc.dtype.itemsize * 8
+    stats = None
+    if dequant:
+        n_sh = (np.arange(N) % 8 * 4).astype(np.uint32)
+        zeros = ((np.asarray(qz)[:, np.arange(N) // 8] >> n_sh) & 15).astype(np.int32) + zero_add  # [G, N]
+        scales = np.asarray(sc).astype(np.float16).astype(np.float32)  # F32 scales are used as fp16
+        ssum, ssq, cnt, nonzero = 0.0, 0.0, 0, 0
+        for k0 in range(0, K, 1024):
+            k = np.arange(k0, min(K, k0 + 1024))
+            codes = ((np.asarray(qw)[k // 8] >> (4 * (k % 8)).astype(np.uint32)[:, None]) & 15).astype(np.int32)
+            g = grp[k]
+            W = (codes - zeros[g]).astype(np.float32) * scales[g]
+            if not np.all(np.isfinite(W)):
+                raise Invalid(f"'{key}': rows {k0}.. dequantize to non-finite values")
+            ssum += float(W.sum(dtype=np.float64))
+            ssq += float((W.astype(np.float64) ** 2).sum())
+            cnt += W.size
+            nonzero += int(np.count_nonzero(W))
+        if nonzero == 0:
+            raise Invalid(f"'{key}' dequantizes to all zeros")
+        mean = ssum / cnt
+        stats = (mean, (ssq / cnt - mean * mean) ** 0.5)
+    if bias is not None and not np.all(np.isfinite(bias.astype(np.float32))):
+        raise Invalid(f"'{key}.bias' is not finite")
+    return bits, K * N, stats, G, act
+
+
 def main(argv):
     args = argv[1:]
     if args == ["--selftest"]:
@@ -221,6 +296,16 @@ def main(argv):
         D = cfg.get("head_dim") or H // NH
         I = cfg["intermediate_size"]
         qkv_bias = arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias"))
+        qc = cfg.get("quantization_config") or {}
+        if not qc and os.path.exists(os.path.join(d, "quantize_config.json")):
+            with open(os.path.join(d, "quantize_config.json")) as f:
+                qc = dict(json.load(f))
+            qc.setdefault("quant_method", "gptq")
+        gptq = qc.get("quant_method") == "gptq"
+        if gptq and qc.get("bits") != 4:
+            raise Invalid(f"GPTQ with bits = {qc.get('bits')}: only 4-bit GPTQ is defined (EXL2.md §8)")
+        suffixes = ("qweight", "qzeros", "scales", "g_idx", "bias") if gptq else \
+            ("q_weight", "q_groups", "q_scale", "q_scale_max", "q_invperm", "bias")
         m = Model(d)
         used = set()
 
@@ -230,7 +315,7 @@ def main(argv):
 
         emb = take("model.embed_tokens.weight", "F16", (V, H))
         take("model.norm.weight", "F16", (H,))
-        layer_bits, layer_numel, n_mat = 0, 0, 0
+        layer_bits, layer_numel, n_mat, n_act = 0, 0, 0, 0
         stds = []
         for layer in range(L):
             for n in ("input_layernorm", "post_attention_layernorm"):
@@ -242,16 +327,30 @@ def main(argv):
                                      ("mlp.gate_proj", H, I, False), ("mlp.up_proj", H, I, False),
                                      ("mlp.down_proj", I, H, False)):
                 key = f"model.layers.{layer}.{name}"
-                bits, numel, stats, _ = check_linear(m, key, K, N, bias, dequant)
-                for s in ("q_weight", "q_groups", "q_scale", "q_scale_max", "q_invperm", "bias"):
+                if gptq:
+                    bits, numel, stats, _, act = check_gptq_linear(m, key, K, N, bias, dequant, qc)
+                    n_act += act
+                else:
+                    bits, numel, stats, _ = check_linear(m, key, K, N, bias, dequant)
+                for s in suffixes:
                     used.add(f"{key}.{s}")
                 layer_bits += bits
                 layer_numel += numel
                 n_mat += 1
                 if stats:
                     stds.append(stats[1] * K ** 0.5)
-        hb, hn, hstats, hG = check_linear(m, "lm_head", H, V, False, dequant)
-        for s in ("q_weight", "q_groups", "q_scale", "q_scale_max", "q_invperm", "bias"):
+        if gptq and "lm_head.weight" in m.tensors:  # GPTQ keeps the head in fp16 as a rule
+            hw = take("lm_head.weight", "F16", (V, H)).astype(np.float32)
+            if not np.all(np.isfinite(hw)):
+                raise Invalid("lm_head.weight is not finite")
+            hb, hn, hstats, hG = 16 * V * H, V * H, (float(hw.mean()), float(hw.std())), 0
+        elif gptq and "lm_head.qweight" not in m.tensors and cfg.get("tie_word_embeddings"):  # head = embedding
+            hb, hn, hstats, hG = 16 * V * H, V * H, None, 0
+        elif gptq:
+            hb, hn, hstats, hG, _ = check_gptq_linear(m, "lm_head", H, V, False, dequant, qc)
+        else:
+            hb, hn, hstats, hG = check_linear(m, "lm_head", H, V, False, dequant)
+        for s in suffixes:
             used.add(f"lm_head.{s}")
         extra = sorted(set(m.tensors) - used)
         if extra:
@@ -259,14 +358,21 @@ def main(argv):
         if not np.all(np.isfinite(emb[: min(V, 4096)].astype(np.float32))):
             raise Invalid("model.embed_tokens.weight is not finite")
         bpw = layer_bits / layer_numel
-        qc = cfg.get("quantization_config", {})
         if not quiet:
-            print(f"{d}: {arch}, {L} layers, {n_mat} EXL2 matrices + lm_head, {len(m.tensors)} tensors, "
+            fmt = "GPTQ" if gptq else "EXL2"
+            print(f"{d}: {arch}, {L} layers, {n_mat} {fmt} matrices + lm_head, {len(m.tensors)} tensors, "
                   f"{m.file_bytes / 1e6:.1f} MB in {len(glob.glob(os.path.join(d, '*.safetensors')))} file(s)")
-            print(f"decoder layers: {bpw:.4f} bpw (quantization_config.bits = {qc.get('bits')}); "
-                  f"lm_head: {hb / hn:.4f} bpw, {hG} groups")
+            if gptq:
+                print(f"decoder layers: {bpw:.4f} bpw (GPTQ 4-bit, group_size {qc.get('group_size')}, "
+                      f"desc_act {qc.get('desc_act')}, sym {qc.get('sym')}, "
+                      f"{qc.get('checkpoint_format', 'gptq')}; {n_act} act-order matrices); "
+                      f"lm_head: {hb / hn:.4f} bpw, {hG} groups")
+            else:
+                print(f"decoder layers: {bpw:.4f} bpw (quantization_config.bits = {qc.get('bits')}); "
+                      f"lm_head: {hb / hn:.4f} bpw, {hG} groups")
             if stds:
-                print(f"dequantized std*sqrt(K): min {min(stds):.3f} max {max(stds):.3f}; lm_head std {hstats[1]:.5f}")
+                hs = f"{hstats[1]:.5f}" if hstats else "n/a"
+                print(f"dequantized std*sqrt(K): min {min(stds):.3f} max {max(stds):.3f}; lm_head std {hs}")
         if expect is not None and abs(bpw - expect) > tol:
             raise Invalid(f"decoder layers average {bpw:.4f} bpw, expected {expect} +- {tol}")
     except Invalid as e:

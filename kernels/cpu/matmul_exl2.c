@@ -15,6 +15,7 @@
 #include "kernels/cpu/threadpool.h"
 #include "runtime/half.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,17 +61,24 @@ static void decode_chunk(const tsr_qmatrix *q, const tsr_qgroup *g, int j0, int 
     }
 }
 
-/* Per-thread buffer of the current group's column scales and zero points over the thread's column range. */
+/* Per-thread buffer of the current group's column scales and zero points over the thread's column range; a
+ * thread-specific key frees it when its thread exits (the service loop and worker threads come and go). */
 static _Thread_local float *param_buf;
 static _Thread_local size_t param_cap;
+static pthread_key_t param_key;
+static pthread_once_t param_once = PTHREAD_ONCE_INIT;
+
+static void param_key_init(void) { pthread_key_create(&param_key, free); }
 
 static float *params(size_t n)
 {
     if (n > param_cap) {
+        pthread_once(&param_once, param_key_init);
         float *grown = realloc(param_buf, n * sizeof *grown);
         if (!grown) return NULL;
         param_buf = grown;
         param_cap = n;
+        pthread_setspecific(param_key, grown);
     }
     return param_buf;
 }

@@ -20,6 +20,7 @@ static tsr_range_fn job_fn;
 static void *job_ctx;
 static int job_n;
 static _Thread_local int inside_job;
+static pthread_mutex_t caller = PTHREAD_MUTEX_INITIALIZER; /* held by the thread whose job the pool runs */
 
 static void run_chunk(int idx)
 {
@@ -76,7 +77,7 @@ void tsr_parallel_for(int n, tsr_range_fn fn, void *ctx)
 {
     if (n <= 0) return;
     pthread_once(&once, start_pool);
-    if (inside_job || n_threads == 1 || n == 1) {
+    if (inside_job || n_threads == 1 || n == 1 || pthread_mutex_trylock(&caller) != 0) {
         fn(ctx, 0, n);
         return;
     }
@@ -96,4 +97,5 @@ void tsr_parallel_for(int n, tsr_range_fn fn, void *ctx)
     pthread_mutex_lock(&lock);
     while (pending > 0) pthread_cond_wait(&done, &lock);
     pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&caller);
 }

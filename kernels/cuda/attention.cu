@@ -1,11 +1,19 @@
-/* Attention over the paged KV cache on the GPU, for decode and prefill rows alike.
+/* Attention over the paged KV cache on the GPU, for decode and prefill rows alike, and the quantized K/V store.
  *
  * One warp handles one (row, head, split): the row's visible positions (causal, sliding window) are cut into
  * `n_splits` contiguous ranges so that short batches with long contexts still fill the chip. Each lane holds
  * head_dim/32 consecutive dims of q, of the running output and of each K/V row it reads (coalesced 32-lane
  * reads of one cache row); scores are reduced across the warp and folded into an online softmax, so no score
  * matrix is ever materialized. With several splits, a second kernel merges the partial (max, sum, output) triples.
- * KV storage is fp16 (or fp32); math is fp32. */
+ * KV storage is fp16 or fp32, or one of the quantized modes (runtime/kv_cache.h); math is fp32.
+ *
+ * Quantized caches are dequantized inside the loads, in the rotated domain (kernels/cpu/attention.c explains the
+ * algebra): each warp rotates its query once (a Hadamard butterfly over the warp's slice of shared memory), each
+ * K/V load decodes the lane's codes times their group scale, and the output accumulator is rotated back once at
+ * the end. Positions whose exact fp16 K/V the preceding kv_store staged (the call's own rows) are read from the
+ * staging area instead, into a second accumulator in the plain domain. The quantized store runs one warp per
+ * (row, KV head, 64-element chunk), lane j holding elements 2j and 2j+1: the butterflies are warp shuffles, every
+ * step rounded to fp16 exactly like the CPU quantizer, which it matches code for code. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 
@@ -93,6 +101,282 @@ __global__ void attn_merge_kernel(size_t items, int d, int n_splits, const float
     out[i] = L > 0.0f ? acc / L : 0.0f;
 }
 
+/* ---- quantized caches ---- */
+
+struct kvq_view {
+    const uint8_t *kc, *vc;         /* codes of the layer */
+    const __half *ks, *vs;          /* scales of the layer */
+    const __half *stage_k, *stage_v;/* the last kv_store call's rows, fp16 */
+    const int64_t *stage_key;       /* [stage_rows + 1] */
+    int stage_rows;
+};
+
+__device__ __forceinline__ float round_half(float x) { return __half2float(__float2half_rn(x)); }
+
+/* In place on a warp's d floats in shared memory: the per-chunk, per-parity 32-point Hadamard transform. */
+__device__ __forceinline__ void warp_rotate(float *sm, int d, int lane)
+{
+    __syncwarp();
+#pragma unroll
+    for (int s = 1; s < 32; s <<= 1) {
+        for (int k = lane; k < d / 2; k += 32) {
+            const int c = k >> 5, m = k & 31, p = m & 1, r = m >> 1;
+            const int jlo = ((r & ~(s - 1)) << 1) | (r & (s - 1));
+            const int lo = c * 64 + 2 * jlo + p, hi = lo + 2 * s;
+            const float x = sm[lo], y = sm[hi];
+            sm[lo] = x + y;
+            sm[hi] = x - y;
+        }
+        __syncwarp();
+    }
+}
+
+/* NB bytes at p (aligned to their size when NB is a power of two) */
+template <int NB> __device__ __forceinline__ void load_bytes(const uint8_t *p, uint8_t (&o)[NB])
+{
+    if constexpr (NB == 2) {
+        const uint32_t w = *(const uint16_t *)p;
+        o[0] = (uint8_t)w, o[1] = (uint8_t)(w >> 8);
+    } else if constexpr (NB == 4) {
+        const uint32_t w = *(const uint32_t *)p;
+#pragma unroll
+        for (int i = 0; i < 4; i++) o[i] = (uint8_t)(w >> (8 * i));
+    } else if constexpr (NB == 8) {
+        const uint2 w = *(const uint2 *)p;
+#pragma unroll
+        for (int i = 0; i < 4; i++) o[i] = (uint8_t)(w.x >> (8 * i)), o[i + 4] = (uint8_t)(w.y >> (8 * i));
+    } else {
+#pragma unroll
+        for (int i = 0; i < NB; i++) o[i] = p[i];
+    }
+}
+
+/* The lane's DPL rotated-domain values (code - m)·scale of the head vector at element offset head_off. */
+template <int DPL, int BITS>
+__device__ __forceinline__ void load_q(const uint8_t *codes, const __half *scales, size_t head_off, int lane, float (&x)[DPL])
+{
+    constexpr int NB = DPL * BITS / 8;
+    const size_t e = head_off + (size_t)lane * DPL;
+    uint8_t b[NB];
+    load_bytes<NB>(codes + e * BITS / 8, b);
+    const int g0 = (lane * DPL) / 32;
+    const float s0 = __half2float(scales[head_off / 32 + g0]);
+    const float s1 = __half2float(scales[head_off / 32 + (lane * DPL + DPL - 1) / 32]);
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        const int q = BITS == 4 ? (b[i / 2] >> (4 * (i & 1))) & 15 : b[i];
+        const float sc = (lane * DPL + i) / 32 == g0 ? s0 : s1;
+        x[i] = (float)(q - (BITS == 4 ? 8 : 128)) * sc;
+    }
+}
+
+template <int DPL, int KB, int VB>
+__global__ void attn_q_kernel(tsr_batch_layout b, tsr_attn_args a, kvq_view c, int page_size, const float *q, float *out,
+                              float2 *part_ml, float *part_acc, int n_splits)
+{
+    __shared__ float rot[4][256]; /* one head vector per warp of the 128-thread block */
+    const int lane = threadIdx.x & 31;
+    const size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const size_t items = (size_t)b.n_rows * a.n_heads;
+    if (warp >= items * n_splits) return; /* whole warps only: the shuffles and __syncwarp below see full warps */
+    float *sm = rot[threadIdx.x >> 5];
+    const size_t item = warp / n_splits;
+    const int split = (int)(warp % n_splits);
+    const int row = (int)(item / a.n_heads), h = (int)(item % a.n_heads);
+    const int d = a.head_dim, kvh = h / (a.n_heads / a.n_kv_heads);
+    const int p = b.positions[row], r0 = b.seq_row0[b.row_seq[row]], p0 = b.positions[r0];
+    const int lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+    const int span = p - lo + 1, per = (span + n_splits - 1) / n_splits;
+    const int t0 = lo + split * per, t1 = min(p + 1, t0 + per);
+    const int32_t *table = b.page_tables + (size_t)b.row_seq[row] * b.max_pages;
+    const int width = a.n_kv_heads * d;
+    const int64_t staged = c.stage_key[c.stage_rows];
+
+    /* qx: the query (plain domain, for staged rows); qr: rotated, with the inverse rotation's 1/32 */
+    float qx[DPL], qr[DPL], acc[DPL], accx[DPL];
+    const float *qp = q + item * d + lane * DPL;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        qx[i] = qp[i] * a.scale;
+        sm[lane * DPL + i] = qx[i];
+        acc[i] = accx[i] = 0.0f;
+    }
+    warp_rotate(sm, d, lane);
+#pragma unroll
+    for (int i = 0; i < DPL; i++) qr[i] = sm[lane * DPL + i] * (1.0f / 32.0f);
+    float mx = -INFINITY, sum = 0.0f;
+    for (int t = t0; t < t1; t++) {
+        const int page = table[t / page_size];
+        const int64_t slot = (int64_t)page * page_size + t % page_size;
+        const size_t head_off = (size_t)slot * width + (size_t)kvh * d;
+        /* warp-uniform: is this position one of the rows the last kv_store staged for this layer? */
+        const int64_t fr = t >= p0 ? (int64_t)r0 + (t - p0) : -1;
+        const bool fresh = fr >= 0 && fr < staged && c.stage_key[fr] == (((int64_t)a.layer << 40) | slot);
+        float kx[DPL];
+        float s = 0.0f;
+        if (fresh) {
+            const __half *sk = c.stage_k + (size_t)fr * width + (size_t)kvh * d + lane * DPL;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) s += qx[i] * __half2float(sk[i]);
+        } else {
+            load_q<DPL, KB>(c.kc, c.ks, head_off, lane, kx);
+#pragma unroll
+            for (int i = 0; i < DPL; i++) s += qr[i] * kx[i];
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (s > mx) {
+            const float r = __expf(mx - s);
+            sum *= r;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[i] *= r, accx[i] *= r;
+            mx = s;
+        }
+        const float w = __expf(s - mx);
+        sum += w;
+        if (fresh) {
+            const __half *sv = c.stage_v + (size_t)fr * width + (size_t)kvh * d + lane * DPL;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) accx[i] += w * __half2float(sv[i]);
+        } else {
+            float vx[DPL];
+            load_q<DPL, VB>(c.vc, c.vs, head_off, lane, vx);
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[i] += w * vx[i];
+        }
+    }
+    /* the codes' accumulator back to the plain domain, joined with the staged rows' one */
+#pragma unroll
+    for (int i = 0; i < DPL; i++) sm[lane * DPL + i] = acc[i];
+    warp_rotate(sm, d, lane);
+#pragma unroll
+    for (int i = 0; i < DPL; i++) acc[i] = sm[lane * DPL + i] * (1.0f / 32.0f) + accx[i];
+    if (n_splits == 1) {
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        float *o = out + item * d + lane * DPL;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) o[i] = acc[i] * inv;
+        return;
+    }
+    if (lane == 0) part_ml[warp] = make_float2(mx, sum);
+    float *pa = part_acc + warp * d + lane * DPL;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) pa[i] = acc[i];
+}
+
+template <int DPL, int KB, int VB>
+static void launch_q(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q, float *out,
+                     float2 *ml, float *pacc, int n_splits)
+{
+    const int l = a->layer;
+    kvq_view c = {(const uint8_t *)kv->k[l], (const uint8_t *)kv->v[l], (const __half *)kv->k_scale[l],
+                  (const __half *)kv->v_scale[l], (const __half *)kv->stage_k, (const __half *)kv->stage_v,
+                  kv->stage_key, kv->stage_rows};
+    size_t warps = (size_t)b->n_rows * a->n_heads * n_splits;
+    attn_q_kernel<DPL, KB, VB><<<tsr_div_up(warps * 32, 128), 128, 0, tsr_cuda_stream()>>>(*b, *a, c, kv->page_size, q,
+                                                                                             out, ml, pacc, n_splits);
+    TSR_CUDA_LAUNCHED();
+}
+
+template <int DPL>
+static void launch_q_bits(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
+                          float *out, float2 *ml, float *pacc, int n_splits)
+{
+    if (kv->k_bits == 4)
+        launch_q<DPL, 4, 4>(b, a, kv, q, out, ml, pacc, n_splits);
+    else if (kv->v_bits == 4)
+        launch_q<DPL, 8, 4>(b, a, kv, q, out, ml, pacc, n_splits);
+    else
+        launch_q<DPL, 8, 8>(b, a, kv, q, out, ml, pacc, n_splits);
+}
+
+/* One code, exactly as tsr_kv_quantize computes it (fp16 division, one fp16 fma, round half to even, clamp). */
+__device__ __forceinline__ int quant_code(float v, float amax, int bits)
+{
+    const float m = bits == 4 ? 8.0f : 128.0f, top = 2.0f * m - 1.0f;
+    if (!(amax > 0.0f)) return (int)m;
+    float y = round_half(fmaf(round_half(__fdiv_rn(v, amax)), m, m));
+    if (!(y >= 0.0f)) y = 0.0f;
+    if (y > top) y = top;
+    return (int)rintf(y);
+}
+
+/* Lane j holds elements 2j, 2j+1 of a 64-element chunk starting at element e0 of the layer's storage. */
+template <int BITS>
+__device__ __forceinline__ void quantize_chunk(float x0, float x1, int lane, uint8_t *codes, __half *scales, size_t e0)
+{
+    x0 = round_half(x0), x1 = round_half(x1);
+#pragma unroll
+    for (int s = 1; s < 32; s <<= 1) {
+        const float y0 = __shfl_xor_sync(0xffffffffu, x0, s), y1 = __shfl_xor_sync(0xffffffffu, x1, s);
+        if (lane & s)
+            x0 = round_half(y0 - x0), x1 = round_half(y1 - x1);
+        else
+            x0 = round_half(x0 + y0), x1 = round_half(x1 + y1);
+    }
+    float amax = fmaxf(fabsf(x0), fabsf(x1));
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o)); /* 16-lane halves */
+    const int q0 = quant_code(x0, amax, BITS), q1 = quant_code(x1, amax, BITS);
+    if (BITS == 4) {
+        codes[e0 / 2 + lane] = (uint8_t)(q0 | q1 << 4);
+    } else {
+        codes[e0 + 2 * lane] = (uint8_t)q0;
+        codes[e0 + 2 * lane + 1] = (uint8_t)q1;
+    }
+    if ((lane & 15) == 0) scales[e0 / 32 + lane / 16] = __float2half_rn(amax * (BITS == 4 ? 0.125f : 1.0f / 128.0f));
+}
+
+template <int KB, int VB>
+__global__ void kvq_store_kernel(tsr_batch_layout b, uint8_t *kc, uint8_t *vc, __half *ks, __half *vs, __half *stage_k,
+                                 __half *stage_v, int64_t *stage_key, int stage_rows, int layer, int page_size, int nkv,
+                                 int d, const float *k, const float *v)
+{
+    const int lane = threadIdx.x & 31;
+    const size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int chunks = d / 64, width = nkv * d;
+    if (warp >= (size_t)b.n_rows * nkv * chunks) return;
+    const int row = (int)(warp / ((size_t)nkv * chunks)), rem = (int)(warp % ((size_t)nkv * chunks));
+    const int h = rem / chunks, c = rem % chunks;
+    const int pos = b.positions[row];
+    const int page = b.page_tables[(size_t)b.row_seq[row] * b.max_pages + pos / page_size];
+    const int64_t slot = (int64_t)page * page_size + pos % page_size;
+    const size_t in = (size_t)row * width + (size_t)h * d + (size_t)c * 64 + 2 * lane;
+    const size_t e0 = (size_t)slot * width + (size_t)h * d + (size_t)c * 64;
+    const float k0 = k[in], k1 = k[in + 1], v0 = v[in], v1 = v[in + 1];
+    quantize_chunk<KB>(k0, k1, lane, kc, ks, e0);
+    quantize_chunk<VB>(v0, v1, lane, vc, vs, e0);
+    if (row < stage_rows) {
+        stage_k[in] = __float2half_rn(k0), stage_k[in + 1] = __float2half_rn(k1);
+        stage_v[in] = __float2half_rn(v0), stage_v[in + 1] = __float2half_rn(v1);
+        if (rem == 0 && lane == 0) stage_key[row] = ((int64_t)layer << 40) | slot;
+    }
+    if (warp == 0 && lane == 0) stage_key[stage_rows] = min(b.n_rows, stage_rows);
+}
+
+void tsr_cuda_kv_store_quant(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v)
+{
+    const int d = kv->head_dim;
+    const size_t warps = (size_t)b->n_rows * kv->n_kv_heads * (d / 64);
+    if (!warps) return;
+    const unsigned blocks = tsr_div_up(warps * 32, 128);
+    uint8_t *kc = (uint8_t *)kv->k[layer], *vc = (uint8_t *)kv->v[layer];
+    __half *ks = (__half *)kv->k_scale[layer], *vs = (__half *)kv->v_scale[layer];
+    __half *sk = (__half *)kv->stage_k, *sv = (__half *)kv->stage_v;
+#define TSR_KVQ_STORE(KB, VB)                                                                                        \
+    kvq_store_kernel<KB, VB><<<blocks, 128, 0, tsr_cuda_stream()>>>(*b, kc, vc, ks, vs, sk, sv, kv->stage_key,        \
+                                                                    kv->stage_rows, layer, kv->page_size,             \
+                                                                    kv->n_kv_heads, d, k, v)
+    if (kv->k_bits == 4)
+        TSR_KVQ_STORE(4, 4);
+    else if (kv->v_bits == 4)
+        TSR_KVQ_STORE(8, 4);
+    else
+        TSR_KVQ_STORE(8, 8);
+#undef TSR_KVQ_STORE
+    TSR_CUDA_LAUNCHED();
+}
+
 template <int DPL>
 static void launch(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q, float *out,
                    float2 *ml, float *pacc, int n_splits)
@@ -114,7 +398,9 @@ void tsr_cuda_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const
 {
     if (b->n_rows <= 0) return;
     const int d = a->head_dim;
+    const int quant = tsr_kv_is_quant(kv->dtype);
     if (d % 32 || d > 256) tsr_cuda_fatal(__FILE__, __LINE__, "head_dim must be a multiple of 32 up to 256");
+    if (quant && d % 64) tsr_cuda_fatal(__FILE__, __LINE__, "quantized KV caches need head_dim % 64 == 0");
     /* split the context only when rows × heads alone would leave the chip idle */
     size_t items = (size_t)b->n_rows * a->n_heads;
     int ctx = b->max_position + 1;
@@ -131,15 +417,24 @@ void tsr_cuda_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const
         ml = (float2 *)tsr_cuda_scratch(1, items * n_splits * sizeof(float2));
         pacc = (float *)tsr_cuda_scratch(2, items * n_splits * d * sizeof(float));
     }
-    switch (d / 32) {
-    case 1: launch<1>(b, a, kv, q, out, ml, pacc, n_splits); break;
-    case 2: launch<2>(b, a, kv, q, out, ml, pacc, n_splits); break;
-    case 3: launch<3>(b, a, kv, q, out, ml, pacc, n_splits); break;
-    case 4: launch<4>(b, a, kv, q, out, ml, pacc, n_splits); break;
-    case 5: launch<5>(b, a, kv, q, out, ml, pacc, n_splits); break;
-    case 6: launch<6>(b, a, kv, q, out, ml, pacc, n_splits); break;
-    case 7: launch<7>(b, a, kv, q, out, ml, pacc, n_splits); break;
-    default: launch<8>(b, a, kv, q, out, ml, pacc, n_splits); break;
+    if (quant) {
+        switch (d / 32) {
+        case 2: launch_q_bits<2>(b, a, kv, q, out, ml, pacc, n_splits); break;
+        case 4: launch_q_bits<4>(b, a, kv, q, out, ml, pacc, n_splits); break;
+        case 6: launch_q_bits<6>(b, a, kv, q, out, ml, pacc, n_splits); break;
+        default: launch_q_bits<8>(b, a, kv, q, out, ml, pacc, n_splits); break;
+        }
+    } else {
+        switch (d / 32) {
+        case 1: launch<1>(b, a, kv, q, out, ml, pacc, n_splits); break;
+        case 2: launch<2>(b, a, kv, q, out, ml, pacc, n_splits); break;
+        case 3: launch<3>(b, a, kv, q, out, ml, pacc, n_splits); break;
+        case 4: launch<4>(b, a, kv, q, out, ml, pacc, n_splits); break;
+        case 5: launch<5>(b, a, kv, q, out, ml, pacc, n_splits); break;
+        case 6: launch<6>(b, a, kv, q, out, ml, pacc, n_splits); break;
+        case 7: launch<7>(b, a, kv, q, out, ml, pacc, n_splits); break;
+        default: launch<8>(b, a, kv, q, out, ml, pacc, n_splits); break;
+        }
     }
     if (n_splits > 1) {
         attn_merge_kernel<<<tsr_div_up(items * d, 256), 256, 0, tsr_cuda_stream()>>>(items, d, n_splits, ml, pacc, out);

@@ -4,7 +4,12 @@
  * their packed q_weight and q_scale exactly as stored, plus small derived tables (the permutation, each group's
  * fp16-rounded scale multiplier, and a list of 32-row chunks that tells kernels where each slice of rows starts
  * and which width and group it has). Dense weights stay in their dtype. Mirrors are recorded in the model's
- * tsr_dense.dev / tsr_linear.dev fields and freed by release_model. */
+ * tsr_dense.dev / tsr_linear.dev fields and freed by release_model. Small host↔device copies (the per-step batch
+ * layout, the logits) go through pinned staging buffers, so they are true asynchronous DMA instead of the driver's
+ * synchronous pageable path. Profiling (TSR_CUDA_PROFILE): 1 = each op synchronized and timed on the host; 2 = each
+ * op bracketed by device events while a spin kernel keeps the GPU ahead of the host, so the figures are device
+ * time per op class without launch gaps (decode steps and prefill reported apart). TSR_CUDA_STEPTIME=1 reports
+ * the device time of each replayed decode-step graph. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 
@@ -13,6 +18,8 @@ extern "C" {
 #include "runtime/model.h"
 }
 
+#include <algorithm>
+#include <string>
 #include <string.h>
 #include <time.h>
 #include <unordered_map>
@@ -23,8 +30,8 @@ static cudaStream_t g_stream;
 static cublasHandle_t g_blas;
 static size_t g_allocated, g_peak;
 static std::unordered_map<void *, size_t> g_sizes;
-static void *g_scratch[4];
-static size_t g_scratch_size[4];
+static void *g_scratch[8];
+static size_t g_scratch_size[8];
 
 extern "C" void tsr_cuda_fatal(const char *file, int line, const char *what)
 {
@@ -34,6 +41,31 @@ extern "C" void tsr_cuda_fatal(const char *file, int line, const char *what)
 
 extern "C" cudaStream_t tsr_cuda_stream(void) { return g_stream; }
 extern "C" cublasHandle_t tsr_cuda_blas(void) { return g_blas; }
+
+static int profile_mode(void)
+{
+    static int mode = -1;
+    if (mode < 0) {
+        const char *env = getenv("TSR_CUDA_PROFILE");
+        mode = env && *env ? atoi(env) : 0;
+        if (env && *env && mode == 0 && strcmp(env, "0") != 0) mode = 1;
+    }
+    return mode;
+}
+
+/* Programmatic dependent launch (see launch.cuh): on by default on sm_90 and newer; TSR_CUDA_PDL=0 turns it off,
+ * and profiling turns it off. */
+extern "C" int tsr_cuda_pdl(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("TSR_CUDA_PDL");
+        int major = 0;
+        if (g_device >= 0) cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, g_device);
+        on = major >= 9 && !(v && !strcmp(v, "0")) && profile_mode() == 0;
+    }
+    return on;
+}
 
 extern "C" int tsr_cuda_device_count(void)
 {
@@ -110,15 +142,62 @@ static void cuda_release(void *p)
     TSR_CUDA_CHECK(cudaFree(p));
 }
 
+/* Pinned staging: copies up to PIN_SMALL bytes to the device are copied into a pinned ring and sent from there
+ * (the caller may reuse its buffer at once, as before); the ring restarts after every synchronizing copy back,
+ * or after a stream synchronization when it is full. Copies back of up to PIN_OUT bytes land in a pinned buffer
+ * first. TSR_CUDA_PINNED=0 turns this off. */
+#define PIN_RING ((size_t)16 << 20)
+#define PIN_SMALL ((size_t)1 << 20)
+#define PIN_OUT ((size_t)32 << 20)
+static char *g_pin_in, *g_pin_out;
+static size_t g_pin_off;
+static int g_capturing;
+
+static int pinned_enabled(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("TSR_CUDA_PINNED");
+        on = !(v && !strcmp(v, "0"));
+        if (on && (cudaMallocHost((void **)&g_pin_in, PIN_RING) != cudaSuccess ||
+                   cudaMallocHost((void **)&g_pin_out, PIN_OUT) != cudaSuccess)) {
+            cudaGetLastError();
+            on = 0;
+        }
+    }
+    return on;
+}
+
+static void prof_resolve(void);
+
 static void cuda_to_device(void *dst, const void *src, size_t bytes)
 {
-    if (bytes) TSR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream));
+    if (!bytes) return;
+    if (bytes <= PIN_SMALL && !g_capturing && pinned_enabled()) {
+        if (g_pin_off + bytes > PIN_RING) {
+            TSR_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+            g_pin_off = 0;
+        }
+        memcpy(g_pin_in + g_pin_off, src, bytes);
+        TSR_CUDA_CHECK(cudaMemcpyAsync(dst, g_pin_in + g_pin_off, bytes, cudaMemcpyHostToDevice, g_stream));
+        g_pin_off += (bytes + 255) & ~(size_t)255;
+        return;
+    }
+    TSR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream));
 }
 
 static void cuda_to_host(void *dst, const void *src, size_t bytes)
 {
-    if (bytes) TSR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g_stream));
-    TSR_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    if (bytes && bytes <= PIN_OUT && pinned_enabled()) {
+        TSR_CUDA_CHECK(cudaMemcpyAsync(g_pin_out, src, bytes, cudaMemcpyDeviceToHost, g_stream));
+        TSR_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+        memcpy(dst, g_pin_out, bytes);
+    } else {
+        if (bytes) TSR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g_stream));
+        TSR_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    }
+    g_pin_off = 0; /* the stream is idle: every staged copy is done */
+    prof_resolve();
 }
 
 /* ---- replayable work (CUDA graphs) ---- */
@@ -128,7 +207,6 @@ struct cached_run {
     cudaGraphExec_t exec;
 };
 static std::unordered_map<uint64_t, cached_run> g_graphs;
-static int g_capturing;
 
 /* Recorded graphs embed buffer addresses: any scratch reallocation invalidates them all. */
 static void drop_graphs(void)
@@ -143,10 +221,55 @@ static int graphs_enabled(void)
     static int enabled = -1;
     if (enabled < 0) {
         const char *off = getenv("TSR_CUDA_GRAPHS");
-        const char *prof = getenv("TSR_CUDA_PROFILE");
-        enabled = !(off && !strcmp(off, "0")) && !(prof && *prof && strcmp(prof, "0"));
+        enabled = !(off && !strcmp(off, "0")) && profile_mode() == 0;
     }
     return enabled;
+}
+
+/* TSR_CUDA_STEPTIME=1: device time of every graph replay, from events around the launch (printed at exit). */
+static int g_steptime = -1;
+static cudaEvent_t g_step_ev[2];
+static int g_step_pending;
+static double g_step_ms;
+static long g_step_n;
+
+static void step_report(void)
+{
+    if (g_step_n)
+        fprintf(stderr, "CUDA graph replays: %ld, device time %.3f ms per replay\n", g_step_n, g_step_ms / g_step_n);
+}
+
+static void step_resolve(void)
+{
+    if (!g_step_pending) return;
+    float ms = 0;
+    TSR_CUDA_CHECK(cudaEventSynchronize(g_step_ev[1]));
+    TSR_CUDA_CHECK(cudaEventElapsedTime(&ms, g_step_ev[0], g_step_ev[1]));
+    g_step_ms += ms;
+    g_step_n++;
+    g_step_pending = 0;
+}
+
+static void graph_launch(cudaGraphExec_t exec)
+{
+    if (g_steptime < 0) {
+        const char *v = getenv("TSR_CUDA_STEPTIME");
+        g_steptime = v && *v && strcmp(v, "0") != 0;
+        if (g_steptime) {
+            TSR_CUDA_CHECK(cudaEventCreate(&g_step_ev[0]));
+            TSR_CUDA_CHECK(cudaEventCreate(&g_step_ev[1]));
+            atexit(step_report);
+        }
+    }
+    if (!g_steptime) {
+        TSR_CUDA_CHECK(cudaGraphLaunch(exec, g_stream));
+        return;
+    }
+    step_resolve();
+    TSR_CUDA_CHECK(cudaEventRecord(g_step_ev[0], g_stream));
+    TSR_CUDA_CHECK(cudaGraphLaunch(exec, g_stream));
+    TSR_CUDA_CHECK(cudaEventRecord(g_step_ev[1], g_stream));
+    g_step_pending = 1;
 }
 
 /* First time a key is seen: run eagerly (scratch buffers reach their size). Second: record a graph and launch it.
@@ -159,7 +282,7 @@ static void cuda_run_cached(uint64_t key, void (*fn)(void *ctx), void *ctx)
     }
     cached_run &r = g_graphs[key];
     if (r.exec) {
-        TSR_CUDA_CHECK(cudaGraphLaunch(r.exec, g_stream));
+        graph_launch(r.exec);
         return;
     }
     if (r.seen++ == 0) {
@@ -403,14 +526,42 @@ static const tsr_ops cuda_ops = {
     tsr_cuda_gather_rows,
 };
 
-/* ---- optional per-op profile (TSR_CUDA_PROFILE=1): each op is synchronized and timed on the host, so the
- * figures include launch latency; totals are printed to stderr at exit. For attribution, not for throughput. ---- */
+/* ---- optional per-op profile (TSR_CUDA_PROFILE, see the top of this file). Mode 1 synchronizes around each op
+ * and reads the host clock (includes launch latency). Mode 2 records a device event after each op; a spin kernel
+ * at the start of each forward (the embedding op) holds the GPU for SPIN_NS so that the host queues the whole
+ * forward before the GPU runs it, and the time between consecutive events is then the op's device time alone.
+ * Forwards whose largest linear has M <= 32 count as decode steps, the rest as prefill. For attribution, not for
+ * throughput. ---- */
 
 enum { P_EMBED, P_NORM, P_LINEAR, P_ROPE, P_KV, P_ATTN, P_SILU, P_ADD, P_GATHER, P_COUNT };
 static const char *p_names[P_COUNT] = {"embed", "rmsnorm", "linear", "rope", "kv_store", "attention", "silu_mul", "add",
                                        "gather_rows"};
-static double p_seconds[P_COUNT];
-static long p_calls[P_COUNT];
+
+/* op classes: the fixed ones above, then one per linear shape "linear KxN" */
+struct p_class {
+    std::string name;
+    double ms[2];  /* [decode, prefill] */
+    long calls[2];
+};
+static std::vector<p_class> g_pc;
+static std::unordered_map<uint64_t, int> g_linear_class;
+static std::vector<cudaEvent_t> g_ev;
+static std::vector<int> g_ev_cls;
+static size_t g_ev_n;
+static int g_win_maxM;
+static long g_windows[2];
+static double g_win_ms[2];
+
+#define SPIN_NS 20000000ull
+
+__global__ void spin_kernel(unsigned long long ns)
+{
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
 
 static double host_now(void)
 {
@@ -419,24 +570,80 @@ static double host_now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-struct p_scope {
-    int op;
-    double t0;
-    explicit p_scope(int o) : op(o)
-    {
-        TSR_CUDA_CHECK(cudaStreamSynchronize(g_stream));
-        t0 = host_now();
+static void p_init_classes(void)
+{
+    if (!g_pc.empty()) return;
+    for (int i = 0; i < P_COUNT; i++) g_pc.push_back(p_class{p_names[i], {0, 0}, {0, 0}});
+}
+
+static int linear_class(const tsr_linear *L)
+{
+    p_init_classes();
+    uint64_t key = ((uint64_t)(uint32_t)L->K << 32) | (uint32_t)L->N;
+    auto it = g_linear_class.find(key);
+    if (it != g_linear_class.end()) return it->second;
+    char name[64];
+    snprintf(name, sizeof name, "linear %dx%d", L->K, L->N);
+    g_pc.push_back(p_class{name, {0, 0}, {0, 0}});
+    return g_linear_class[key] = (int)g_pc.size() - 1;
+}
+
+static void ev_mark(int cls)
+{
+    if (g_ev_n == g_ev.size()) {
+        cudaEvent_t e;
+        TSR_CUDA_CHECK(cudaEventCreate(&e));
+        g_ev.push_back(e);
+        g_ev_cls.push_back(-1);
     }
-    ~p_scope()
-    {
-        TSR_CUDA_CHECK(cudaStreamSynchronize(g_stream));
-        p_seconds[op] += host_now() - t0;
-        p_calls[op]++;
+    TSR_CUDA_CHECK(cudaEventRecord(g_ev[g_ev_n], g_stream));
+    g_ev_cls[g_ev_n++] = cls;
+}
+
+static void prof_resolve(void)
+{
+    if (profile_mode() != 2 || g_ev_n < 2) {
+        g_ev_n = 0;
+        return;
     }
-};
+    TSR_CUDA_CHECK(cudaEventSynchronize(g_ev[g_ev_n - 1]));
+    const int w = g_win_maxM > 32 ? 1 : 0;
+    double total = 0;
+    for (size_t i = 1; i < g_ev_n; i++) {
+        if (g_ev_cls[i] < 0) continue;
+        float ms = 0;
+        TSR_CUDA_CHECK(cudaEventElapsedTime(&ms, g_ev[i - 1], g_ev[i]));
+        g_pc[g_ev_cls[i]].ms[w] += ms;
+        g_pc[g_ev_cls[i]].calls[w]++;
+        total += ms;
+    }
+    g_windows[w]++;
+    g_win_ms[w] += total;
+    g_ev_n = 0;
+    g_win_maxM = 0;
+}
+
+static double p_seconds[P_COUNT];
+static long p_calls[P_COUNT];
 
 static void p_report(void)
 {
+    if (profile_mode() == 2) {
+        for (int w = 0; w < 2; w++) {
+            if (!g_windows[w]) continue;
+            fprintf(stderr, "CUDA op profile, %s: %ld forwards, %.3f ms of device time per forward (events, no gaps)\n",
+                    w ? "prefill (M > 32)" : "decode (M <= 32)", g_windows[w], g_win_ms[w] / g_windows[w]);
+            std::vector<int> order;
+            for (size_t i = 0; i < g_pc.size(); i++)
+                if (g_pc[i].calls[w]) order.push_back((int)i);
+            std::sort(order.begin(), order.end(), [&](int a, int b) { return g_pc[a].ms[w] > g_pc[b].ms[w]; });
+            for (int i : order)
+                fprintf(stderr, "  %-22s %7.1f calls/fwd %9.3f ms/fwd %6.1f%% %9.2f us/call\n", g_pc[i].name.c_str(),
+                        (double)g_pc[i].calls[w] / g_windows[w], g_pc[i].ms[w] / g_windows[w],
+                        100.0 * g_pc[i].ms[w] / g_win_ms[w], 1e3 * g_pc[i].ms[w] / g_pc[i].calls[w]);
+        }
+        return;
+    }
     double total = 0;
     for (int i = 0; i < P_COUNT; i++) total += p_seconds[i];
     fprintf(stderr, "CUDA op profile (synchronized per op):\n");
@@ -446,8 +653,38 @@ static void p_report(void)
                     1e3 * p_seconds[i], 100.0 * p_seconds[i] / total, 1e6 * p_seconds[i] / p_calls[i]);
 }
 
+struct p_scope {
+    int op, cls;
+    double t0;
+    explicit p_scope(int o, int c = -1) : op(o), cls(c < 0 ? o : c)
+    {
+        if (profile_mode() == 2) {
+            p_init_classes();
+            return;
+        }
+        TSR_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+        t0 = host_now();
+    }
+    ~p_scope()
+    {
+        if (profile_mode() == 2) {
+            ev_mark(cls);
+            return;
+        }
+        TSR_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+        p_seconds[op] += host_now() - t0;
+        p_calls[op]++;
+    }
+};
+
 static void pf_embed(const tsr_dense *t, const int32_t *ids, int n, float *out)
 {
+    if (profile_mode() == 2) { /* start of a forward: hold the GPU so the host can queue the whole forward */
+        prof_resolve();
+        spin_kernel<<<1, 1, 0, g_stream>>>(SPIN_NS);
+        TSR_CUDA_LAUNCHED();
+        ev_mark(-1);
+    }
     p_scope s(P_EMBED);
     tsr_cuda_embed(t, ids, n, out);
 }
@@ -458,7 +695,8 @@ static void pf_norm(const float *x, const tsr_dense *w, float eps, int rows, int
 }
 static void pf_linear(const tsr_linear *L, const float *x, int M, float *y)
 {
-    p_scope s(P_LINEAR);
+    if (M > g_win_maxM) g_win_maxM = M;
+    p_scope s(P_LINEAR, profile_mode() == 2 ? linear_class(L) : -1);
     tsr_cuda_linear(L, x, M, y);
 }
 static void pf_rope(const tsr_batch_layout *b, float *x, int nh, int hd, int rd)
@@ -501,8 +739,7 @@ extern "C" const tsr_ops *tsr_ops_cuda(void)
 {
     static int profiled = -1;
     if (profiled < 0) {
-        const char *env = getenv("TSR_CUDA_PROFILE");
-        profiled = env && *env && strcmp(env, "0") != 0;
+        profiled = profile_mode() != 0;
         if (profiled) atexit(p_report);
     }
     return profiled ? &cuda_ops_profiled : &cuda_ops;

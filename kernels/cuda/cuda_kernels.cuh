@@ -9,6 +9,8 @@ void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, i
 void tsr_cuda_linear(const tsr_linear *L, const float *x, int M, float *y);
 void tsr_cuda_rope(const tsr_batch_layout *b, float *x, int n_heads, int head_dim, int rot_dim);
 void tsr_cuda_kv_store(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v);
+/* kv_store for the quantized KV modes (attention.cu; tsr_cuda_kv_store dispatches to it) */
+void tsr_cuda_kv_store_quant(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v);
 void tsr_cuda_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
                         float *out);
 void tsr_cuda_silu_mul(const float *gate, const float *up, size_t n, float *out);

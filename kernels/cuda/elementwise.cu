@@ -1,7 +1,10 @@
 /* Row-wise and elementwise CUDA kernels: embedding gather, RMSNorm, rotary embedding, K/V store into the paged
- * cache, SiLU gate, residual add, row gather. fp32 math throughout; weights read in their stored dtype. */
+ * cache, SiLU gate, residual add, row gather. fp32 math throughout; weights read in their stored dtype. Every
+ * kernel is launched with programmatic dependent launch (launch.cuh): it waits for its predecessor before its
+ * first read and lets its successor (usually a GEMV, which prefetches weights meanwhile) start at once. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
+#include "kernels/cuda/launch.cuh"
 
 #include <cuda_bf16.h>
 
@@ -16,6 +19,8 @@ __device__ __forceinline__ float load_elem(const void *p, int dtype, size_t i)
 
 __global__ void embed_kernel(const void *table, int dtype, const int32_t *ids, int n, int dim, float *out)
 {
+    tsr_pdl_wait();
+    tsr_pdl_trigger();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)n * dim) return;
     size_t r = i / dim, c = i % dim;
@@ -25,12 +30,14 @@ __global__ void embed_kernel(const void *table, int dtype, const int32_t *ids, i
 void tsr_cuda_embed(const tsr_dense *table, const int32_t *ids, int n, float *out)
 {
     size_t total = (size_t)n * table->cols;
-    embed_kernel<<<tsr_div_up(total, 256), 256, 0, tsr_cuda_stream()>>>(table->dev, table->dtype, ids, n, table->cols, out);
+    tsr_launch(embed_kernel, dim3(tsr_div_up(total, 256)), dim3(256), table->dev, table->dtype, ids, n, table->cols, out);
     TSR_CUDA_LAUNCHED();
 }
 
 __global__ void rmsnorm_kernel(const float *x, const void *w, int dtype, float eps, int dim, float *out)
 {
+    tsr_pdl_wait();
+    tsr_pdl_trigger();
     const float *xr = x + (size_t)blockIdx.x * dim;
     float *o = out + (size_t)blockIdx.x * dim;
     float ss = 0.0f;
@@ -54,12 +61,14 @@ void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, i
     if (rows <= 0) return;
     /* one block per row, enough threads that each handles a few elements (one row is latency-bound) */
     int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
-    rmsnorm_kernel<<<rows, threads, 0, tsr_cuda_stream()>>>(x, w->dev, w->dtype, eps, dim, out);
+    tsr_launch(rmsnorm_kernel, dim3(rows), dim3(threads), x, w->dev, w->dtype, eps, dim, out);
     TSR_CUDA_LAUNCHED();
 }
 
 __global__ void rope_kernel(tsr_batch_layout b, float *x, int n_heads, int head_dim, int half)
 {
+    tsr_pdl_wait();
+    tsr_pdl_trigger();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t per_row = (size_t)n_heads * half;
     if (i >= (size_t)b.n_rows * per_row) return;
@@ -81,7 +90,7 @@ void tsr_cuda_rope(const tsr_batch_layout *b, float *x, int n_heads, int head_di
 {
     size_t total = (size_t)b->n_rows * n_heads * (rot_dim / 2);
     if (!total) return;
-    rope_kernel<<<tsr_div_up(total, 256), 256, 0, tsr_cuda_stream()>>>(*b, x, n_heads, head_dim, rot_dim / 2);
+    tsr_launch(rope_kernel, dim3(tsr_div_up(total, 256)), dim3(256), *b, x, n_heads, head_dim, rot_dim / 2);
     TSR_CUDA_LAUNCHED();
 }
 
@@ -92,6 +101,8 @@ template <> __device__ __forceinline__ float from_float<float>(float v) { return
 template <typename T>
 __global__ void kv_store_kernel(tsr_batch_layout b, T *kc, T *vc, int page_size, int width, const float *k, const float *v)
 {
+    tsr_pdl_wait();
+    tsr_pdl_trigger();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)b.n_rows * width) return;
     int row = (int)(i / width), e = (int)(i % width);
@@ -104,20 +115,26 @@ __global__ void kv_store_kernel(tsr_batch_layout b, T *kc, T *vc, int page_size,
 
 void tsr_cuda_kv_store(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v)
 {
+    if (tsr_kv_is_quant(kv->dtype)) { /* Q4/Q6/Q8: quantized per (token, head) in attention.cu */
+        tsr_cuda_kv_store_quant(b, kv, layer, k, v);
+        return;
+    }
     int width = kv->n_kv_heads * kv->head_dim;
     size_t total = (size_t)b->n_rows * width;
     if (!total) return;
     if (kv->dtype == TSR_F32)
-        kv_store_kernel<float><<<tsr_div_up(total, 256), 256, 0, tsr_cuda_stream()>>>(
-            *b, (float *)kv->k[layer], (float *)kv->v[layer], kv->page_size, width, k, v);
+        tsr_launch(kv_store_kernel<float>, dim3(tsr_div_up(total, 256)), dim3(256), *b, (float *)kv->k[layer],
+                   (float *)kv->v[layer], kv->page_size, width, k, v);
     else
-        kv_store_kernel<__half><<<tsr_div_up(total, 256), 256, 0, tsr_cuda_stream()>>>(
-            *b, (__half *)kv->k[layer], (__half *)kv->v[layer], kv->page_size, width, k, v);
+        tsr_launch(kv_store_kernel<__half>, dim3(tsr_div_up(total, 256)), dim3(256), *b, (__half *)kv->k[layer],
+                   (__half *)kv->v[layer], kv->page_size, width, k, v);
     TSR_CUDA_LAUNCHED();
 }
 
 __global__ void silu_mul_kernel(const float *gate, const float *up, size_t n, float *out)
 {
+    tsr_pdl_wait();
+    tsr_pdl_trigger();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = gate[i];
@@ -127,12 +144,14 @@ __global__ void silu_mul_kernel(const float *gate, const float *up, size_t n, fl
 void tsr_cuda_silu_mul(const float *gate, const float *up, size_t n, float *out)
 {
     if (!n) return;
-    silu_mul_kernel<<<tsr_div_up(n, 256), 256, 0, tsr_cuda_stream()>>>(gate, up, n, out);
+    tsr_launch(silu_mul_kernel, dim3(tsr_div_up(n, 256)), dim3(256), gate, up, n, out);
     TSR_CUDA_LAUNCHED();
 }
 
 __global__ void add_kernel(float *x, const float *y, size_t n)
 {
+    tsr_pdl_wait();
+    tsr_pdl_trigger();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
@@ -140,12 +159,14 @@ __global__ void add_kernel(float *x, const float *y, size_t n)
 void tsr_cuda_add(float *x, const float *y, size_t n)
 {
     if (!n) return;
-    add_kernel<<<tsr_div_up(n, 256), 256, 0, tsr_cuda_stream()>>>(x, y, n);
+    tsr_launch(add_kernel, dim3(tsr_div_up(n, 256)), dim3(256), x, y, n);
     TSR_CUDA_LAUNCHED();
 }
 
 __global__ void gather_rows_kernel(const float *x, const int32_t *index, int n, int dim, float *out)
 {
+    tsr_pdl_wait();
+    tsr_pdl_trigger();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)n * dim) return;
     size_t r = i / dim, c = i % dim;
@@ -157,6 +178,6 @@ void tsr_cuda_gather_rows(const float *x, const int32_t *index, int n, int dim, 
     size_t total = (size_t)n * dim;
     if (!total) return;
     /* out may alias x only when index is the identity prefix; the forward never asks for that */
-    gather_rows_kernel<<<tsr_div_up(total, 256), 256, 0, tsr_cuda_stream()>>>(x, index, n, dim, out);
+    tsr_launch(gather_rows_kernel, dim3(tsr_div_up(total, 256)), dim3(256), x, index, n, dim, out);
     TSR_CUDA_LAUNCHED();
 }

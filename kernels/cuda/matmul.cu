@@ -1,6 +1,7 @@
 /* Matrix multiplication on the GPU for every linear layer: y[M][N] = x[M][K] · W + bias.
  *
- * EXL2, decode (M <= 32): a GEMV that streams the packed weights once. Each thread owns one output column; a
+ * EXL2, decode (M <= 32): for 8 < M <= 32 the tensor-core GEMV of gemv_tc.cu; for M <= 8 the CUDA-core kernels
+ * below (measured faster there; see gemv_mode). The CUDA-core GEMV streams the packed weights once. Each thread owns one output column; a
  * block covers 128 columns and a range of 32-row chunks; the chunk's b packed words per column are read
  * coalesced across the warp, unpacked in registers (widths are compile-time per chunk via a switch), scaled by the
  * fp16-rounded group scale, and multiplied with the permuted activations staged in shared memory. Blocks of
@@ -16,6 +17,7 @@
 
 #include <cuda_bf16.h>
 #include <mma.h>
+#include <string.h>
 
 #define GEMV_COLS 128
 #define GEMV_CHUNKS 4
@@ -271,8 +273,29 @@ static void dec_launch(const tsr_linear_dev *L, const float *x, int M, float *y)
     }
 }
 
+int tsr_cuda_exl2_tc_gemv(const tsr_linear_dev *L, const float *x, int M, float *y); /* gemv_tc.cu */
+
+/* Which decode GEMV runs (measured on the H200, kernels/cuda/NOTES.md): by default the CUDA-core kernel v6 for
+ * M <= 8 (faster there: 10.4 vs 11.6 ms per 8B step at batch 1) and the tensor-core kernel (gemv_tc.cu) for
+ * 8 < M <= 32 (48 vs 54 ms at batch 32). TSR_CUDA_GEMV=tc runs the tensor-core kernel for every M <= 32,
+ * TSR_CUDA_GEMV=v6 the CUDA-core kernels for every M <= 32 (for comparisons). */
+static int gemv_mode(void)
+{
+    static int mode = -1; /* 0 auto, 1 tc, 2 v6 */
+    if (mode < 0) {
+        const char *v = getenv("TSR_CUDA_GEMV");
+        mode = v && !strcmp(v, "tc") ? 1 : v && !strcmp(v, "v6") ? 2 : 0;
+    }
+    return mode;
+}
+
 static void exl2_gemv(const tsr_linear_dev *L, const float *x, int M, float *y)
 {
+    const int mode = gemv_mode();
+    if ((mode == 1 || (mode == 0 && M > 8)) && tsr_cuda_exl2_tc_gemv(L, x, M, y)) {
+        TSR_CUDA_LAUNCHED();
+        return;
+    }
     if (M <= 8 && L->Npad % 4 == 0) {
         switch (M) {
         /* two columns per lane for one or two rows (fewer registers, more warps per SM), four above */

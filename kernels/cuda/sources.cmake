@@ -5,6 +5,7 @@ add_library(tessera_cuda STATIC
   ${PROJECT_SOURCE_DIR}/kernels/cuda/elementwise.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/attention.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/matmul.cu
+  ${PROJECT_SOURCE_DIR}/kernels/cuda/gemv_tc.cu
 )
 target_include_directories(tessera_cuda PUBLIC ${PROJECT_SOURCE_DIR})
 target_compile_options(tessera_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall>)

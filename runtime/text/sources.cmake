@@ -16,4 +16,6 @@ list(APPEND TSR_CORE_SOURCES
   runtime/text/tok_bpe.c
   runtime/text/tok_encode.c
   runtime/text/tok_decode.c
+  # stop strings
+  runtime/text/stop_match.c
 )

@@ -1,7 +1,7 @@
 /* GPU tests: every CUDA op against the CPU op on fresh random inputs (outputs poisoned with NaN first, sizes that
- * are not multiples of the tiles, every EXL2 bit width, decode and prefill shapes, FP16 and FP32 KV), then
- * whole-model logits and greedy tokens of every fixture model on the GPU against the CPU backend and the
- * references. Exits 77 (skipped) where no GPU is present. */
+ * are not multiples of the tiles, every EXL2 bit width, decode and prefill shapes, FP16, FP32 and the quantized
+ * Q4/Q6/Q8 KV modes), then whole-model logits and greedy tokens of every fixture model on the GPU against the CPU
+ * backend and the references (with quantized caches too). Exits 77 (skipped) where no GPU is present. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -278,6 +278,116 @@ static void test_attention(void **state)
     check_attention(96, TSR_F16, 300, 1);
 }
 
+/* ---- quantized KV caches (Q4/Q6/Q8) ---- */
+
+/* Bytes of one backend array, on the host. */
+static void *host_bytes(const tsr_ops *ops, const void *p, size_t bytes)
+{
+    void *h = malloc(bytes);
+    ops->to_host(h, p, bytes);
+    return h;
+}
+
+/* Both backends store the same history and then a chunk per sequence (the chunk with the attention call's own
+ * layout, as the forward pass does); codes, scales and staged rows must be identical byte for byte (the GPU
+ * quantizer mirrors the CPU one's fp16 arithmetic), and attention must agree: the chunk read exactly from the
+ * staging area, the history decoded from the codes, over several splits for the long decode contexts. */
+static void check_attention_quant(int d, tsr_dtype mode, int window, int decode)
+{
+    const int nh = 8, nkv = 2, page = 16, n_pages = 1024;
+    int pos0_dec[] = {1700, 3, 950, 0}, n_dec[] = {1, 1, 1, 1};
+    int pos0_pre[] = {0, 40, 0}, n_pre[] = {70, 33, 129};
+    host_layout h;
+    if (decode)
+        make_layout(&h, 4, pos0_dec, n_dec, page, n_pages, d / 2);
+    else
+        make_layout(&h, 3, pos0_pre, n_pre, page, n_pages, d / 2);
+    int max_pos = 0;
+    for (int r = 0; r < h.n_rows; r++)
+        if (h.positions[r] > max_pos) max_pos = h.positions[r];
+    tsr_kv_cache kc, kg;
+    assert_int_equal(tsr_kv_init(&kc, cpu, 2, nkv, d, page, n_pages, mode), TSR_OK);
+    assert_int_equal(tsr_kv_init(&kg, gpu, 2, nkv, d, page, n_pages, mode), TSR_OK);
+    const int layer = 1;
+    const size_t w = (size_t)nkv * d;
+    /* history [0, first row's position) of every sequence, one store per sequence */
+    for (int s = 0; s < h.n_seqs; s++) {
+        int len = h.positions[h.seq_row0[s]];
+        if (len == 0) continue;
+        host_layout hist;
+        int zero = 0;
+        make_layout(&hist, 1, &zero, &len, page, n_pages, d / 2);
+        memcpy(hist.tables, h.tables + s * 256, 256 * 4);
+        float *k = rand_host((size_t)len * w, 2.0f), *v = rand_host((size_t)len * w, 1.0f);
+        tsr_batch_layout bc = view(&hist, 0, len - 1), bg = view(&hist, 1, len - 1);
+        cpu->kv_store(&bc, &kc, layer, k, v);
+        float *dk = dev_copy(k, (size_t)len * w * 4), *dv = dev_copy(v, (size_t)len * w * 4);
+        gpu->kv_store(&bg, &kg, layer, dk, dv);
+        gpu->release(dk), gpu->release(dv);
+        free_view(&bg);
+        free(k), free(v);
+    }
+    /* the chunk rows, stored with the attention layout */
+    tsr_batch_layout bc = view(&h, 0, max_pos), bg = view(&h, 1, max_pos);
+    float *k = rand_host((size_t)h.n_rows * w, 2.0f), *v = rand_host((size_t)h.n_rows * w, 1.0f);
+    /* a few all-zero head vectors and one saturating outlier */
+    memset(k, 0, w * 4);
+    v[3] = 30.0f;
+    cpu->kv_store(&bc, &kc, layer, k, v);
+    float *dk = dev_copy(k, (size_t)h.n_rows * w * 4), *dv = dev_copy(v, (size_t)h.n_rows * w * 4);
+    gpu->kv_store(&bg, &kg, layer, dk, dv);
+    /* storage, byte for byte */
+    const size_t elems = (size_t)n_pages * page * w;
+    const void *cpu_arr[] = {kc.k[layer], kc.v[layer], kc.k_scale[layer], kc.v_scale[layer], kc.stage_k, kc.stage_v,
+                             kc.stage_key};
+    const void *gpu_arr[] = {kg.k[layer], kg.v[layer], kg.k_scale[layer], kg.v_scale[layer], kg.stage_k, kg.stage_v,
+                             kg.stage_key};
+    const size_t bytes[] = {elems * kc.k_bits / 8, elems * kc.v_bits / 8, elems / 32 * 2, elems / 32 * 2,
+                            (size_t)kc.stage_rows * w * 2, (size_t)kc.stage_rows * w * 2,
+                            ((size_t)kc.stage_rows + 1) * 8};
+    static const char *names[] = {"K codes", "V codes", "K scales", "V scales", "staged K", "staged V", "stage keys"};
+    for (int i = 0; i < 7; i++) {
+        unsigned char *hc = host_bytes(cpu, cpu_arr[i], bytes[i]), *hg = host_bytes(gpu, gpu_arr[i], bytes[i]);
+        size_t diff = 0, first = 0;
+        for (size_t j = 0; j < bytes[i]; j++)
+            if (hc[j] != hg[j] && !diff++) first = j;
+        if (diff)
+            fail_msg("kv_store %s d%d: %s differ from the CPU's in %zu of %zu bytes (first at %zu: %u vs %u)",
+                     tsr_kv_dtype_name(mode), d, names[i], diff, bytes[i], first, hg[first], hc[first]);
+        free(hc), free(hg);
+    }
+    size_t n = (size_t)h.n_rows * nh * d;
+    float *q = rand_host(n, 1.0f), *want = malloc(n * 4);
+    tsr_attn_args a = {nh, nkv, d, 1.0f / sqrtf((float)d), window, layer};
+    cpu->attention(&bc, &a, &kc, q, want);
+    float *dq = dev_copy(q, n * 4), *dout = dev_poisoned(n);
+    gpu->attention(&bg, &a, &kg, dq, dout);
+    float *got = to_host(dout, n);
+    char what[96];
+    snprintf(what, sizeof what, "attention d%d kv %s %s window %d", d, tsr_kv_dtype_name(mode),
+             decode ? "decode" : "prefill", window);
+    expect_close(what, got, want, n, 2e-5);
+    free(got), free(q), free(want), free(k), free(v);
+    gpu->release(dq), gpu->release(dout), gpu->release(dk), gpu->release(dv);
+    free_view(&bg);
+    tsr_kv_free(&kc);
+    tsr_kv_free(&kg);
+}
+
+static void test_attention_kv_quant(void **state)
+{
+    (void)state;
+    const tsr_dtype modes[] = {TSR_KV_Q4, TSR_KV_Q6, TSR_KV_Q8};
+    for (int m = 0; m < 3; m++) {
+        check_attention_quant(64, modes[m], 0, 1);
+        check_attention_quant(128, modes[m], 0, 1);
+        check_attention_quant(128, modes[m], 0, 0);
+        check_attention_quant(64, modes[m], 40, 0);
+        check_attention_quant(192, modes[m], 300, 1);
+        check_attention_quant(256, modes[m], 0, 0);
+    }
+}
+
 static void test_linear_exl2(void **state)
 {
     (void)state;
@@ -495,6 +605,94 @@ static void test_models(void **state)
         free(ids[i]);
 }
 
+/* Prefill of prompt tokens [0, start), then [start, start + rows) in one call (as the decode_*cache references
+ * were made), then `steps` one-token decode steps (CUDA graphs replay these) re-feeding the same tokens on a
+ * second sequence: logits [rows + steps][vocab]. */
+static float *run_kvq(const char *name, tsr_dtype kv, const tsr_ops *ops, const int32_t *ids, int start, int rows,
+                      int steps)
+{
+    char dir[4096];
+    if (!tsr_fixture_model(dir, sizeof dir, name)) fail_msg("model %s not found", name);
+    tsr_engine_opts o = {.max_tokens = 512, .kv_tokens = 2048, .kv_dtype = kv, .ops = ops};
+    tsr_engine *e;
+    if (tsr_engine_open(dir, &o, &e) != TSR_OK) fail_msg("%s: %s", dir, tsr_last_error());
+    const int vocab = e->model->cfg.vocab_size;
+    float *out = malloc((size_t)(rows + steps) * vocab * 4);
+    tsr_seq seq = {0}, seq2 = {0};
+    tsr_feed f = {&seq, ids, start, TSR_LOGITS_NONE, NULL};
+    assert_int_equal(tsr_engine_feed(e, &f, 1), TSR_OK);
+    f = (tsr_feed){&seq, ids + start, rows, TSR_LOGITS_ALL, out};
+    assert_int_equal(tsr_engine_feed(e, &f, 1), TSR_OK);
+    f = (tsr_feed){&seq2, ids, start, TSR_LOGITS_NONE, NULL};
+    assert_int_equal(tsr_engine_feed(e, &f, 1), TSR_OK);
+    for (int i = 0; i < steps; i++) {
+        f = (tsr_feed){&seq2, ids + start + i, 1, TSR_LOGITS_LAST, out + (size_t)(rows + i) * vocab};
+        assert_int_equal(tsr_engine_feed(e, &f, 1), TSR_OK);
+    }
+    tsr_engine_seq_release(e, &seq);
+    tsr_engine_seq_release(e, &seq2);
+    tsr_engine_close(e);
+    return out;
+}
+
+/* Whole models with quantized caches on the GPU: against ExLlamaV2's decode_{q4,q6,q8}cache.3 with the golden
+ * test's tolerances (tests/golden/test_golden_kvq.c), and against the CPU backend, chunk and decode steps. */
+static void test_models_kv_quant(void **state)
+{
+    (void)state;
+    char path[4096];
+    assert_non_null(tsr_fixture_path(path, sizeof path, "reference/prompts.json"));
+    json_t *root = json_load_file(path, 0, NULL), *arr = json_array_get(json_object_get(root, "ids"), 3);
+    assert_non_null(arr);
+    const int len = (int)json_array_size(arr);
+    int32_t *ids = malloc((size_t)len * 4);
+    for (int k = 0; k < len; k++)
+        ids[k] = (int32_t)json_integer_value(json_array_get(arr, (size_t)k));
+    json_decref(root);
+    const tsr_dtype modes[] = {TSR_KV_Q4, TSR_KV_Q6, TSR_KV_Q8};
+    const char *keys[] = {"decode_q4cache.3", "decode_q6cache.3", "decode_q8cache.3"};
+    char **refs;
+    int n_refs = tsr_fixture_list_refs(".exl2-ref.safetensors", &refs), checked = 0;
+    for (int r = 0; r < n_refs; r++) {
+        char refname[600];
+        snprintf(refname, sizeof refname, "reference/%s.exl2-ref.safetensors", refs[r]);
+        assert_non_null(tsr_fixture_path(path, sizeof path, refname));
+        tsr_st_set *ref;
+        assert_int_equal(tsr_st_open_file(path, &ref), TSR_OK);
+        const tsr_st_tensor *fp16 = tsr_st_find(ref, "decode_fp16cache.3");
+        if (!fp16) {
+            tsr_st_set_free(ref);
+            continue;
+        }
+        const int rows = (int)fp16->shape[0], vocab = (int)fp16->shape[1], start = len - rows, steps = 8;
+        for (int m = 0; m < 3; m++) {
+            const tsr_st_tensor *t = tsr_st_find(ref, keys[m]);
+            assert_non_null(t);
+            float *g = run_kvq(refs[r], modes[m], gpu, ids, start, rows, steps);
+            float *c = run_kvq(refs[r], modes[m], cpu, ids, start, rows, steps);
+            tsr_logit_diff vs_ref = tsr_compare_logits(g, t->data, rows, vocab);
+            tsr_logit_diff moved = tsr_compare_logits(t->data, fp16->data, rows, vocab);
+            tsr_logit_diff vs_cpu = tsr_compare_logits(g, c, rows + steps, vocab);
+            print_message("  %s kv %s: GPU vs ExLlamaV2 max %.4f mean %.5f (argmax %ld; the mode moves it max %.4f mean "
+                          "%.5f), GPU vs CPU max %.4f mean %.5f\n",
+                          refs[r], tsr_kv_dtype_name(modes[m]), vs_ref.max_abs, vs_ref.mean_abs,
+                          vs_ref.argmax_disagree, moved.max_abs, moved.mean_abs, vs_cpu.max_abs, vs_cpu.mean_abs);
+            if (vs_ref.max_abs > 0.2 + 0.5 * moved.max_abs || vs_ref.mean_abs > 0.015 + 0.25 * moved.mean_abs ||
+                vs_ref.argmax_disagree > rows / 10)
+                fail_msg("%s kv %s: GPU logits out of tolerance against the reference", refs[r],
+                         tsr_kv_dtype_name(modes[m]));
+            if (vs_cpu.max_abs > 0.25 + 0.25 * moved.max_abs || vs_cpu.mean_abs > 0.02)
+                fail_msg("%s kv %s: GPU far from CPU", refs[r], tsr_kv_dtype_name(modes[m]));
+            free(g), free(c);
+            checked++;
+        }
+        tsr_st_set_free(ref);
+    }
+    tsr_fixture_free_list(refs, n_refs);
+    free(ids);
+    assert_true(checked > 0);
+}
+
 /* With no KV size given, the pool takes most of the device memory the weights left. */
 static void test_kv_pool_from_free_memory(void **state)
 {
@@ -532,6 +730,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise),  cmocka_unit_test(test_attention), cmocka_unit_test(test_linear_exl2),
         cmocka_unit_test(test_linear_dense), cmocka_unit_test(test_models), cmocka_unit_test(test_kv_pool_from_free_memory),
+        cmocka_unit_test(test_attention_kv_quant), cmocka_unit_test(test_models_kv_quant),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

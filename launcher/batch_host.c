@@ -1,0 +1,130 @@
+/* Opening a model behind a service for batch and the intake (see batch_host.h). */
+#include "launcher/batch_host.h"
+
+#include "launcher/backend_select.h"
+#include "launcher/cli.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static char *base_name(const char *dir)
+{
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    size_t i = n;
+    while (i > 0 && dir[i - 1] != '/')
+        i--;
+    char *s = malloc(n - i + 1);
+    if (s) {
+        memcpy(s, dir + i, n - i);
+        s[n - i] = '\0';
+    }
+    return s;
+}
+
+static tsr_session_req session_req(const tsr_host_opts *o)
+{
+    return (tsr_session_req){.cmd = o->cmd ? o->cmd : "serve",
+                             .model_dir = o->model_dir,
+                             .device = o->device ? o->device : "cpu",
+                             .select_backend = tsr_select_backend,
+                             .threads = o->threads,
+                             .kv_dtype = TSR_F16,
+                             .kv_tokens = o->kv_tokens};
+}
+
+int tsr_host_run_worker(const tsr_host_opts *o)
+{
+    tsr_session_req req = session_req(o);
+    tsr_session *s = NULL;
+    tsr_status st = tsr_session_open(&req, &o->par, &s);
+    if (st != TSR_OK) return tsr_cli_error(req.cmd, st);
+    int rc = s->worker_rc;
+    tsr_session_close(s);
+    return rc;
+}
+
+tsr_status tsr_host_open(const tsr_host_opts *o, tsr_host **out)
+{
+    *out = NULL;
+    tsr_host *h = calloc(1, sizeof *h);
+    if (!h) return tsr_fail(TSR_ERR_NOMEM, "out of memory");
+    tsr_status st;
+    h->name = o->served_name ? strdup(o->served_name) : base_name(o->model_dir);
+    if (!h->name) {
+        st = tsr_fail(TSR_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if ((st = tsr_tokenizer_load(o->model_dir, &h->tok)) != TSR_OK) goto fail;
+    st = tsr_chat_template_load_dir(o->model_dir, 0, &h->tpl, &h->bos, &h->eos);
+    if (st != TSR_OK) { /* no template: chat requests get a 400, completions work */
+        if (st == TSR_ERR_NOMEM) goto fail;
+        fprintf(stderr, "tessera %s: no chat template (%s): /v1/chat/completions is unavailable\n",
+                o->cmd ? o->cmd : "serve", tsr_last_error());
+        h->tpl = NULL;
+    }
+    tsr_session_req req = session_req(o);
+    if ((st = tsr_session_open(&req, &o->par, &h->session)) != TSR_OK) goto fail_open;
+    const tsr_model_config *c = &h->session->cfg;
+    const tsr_executor *x = h->session->x;
+    h->eos_ids = calloc((size_t)c->n_eos + 1, sizeof *h->eos_ids);
+    if (!h->eos_ids) {
+        st = tsr_fail(TSR_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < c->n_eos; i++)
+        h->eos_ids[i] = c->eos_ids[i];
+    tsr_service_opts so = {.sched = {.max_running = o->max_running, .prefix_cache = o->no_prefix_cache ? -1 : 0}};
+    if ((st = tsr_service_start(h->session->x, h->tok, &so, &h->svc)) != TSR_OK) goto fail;
+    h->model = (tsr_oai_model){
+        .name = h->name,
+        .tok = h->tok,
+        .tpl = h->tpl,
+        .bos_token = h->bos,
+        .eos_token = h->eos,
+        .eos_ids = h->eos_ids,
+        .n_eos = c->n_eos,
+        .vocab = x->vocab,
+        .max_context = x->max_context,
+        .created = (int64_t)time(NULL),
+    };
+    *out = h;
+    return TSR_OK;
+fail:
+    if (!h->session) tsr_session_cancel(tsr_last_error()); /* workers waiting for the start leave */
+fail_open:
+    tsr_host_close(h, 0);
+    return st;
+}
+
+void tsr_host_close(tsr_host *h, double grace_s)
+{
+    if (!h) return;
+    if (h->svc) tsr_service_stop(h->svc, grace_s);
+    tsr_session_close(h->session);
+    tsr_chat_template_free(h->tpl);
+    tsr_tokenizer_free(h->tok);
+    free(h->bos);
+    free(h->eos);
+    free(h->name);
+    free(h->eos_ids);
+    free(h);
+}
+
+void tsr_host_stats_line(tsr_host *h, char *buf, size_t cap)
+{
+    tsr_service_stats s;
+    tsr_service_get_stats(h->svc, &s);
+    snprintf(buf, cap,
+             "prefix_lookups=%" PRIu64 " prefix_hits=%" PRIu64 " prefix_hit_tokens=%" PRIu64
+             " prefix_evictions=%" PRIu64 " prefill_tokens=%" PRIu64 " decode_tokens=%" PRIu64 " steps=%" PRIu64
+             " preempted=%d requests=%" PRIu64 " tokens_in=%" PRIu64 " tokens_out=%" PRIu64 " busy_s=%.3f"
+             " sched_s=%.3f",
+             s.sched.prefix_lookups, s.sched.prefix_hits, s.sched.prefix_hit_tokens, s.sched.prefix_evictions,
+             s.sched.prefill_tokens, s.sched.decode_tokens, s.sched.steps, s.sched.preempted_total, s.requests_total,
+             s.tokens_in, s.tokens_out, s.busy_s, s.sched_s);
+}

@@ -1,0 +1,129 @@
+/* tessera intake: serves a model on a nanomsg address only (no HTTP), for gateways and for testing the intake on
+ * its own; `tessera serve --intake ADDR` runs the same intake next to the HTTP server. Runs until SIGINT or
+ * SIGTERM, then stops the intake (clients with running requests get a "shutdown" error) and the service. */
+#include "launcher/batch_host.h"
+#include "launcher/cli.h"
+#include "launcher/commands.h"
+#include "parallel/rank.h"
+#include "launcher/intake_nn.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: tessera intake --model DIR --listen ADDR [options]\n"
+               "  --listen ADDR          ipc:///path or tcp://host:port (docs/intake.md)\n"
+               "  --device D             cpu (default), cuda or cuda:N\n"
+               "  --max-running N        sequences running at once (default 64)\n"
+               "  --kv-tokens N          KV cache size in tokens (default: the engine's)\n"
+               "  --served-model-name S  the model name request bodies may give (default: DIR's last component)\n"
+               "  --threads N            CPU threads (default: all cores)\n"
+               "  --client-timeout S     seconds of silence after which a client with requests is gone (default 15)\n"
+               "  --send-timeout S       seconds a reply may stay undeliverable before its client is gone (default 5)\n"
+               "  --verbose              log clients coming and going\n");
+    tsr_par_opts_help(f);
+}
+
+static volatile sig_atomic_t stop_signal;
+
+static void on_signal(int sig)
+{
+    stop_signal = sig;
+}
+
+int tsr_cmd_intake(int argc, char **argv)
+{
+    tsr_host_opts ho = {.cmd = "intake", .device = "cpu"};
+    tsr_par_opts_init(&ho.par);
+    tsr_intake_opts io = {0};
+    const char *listen = NULL;
+    long max_running = 64, kv_tokens = 0, threads = 0;
+    double client_timeout = 15, send_timeout = 5;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            if (!tsr_rank_is_worker()) usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--verbose")) {
+            io.verbose = 1;
+            continue;
+        }
+        int par = tsr_par_opts_take("intake", &ho.par, argc, argv, &i);
+        if (par < 0) return 2;
+        if (par > 0) continue;
+        if (!(v = tsr_cli_value("intake", argc, argv, &i))) return 2;
+        if (!strcmp(a, "--model"))
+            ho.model_dir = v;
+        else if (!strcmp(a, "--listen"))
+            listen = v;
+        else if (!strcmp(a, "--device"))
+            ho.device = v;
+        else if (!strcmp(a, "--served-model-name"))
+            ho.served_name = v;
+        else if (!strcmp(a, "--max-running")) {
+            if (tsr_cli_int("intake", a, v, 1, 4096, &max_running)) return 2;
+        } else if (!strcmp(a, "--kv-tokens")) {
+            if (tsr_cli_int("intake", a, v, 16, 1L << 30, &kv_tokens)) return 2;
+        } else if (!strcmp(a, "--threads")) {
+            if (tsr_cli_int("intake", a, v, 1, 1024, &threads)) return 2;
+        } else if (!strcmp(a, "--client-timeout")) {
+            if (tsr_cli_float("intake", a, v, 0.1, 86400, &client_timeout)) return 2;
+        } else if (!strcmp(a, "--send-timeout")) {
+            if (tsr_cli_float("intake", a, v, 0.1, 86400, &send_timeout)) return 2;
+        } else {
+            fprintf(stderr, "tessera intake: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!ho.model_dir || !listen) {
+        usage(stderr);
+        return 2;
+    }
+    ho.max_running = (int)max_running;
+    ho.kv_tokens = kv_tokens;
+    ho.threads = (int)threads;
+    io.client_timeout_s = client_timeout;
+    io.send_timeout_s = send_timeout;
+    if (tsr_rank_is_worker()) return tsr_host_run_worker(&ho); /* under mpirun: serve rank 0's steps */
+
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    tsr_host *h = NULL;
+    tsr_intake *in = NULL;
+    tsr_status st = tsr_host_open(&ho, &h);
+    if (st != TSR_OK) return tsr_cli_error("intake", st);
+    if ((st = tsr_intake_start(h->svc, &h->model, listen, &io, &in)) != TSR_OK) {
+        tsr_host_close(h, 0);
+        return tsr_cli_error("intake", st);
+    }
+    const tsr_executor *x = h->session->x;
+    fprintf(stderr, "tessera intake: serving %s on %s (KV cache %ld tokens, up to %ld running)\n", h->model.name,
+            listen, (long)x->n_pages * x->page_size, max_running);
+    while (!stop_signal) {
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    fprintf(stderr, "tessera intake: stopping\n");
+    tsr_intake_stats s;
+    tsr_intake_get_stats(in, &s);
+    tsr_intake_stop(in);
+    char stats[512];
+    tsr_host_stats_line(h, stats, sizeof stats);
+    fprintf(stderr,
+            "tessera intake: stats messages=%llu bad_messages=%llu requests=%llu done=%llu failed=%llu "
+            "clients_vanished=%llu cancelled_vanished=%llu %s\n",
+            (unsigned long long)s.messages, (unsigned long long)s.bad_messages, (unsigned long long)s.requests,
+            (unsigned long long)s.requests_done, (unsigned long long)s.requests_failed,
+            (unsigned long long)s.clients_vanished, (unsigned long long)s.requests_cancelled_vanished, stats);
+    tsr_host_close(h, 0);
+    return 0;
+}

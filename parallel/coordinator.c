@@ -1,0 +1,164 @@
+/* The parallel executor on rank 0 (see coordinator.h). */
+#include "parallel/coordinator.h"
+
+#include "parallel/mpi_util.h"
+#include "parallel/protocol.h"
+#include "parallel/rank.h"
+#include "parallel/stage.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct coord {
+    MPI_Comm ctrl;
+    tsr_plan plan;
+    int leader; /* world rank of the leader */
+    double timeout;
+    uint64_t step_no;
+} coord;
+
+static tsr_status broken(tsr_executor *x, tsr_status st)
+{
+    x->broken = 1;
+    tsr_rank_mark_broken();
+    return st;
+}
+
+/* Describes worker rank r for messages. */
+static void who(const tsr_plan *p, int rank, char *buf, size_t cap)
+{
+    int w = rank - 1;
+    if (w >= 0 && w < p->n_workers)
+        snprintf(buf, cap, "rank %d (worker %d: stage %d, tensor rank %d, layers %d-%d)", rank, w, p->w[w].stage,
+                 p->w[w].tp_rank, p->w[w].layer0, p->w[w].layer1 - 1);
+    else
+        snprintf(buf, cap, "rank %d", rank);
+}
+
+static tsr_status send_all(coord *c, tsr_msg *hdr, const void *payload, size_t len)
+{
+    hdr->payload = (uint32_t)len;
+    uint8_t *buf = malloc(sizeof *hdr + len);
+    MPI_Request *reqs = malloc((size_t)c->plan.n_workers * sizeof *reqs);
+    if (!buf || !reqs) {
+        free(buf);
+        free(reqs);
+        return tsr_fail(TSR_ERR_NOMEM, "out of memory");
+    }
+    memcpy(buf, hdr, sizeof *hdr);
+    if (len) memcpy(buf + sizeof *hdr, payload, len);
+    int err = MPI_SUCCESS, posted = 0;
+    for (int w = 0; w < c->plan.n_workers && err == MPI_SUCCESS; w++, posted++)
+        err = MPI_Isend(buf, (int)(sizeof *hdr + len), MPI_BYTE, w + 1, TSR_TAG_CTRL, c->ctrl, &reqs[w]);
+    tsr_status st = err != MPI_SUCCESS ? tsr_mpi_fail(err, "sending a step")
+                                       : tsr_mpi_wait(reqs, posted, c->timeout, "sending a step to the workers");
+    if (st == TSR_OK) free(buf); /* else MPI may still read it */
+    free(reqs);
+    return st;
+}
+
+static tsr_status c_run(tsr_executor *x, const tsr_step *step, tsr_step_result *results, float *logits)
+{
+    coord *c = x->impl;
+    if (x->broken) return tsr_fail(TSR_ERR_REMOTE, "the worker ranks are gone (an earlier step failed)");
+    TSR_TRY(tsr_step_validate(step, x->vocab, x->n_pages, x->page_size));
+    if (step->n_seqs == 0) return TSR_OK;
+    uint8_t *packed = NULL;
+    size_t len = 0;
+    TSR_TRY(tsr_step_pack(step, &packed, &len));
+    tsr_msg hdr = tsr_msg_make(TSR_MSG_STEP, 0);
+    hdr.step_no = ++c->step_no;
+    hdr.want_logits = logits != NULL;
+    tsr_status st = send_all(c, &hdr, packed, len);
+    free(packed);
+    if (st != TSR_OK) return broken(x, st);
+
+    const int rows = logits ? tsr_step_logit_rows(step) : 0;
+    for (;;) {
+        MPI_Status probe;
+        char what[160];
+        snprintf(what, sizeof what, "waiting for step %llu's result", (unsigned long long)c->step_no);
+        st = tsr_mpi_probe(c->ctrl, MPI_ANY_SOURCE, TSR_TAG_REPLY, c->timeout, NULL, &probe, what);
+        if (st != TSR_OK) {
+            char w[128];
+            who(&c->plan, c->leader, w, sizeof w);
+            return broken(x, tsr_fail_context(st, "no answer from the leader, %s", w));
+        }
+        uint8_t *buf = NULL;
+        size_t n = 0;
+        tsr_msg m;
+        if ((st = tsr_msg_recv(c->ctrl, &probe, &buf, &n, &m)) != TSR_OK) return broken(x, st);
+        char w[128];
+        who(&c->plan, probe.MPI_SOURCE, w, sizeof w);
+        const uint8_t *pay = buf + sizeof m;
+        if (m.type == TSR_MSG_ERROR) {
+            st = tsr_fail(TSR_ERR_REMOTE, "%s failed: %.*s", w, (int)m.payload, (const char *)pay);
+            free(buf);
+            return broken(x, st);
+        }
+        if (m.type != TSR_MSG_RESULT || m.step_no != c->step_no || probe.MPI_SOURCE != c->leader) {
+            st = tsr_fail(TSR_ERR_REMOTE, "unexpected message (type %u, step %llu) from %s while waiting for step %llu",
+                          m.type, (unsigned long long)m.step_no, w, (unsigned long long)c->step_no);
+            free(buf);
+            return broken(x, st);
+        }
+        size_t want = (size_t)step->n_seqs * sizeof(tsr_step_result) + (size_t)rows * (size_t)x->vocab * sizeof(float);
+        if (m.n_seqs != step->n_seqs || m.n_rows != rows || m.vocab != x->vocab || m.payload != want) {
+            st = tsr_fail(TSR_ERR_REMOTE, "%s answered step %llu with a malformed result (%d sequences, %d rows)", w,
+                          (unsigned long long)c->step_no, m.n_seqs, m.n_rows);
+            free(buf);
+            return broken(x, st);
+        }
+        memcpy(results, pay, (size_t)step->n_seqs * sizeof(tsr_step_result));
+        if (rows)
+            memcpy(logits, pay + (size_t)step->n_seqs * sizeof(tsr_step_result),
+                   (size_t)rows * x->vocab * sizeof(float));
+        free(buf);
+        return TSR_OK;
+    }
+}
+
+void tsr_coordinator_shutdown(MPI_Comm ctrl, int n_workers, double timeout_s)
+{
+    tsr_msg hdr = tsr_msg_make(TSR_MSG_SHUTDOWN, 0);
+    for (int w = 0; w < n_workers; w++)
+        if (tsr_msg_send(ctrl, w + 1, TSR_TAG_CTRL, &hdr, NULL, 0, timeout_s) != TSR_OK) tsr_rank_mark_broken();
+}
+
+static void c_close(tsr_executor *x)
+{
+    if (!x) return;
+    coord *c = x->impl;
+    if (!x->broken) tsr_coordinator_shutdown(c->ctrl, c->plan.n_workers, c->timeout);
+    if (!x->broken) MPI_Comm_free(&c->ctrl);
+    free(c);
+    free(x);
+}
+
+tsr_status tsr_coordinator_executor(MPI_Comm ctrl, const tsr_plan *plan, const tsr_model_config *cfg, double timeout_s,
+                                    tsr_executor **out)
+{
+    tsr_executor *x = calloc(1, sizeof *x);
+    coord *c = calloc(1, sizeof *c);
+    if (!x || !c) {
+        free(x);
+        free(c);
+        return tsr_fail(TSR_ERR_NOMEM, "out of memory");
+    }
+    c->ctrl = ctrl;
+    c->plan = *plan;
+    c->timeout = timeout_s;
+    for (int w = 0; w < plan->n_workers; w++)
+        if (tsr_stage_is_leader(plan, w)) c->leader = w + 1;
+    x->vocab = cfg->vocab_size;
+    x->page_size = plan->page_size;
+    x->n_pages = plan->n_pages;
+    x->max_step_tokens = plan->max_tokens;
+    x->max_context = cfg->rope.max_pos;
+    x->run = c_run;
+    x->close = c_close;
+    x->impl = c;
+    *out = x;
+    return TSR_OK;
+}

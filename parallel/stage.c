@@ -1,0 +1,207 @@
+/* A worker's part of one step (see stage.h): cutting the plan into forward calls, stage-to-stage hand-over,
+ * the logits gather of a tensor group, copying and sampling on the leader. */
+#include "parallel/stage.h"
+
+#include "parallel/shard.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int tsr_stage_is_leader(const tsr_plan *p, int w)
+{
+    return p->w[w].stage == p->n_stages - 1 && p->w[w].tp_rank == 0;
+}
+
+static tsr_status sum_hook(void *ctx, float *buf, size_t n)
+{
+    tsr_stage *s = ctx;
+    return tsr_comm_allreduce_backend(s->tp, s->engine->ops, buf, n, &s->sum_buf, &s->sum_cap);
+}
+
+tsr_status tsr_stage_attach(tsr_stage *s)
+{
+    if (s->plan->tp <= 1) return TSR_OK;
+    tsr_forward_comm fc = {s, sum_hook, s->tp->mem == TSR_COMM_DEVICE && s->tp->capturable};
+    tsr_forward_set_comm(s->engine->fwd, &fc);
+    if (s->tp->mem != TSR_COMM_DEVICE) return TSR_OK;
+    /* connect now (the hidden buffer's first float is scratch until the first step) */
+    TSR_TRY(s->tp->allreduce_sum(s->tp, tsr_forward_hidden(s->engine->fwd), 1));
+    return s->tp->sync(s->tp);
+}
+
+void tsr_stage_free(tsr_stage *s)
+{
+    free(s->stage_buf);
+    free(s->sum_buf);
+    free(s->shard_logits);
+    free(s->gathered);
+    free(s->full);
+    free(s->in);
+    free(s->owner);
+    s->stage_buf = s->sum_buf = NULL;
+    s->shard_logits = s->gathered = s->full = NULL;
+    s->in = NULL;
+    s->owner = NULL;
+    s->cap_rows = 0;
+    s->cap_in = 0;
+}
+
+static tsr_status reserve(tsr_stage *s, int n_in, size_t rows, int vocab, int local_vocab, int tp)
+{
+    if (n_in > s->cap_in) {
+        tsr_seq_input *in = realloc(s->in, (size_t)n_in * sizeof *in);
+        if (in) s->in = in;
+        int *owner = realloc(s->owner, (size_t)n_in * sizeof *owner);
+        if (owner) s->owner = owner;
+        if (!in || !owner) return tsr_fail(TSR_ERR_NOMEM, "step: out of memory");
+        s->cap_in = n_in;
+    }
+    if (rows > s->cap_rows) {
+        float *a = realloc(s->shard_logits, rows * (size_t)local_vocab * sizeof(float));
+        if (a) s->shard_logits = a;
+        float *b = tp > 1 ? realloc(s->gathered, rows * (size_t)vocab * sizeof(float) + 64) : s->gathered;
+        if (b) s->gathered = b;
+        float *c = tp > 1 ? realloc(s->full, rows * (size_t)vocab * sizeof(float)) : s->full;
+        if (c) s->full = c;
+        if (!a || (tp > 1 && (!b || !c)))
+            return tsr_fail(TSR_ERR_NOMEM, "step: out of memory for %zu rows of logits", rows);
+        s->cap_rows = rows;
+    }
+    return TSR_OK;
+}
+
+/* The last stage's logits rows for the call, whole-vocabulary wide, on the leader (NULL elsewhere). */
+static tsr_status gather_logits(tsr_stage *s, size_t rows, float **full)
+{
+    const tsr_plan *p = s->plan;
+    const tsr_model *m = s->engine->model;
+    const int vocab = m->cfg.vocab_size;
+    if (p->tp == 1) {
+        *full = s->shard_logits;
+        return TSR_OK;
+    }
+    /* member r holds columns [v0_r, v0_r + n_r): gather the [rows][n_r] blocks, then interleave them per row */
+    size_t counts[TSR_PLAN_MAX], displs[TSR_PLAN_MAX], off = 0;
+    int v0[TSR_PLAN_MAX], nv[TSR_PLAN_MAX];
+    for (int r = 0; r < p->tp; r++) {
+        tsr_shard_range range;
+        tsr_shard_range_of(&m->cfg, r, p->tp, &range);
+        v0[r] = range.v0;
+        nv[r] = range.v1 - range.v0;
+        counts[r] = rows * (size_t)nv[r] * sizeof(float);
+        displs[r] = off;
+        off += counts[r];
+    }
+    if (v0[p->w[s->worker].tp_rank] != m->local.vocab0 || nv[p->w[s->worker].tp_rank] != m->local.vocab)
+        return tsr_fail(TSR_ERR_INTERNAL, "step: this worker's vocabulary shard is not the planned one");
+    const int me = p->w[s->worker].tp_rank;
+    TSR_TRY(s->tp_host->gatherv(s->tp_host, s->shard_logits, counts[me], s->gathered, counts, displs, 0));
+    if (me != 0) {
+        *full = NULL;
+        return TSR_OK;
+    }
+    for (int r = 0; r < p->tp; r++) {
+        const float *blk = (const float *)((const char *)s->gathered + displs[r]);
+        for (size_t i = 0; i < rows; i++)
+            memcpy(s->full + i * vocab + v0[r], blk + i * (size_t)nv[r], (size_t)nv[r] * sizeof(float));
+    }
+    *full = s->full;
+    return TSR_OK;
+}
+
+tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *results, float *logits)
+{
+    const tsr_plan *p = s->plan;
+    const tsr_plan_worker *me = &p->w[s->worker];
+    tsr_engine *e = s->engine;
+    const tsr_model *m = e->model;
+    const int vocab = m->cfg.vocab_size, H = m->cfg.hidden;
+    const int first = me->stage == 0, last = me->stage == p->n_stages - 1;
+    const int leader = tsr_stage_is_leader(p, s->worker);
+    TSR_TRY(tsr_step_validate(step, vocab, e->kv.n_pages, e->kv.page_size));
+    const int n = step->n_seqs;
+    if (n == 0) return TSR_OK;
+    /* device comms: the step's work must drain within the timeout (their watchdog aborts otherwise) */
+    tsr_comm *dev[2] = {s->tp, s->pipe};
+    for (int k = 0; k < 2; k++)
+        if (dev[k] && dev[k]->watch) dev[k]->watch(dev[k]);
+    int *done = calloc((size_t)n * 2, sizeof *done);
+    if (!done) return tsr_fail(TSR_ERR_NOMEM, "step: out of memory");
+    int *out_row = done + n;
+    long total = 0;
+    for (int i = 0, row = 0; i < n; i++) {
+        out_row[i] = row;
+        row += step->seqs[i].logits == 2 ? step->seqs[i].n_tokens : step->seqs[i].logits == 1;
+        total += step->seqs[i].n_tokens;
+        if (leader && results) results[i] = (tsr_step_result){.token = -1};
+    }
+    /* the calls: every worker computes the same cut */
+    const int max_tokens = tsr_forward_max_tokens(e->fwd);
+    long calls = (total + max_tokens - 1) / max_tokens;
+    const int micro = s->micro_batches > 0 ? s->micro_batches : 2;
+    if (p->n_stages > 1 && calls < micro) calls = total < micro ? total : micro;
+    if (calls < 1) calls = 1;
+    const int per_call = (int)((total + calls - 1) / calls);
+
+    tsr_status st = TSR_OK;
+    for (;;) {
+        int nb = 0, budget = per_call, tokens = 0;
+        size_t rows = 0;
+        if ((st = reserve(s, n, 0, vocab, m->local.vocab, p->tp)) != TSR_OK) break;
+        for (int i = 0; i < n && budget > 0; i++) {
+            const tsr_step_seq *q = &step->seqs[i];
+            int left = q->n_tokens - done[i];
+            if (left <= 0) continue;
+            int take = left < budget ? left : budget;
+            int end = done[i] + take == q->n_tokens;
+            tsr_logits_mode mode = q->logits == 2                    ? TSR_LOGITS_ALL
+                                   : end && (q->sample || q->logits) ? TSR_LOGITS_LAST
+                                                                     : TSR_LOGITS_NONE;
+            s->in[nb] = (tsr_seq_input){
+                step->tokens + q->token0 + done[i], take, q->pos0 + done[i], step->pages + q->page0, q->n_pages, mode};
+            s->owner[nb++] = i;
+            rows += mode == TSR_LOGITS_ALL ? (size_t)take : mode == TSR_LOGITS_LAST;
+            budget -= take;
+            tokens += take;
+        }
+        if (nb == 0) break;
+        if ((st = reserve(s, n, rows, vocab, m->local.vocab, p->tp)) != TSR_OK) break;
+        const size_t hidden_bytes = (size_t)tokens * H * sizeof(float);
+        if (!first) {
+            int from = tsr_plan_worker_at(p, me->stage - 1, me->tp_rank);
+            st = tsr_comm_recv_backend(s->pipe, e->ops, tsr_forward_hidden(e->fwd), hidden_bytes, from, &s->stage_buf,
+                                       &s->stage_cap);
+            if (st != TSR_OK) break;
+        }
+        if ((st = tsr_forward(e->fwd, s->in, nb, last && rows ? s->shard_logits : NULL)) != TSR_OK) break;
+        if (!last) {
+            int to = tsr_plan_worker_at(p, me->stage + 1, me->tp_rank);
+            st = tsr_comm_send_backend(s->pipe, e->ops, tsr_forward_hidden(e->fwd), hidden_bytes, to, &s->stage_buf,
+                                       &s->stage_cap);
+            if (st != TSR_OK) break;
+        }
+        float *full = NULL;
+        if (last && rows && (st = gather_logits(s, rows, &full)) != TSR_OK) break;
+        size_t row = 0;
+        for (int b = 0; b < nb && st == TSR_OK; b++) {
+            const int i = s->owner[b];
+            const tsr_step_seq *q = &step->seqs[i];
+            const tsr_seq_input *in = &s->in[b];
+            const int nrows = in->logits == TSR_LOGITS_ALL ? in->n_tokens : in->logits == TSR_LOGITS_LAST;
+            float *src = full ? full + row * (size_t)vocab : NULL;
+            if (leader && src && logits && q->logits && nrows) {
+                int dst = out_row[i] + (q->logits == 2 ? done[i] : 0);
+                memcpy(logits + (size_t)dst * vocab, src, (size_t)nrows * vocab * sizeof(float));
+            }
+            done[i] += in->n_tokens;
+            if (leader && src && results && q->sample && done[i] == q->n_tokens)
+                st = tsr_step_sample(src + (size_t)(nrows - 1) * vocab, vocab, step, q, &results[i]);
+            row += (size_t)nrows;
+        }
+        if (st != TSR_OK) break;
+    }
+    for (int k = 0; k < 2 && st == TSR_OK; k++)
+        if (dev[k] && dev[k]->watch && (k == 0 || dev[k] != dev[0])) st = dev[k]->sync(dev[k]);
+    free(done);
+    return st;
+}

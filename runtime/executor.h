@@ -1,0 +1,49 @@
+/* An executor runs step plans (runtime/step.h): in this process over a tsr_engine, or across MPI ranks
+ * (parallel/). The coordinator's service loop drives one through this table and never knows which.
+ *
+ * run() fills results[i] for step->seqs[i]; on failure the step had no effect the scheduler relies on (it ends
+ * the step's sequences with an error) and the executor may be unusable afterwards (a dead rank): `broken` says so.
+ * Geometry fields are fixed at creation. */
+#ifndef TSR_EXECUTOR_H
+#define TSR_EXECUTOR_H
+
+#include "runtime/step.h"
+
+struct tsr_engine;
+
+typedef struct tsr_executor tsr_executor;
+struct tsr_executor {
+    int vocab;              /* logits per row */
+    int page_size, n_pages; /* the KV pool every rank holds (same numbering everywhere) */
+    int max_step_tokens;    /* tokens one step may carry */
+    int max_context;        /* the model's context length */
+    int broken;             /* set when a failure makes further steps impossible */
+    /* logits: NULL, or [rows][vocab] fp32 for the rows the step's sequences ask for (tsr_step_seq.logits), in
+     * plan order; how `tessera logits` and tests read whole rows through any executor */
+    tsr_status (*run)(tsr_executor *x, const tsr_step *step, tsr_step_result *results, float *logits);
+    void (*close)(tsr_executor *x); /* frees the executor (and what it owns) */
+    void *impl;
+};
+
+/* An executor over an engine of this process; the engine stays the caller's (close() leaves it open). Its KV
+ * pool's own free list is not used: page numbers come from the plans. */
+tsr_status tsr_executor_local(struct tsr_engine *e, tsr_executor **out);
+
+/* Buffers reused from step to step by tsr_engine_run_step (zero-initialise; free with tsr_step_scratch_free). */
+typedef struct tsr_step_scratch {
+    float *logits;           /* [cap_rows][vocab] */
+    size_t cap_rows;
+    struct tsr_seq_input *in;
+    int *owner;
+    int cap_in;
+} tsr_step_scratch;
+
+void tsr_step_scratch_free(tsr_step_scratch *s);
+
+/* Runs one plan on an engine: validates it against the engine's vocabulary and KV pool, runs the forward pass
+ * (split into calls of at most the engine's max_tokens), samples each sampling sequence's token and copies the
+ * asked-for logits rows. Shared by the local executor and the worker ranks. */
+tsr_status tsr_engine_run_step(struct tsr_engine *e, tsr_step_scratch *scratch, const tsr_step *step,
+                               tsr_step_result *results, float *logits);
+
+#endif

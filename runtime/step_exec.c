@@ -1,0 +1,143 @@
+/* Running step plans in this process: tsr_engine_run_step() and the local executor (see executor.h).
+ *
+ * A plan names, for each sequence, its tokens, positions and page table; this file turns it into forward-pass
+ * calls of at most the engine's max_tokens (a sequence whose chunk is longer is split over calls, only the last
+ * piece asking for its logits), copies the logits rows the plan asks for, and samples the sequences that sample.
+ * The engine's own page free list is not used: pages come from the plan, already validated against the pool. */
+#include "runtime/engine.h"
+#include "runtime/executor.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void tsr_step_scratch_free(tsr_step_scratch *s)
+{
+    free(s->logits);
+    free(s->in);
+    free(s->owner);
+    memset(s, 0, sizeof *s);
+}
+
+static tsr_status scratch_reserve(tsr_step_scratch *s, int n_in, size_t rows, int vocab)
+{
+    if (n_in > s->cap_in) {
+        tsr_seq_input *in = realloc(s->in, (size_t)n_in * sizeof *in);
+        if (in) s->in = in;
+        int *owner = realloc(s->owner, (size_t)n_in * sizeof *owner);
+        if (owner) s->owner = owner;
+        if (!in || !owner) return tsr_fail(TSR_ERR_NOMEM, "step: out of memory");
+        s->cap_in = n_in;
+    }
+    if (rows > s->cap_rows) {
+        float *l = realloc(s->logits, rows * (size_t)vocab * sizeof *l);
+        if (!l) return tsr_fail(TSR_ERR_NOMEM, "step: out of memory for %zu rows of logits", rows);
+        s->logits = l;
+        s->cap_rows = rows;
+    }
+    return TSR_OK;
+}
+
+tsr_status tsr_engine_run_step(tsr_engine *e, tsr_step_scratch *scratch, const tsr_step *step,
+                               tsr_step_result *results, float *logits)
+{
+    const int vocab = e->model->cfg.vocab_size;
+    const int max_tokens = tsr_forward_max_tokens(e->fwd);
+    TSR_TRY(tsr_step_validate(step, vocab, e->kv.n_pages, e->kv.page_size));
+    const int n = step->n_seqs;
+    if (n == 0) return TSR_OK;
+    /* per sequence: tokens done so far and its first row in `logits` */
+    int *done = calloc((size_t)n * 2, sizeof *done);
+    if (!done) return tsr_fail(TSR_ERR_NOMEM, "step: out of memory");
+    int *out_row = done + n;
+    for (int i = 0, row = 0; i < n; i++) {
+        out_row[i] = row;
+        row += step->seqs[i].logits == 2 ? step->seqs[i].n_tokens : step->seqs[i].logits == 1;
+        results[i] = (tsr_step_result){.token = -1};
+    }
+    tsr_status st = TSR_OK;
+    for (;;) {
+        /* gather one forward call's worth of work */
+        int nb = 0, budget = max_tokens;
+        size_t rows = 0;
+        if ((st = scratch_reserve(scratch, n, 0, vocab)) != TSR_OK) break;
+        for (int i = 0; i < n && budget > 0; i++) {
+            const tsr_step_seq *q = &step->seqs[i];
+            int left = q->n_tokens - done[i];
+            if (left <= 0) continue;
+            int take = left < budget ? left : budget;
+            int last = done[i] + take == q->n_tokens;
+            tsr_logits_mode mode = q->logits == 2                    ? TSR_LOGITS_ALL
+                                   : last && (q->sample || q->logits) ? TSR_LOGITS_LAST
+                                                                      : TSR_LOGITS_NONE;
+            scratch->in[nb] = (tsr_seq_input){step->tokens + q->token0 + done[i], take, q->pos0 + done[i],
+                                              step->pages + q->page0, q->n_pages, mode};
+            scratch->owner[nb++] = i;
+            rows += mode == TSR_LOGITS_ALL ? (size_t)take : mode == TSR_LOGITS_LAST;
+            budget -= take;
+        }
+        if (nb == 0) break;
+        if ((st = scratch_reserve(scratch, n, rows, vocab)) != TSR_OK) break;
+        if ((st = tsr_forward(e->fwd, scratch->in, nb, rows ? scratch->logits : NULL)) != TSR_OK) break;
+        size_t row = 0;
+        for (int b = 0; b < nb && st == TSR_OK; b++) {
+            int i = scratch->owner[b];
+            const tsr_step_seq *q = &step->seqs[i];
+            const tsr_seq_input *in = &scratch->in[b];
+            int nrows = in->logits == TSR_LOGITS_ALL ? in->n_tokens : in->logits == TSR_LOGITS_LAST;
+            float *src = scratch->logits + row * (size_t)vocab;
+            if (logits && q->logits && nrows) {
+                int dst_row = out_row[i] + (q->logits == 2 ? done[i] : 0);
+                memcpy(logits + (size_t)dst_row * vocab, src, (size_t)nrows * vocab * sizeof(float));
+            }
+            done[i] += in->n_tokens;
+            if (q->sample && done[i] == q->n_tokens)
+                st = tsr_step_sample(src + (size_t)(nrows - 1) * vocab, vocab, step, q, &results[i]);
+            row += (size_t)nrows;
+        }
+        if (st != TSR_OK) break;
+    }
+    free(done);
+    return st;
+}
+
+typedef struct local_impl {
+    tsr_engine *engine;
+    tsr_step_scratch scratch;
+} local_impl;
+
+static tsr_status local_run(tsr_executor *x, const tsr_step *step, tsr_step_result *results, float *logits)
+{
+    local_impl *l = x->impl;
+    return tsr_engine_run_step(l->engine, &l->scratch, step, results, logits);
+}
+
+static void local_close(tsr_executor *x)
+{
+    if (!x) return;
+    local_impl *l = x->impl;
+    tsr_step_scratch_free(&l->scratch);
+    free(l);
+    free(x);
+}
+
+tsr_status tsr_executor_local(tsr_engine *e, tsr_executor **out)
+{
+    tsr_executor *x = calloc(1, sizeof *x);
+    local_impl *l = calloc(1, sizeof *l);
+    if (!x || !l) {
+        free(x);
+        free(l);
+        return tsr_fail(TSR_ERR_NOMEM, "out of memory");
+    }
+    l->engine = e;
+    x->impl = l;
+    x->vocab = e->model->cfg.vocab_size;
+    x->page_size = e->kv.page_size;
+    x->n_pages = e->kv.n_pages;
+    x->max_step_tokens = tsr_forward_max_tokens(e->fwd);
+    x->max_context = e->model->cfg.rope.max_pos;
+    x->run = local_run;
+    x->close = local_close;
+    *out = x;
+    return TSR_OK;
+}

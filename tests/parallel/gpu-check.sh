@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# Multi-GPU checks and benchmarks on the lent GPU machine (2+ GPUs). Pack here first with
+# tests/parallel/gpu-pack.sh and carry `.parpack`; then, there:
+#   bash tests/parallel/gpu-check.sh [env|correct|faults|bench|bench70|all]     (default: env correct faults)
+#
+#   env      what the machine offers: GPUs, MPI, NCCL, missing libraries, the ranks' bindings
+#   correct  every fixture model on GPU workers: one GPU vs mpirun -np 3 --split layers / --split tensor (NCCL):
+#            the same greedy tokens, logits within 2e-2 with the same argmax wherever the top two are 0.1 apart
+#   faults   a dead worker and a stuck one (NCCL watchdog, --comm-timeout) end the job non-zero within seconds
+#   bench    an 8B-geometry 4.0-bit model (synthesized): one GPU, layers, tensor (generate --bench)
+#   bench70  70B geometry at 4.0 bits: one GPU vs layers vs tensor over two GPUs; 70B at 2.5 bits on two GPUs
+#            capped at 24 GiB each (by layers and by tensors); prints the ratios against the BENCHMARKS.md targets
+#            (tensor batch-1 decode >= 1.7x one GPU; layers batch-32 decode >= 1.6x; tensor prefill >= layers)
+# Logs and JSON go to $OUT (default /tmp/out). Models are synthesized under $TSR_SYNTH_DIR (default /tmp) unless
+# TSR_MODEL_70B_40 / TSR_MODEL_70B_25 / TSR_MODEL_8B name existing directories.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+modes=${*:-env correct faults}
+dev=${TSR_CHECK_DEVICE:-cuda} # cpu: a dry run of the script on any machine
+[ "$modes" = all ] && modes="env correct faults bench bench70"
+
+# ---- the packed binaries and Open MPI ----
+pk=/tmp/parbin
+if [ ! -x "$pk/.parbin/bin/tessera" ]; then
+  [ -f .parpack/parbin.tar.xz ] || { echo "gpu-check: no .parpack/parbin.tar.xz (run tests/parallel/gpu-pack.sh here, carry .parpack)"; exit 2; }
+  mkdir -p "$pk" && xz -dc .parpack/parbin.tar.xz | tar -xf - -C "$pk"
+fi
+P=$pk/.parbin
+bin=$P/bin/tessera
+ldiff=$P/bin/logits_diff
+nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH=$P/lib:$P/ompi/lib/x86_64-linux-gnu/openmpi/lib${nccl_lib:+:$nccl_lib}:${LD_LIBRARY_PATH:-}
+export OPAL_PREFIX=$P/ompi PATH=$P/ompi/bin:$PATH
+export OMPI_MCA_mca_base_component_path=$P/ompi/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
+export PMIX_MCA_mca_base_component_path=$P/ompi/pmix2/lib/pmix HWLOC_PLUGINS_PATH=$P/hwloc
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+# the machine may carry its own PMIx plugins, for another PMIx version: do not let ours warn about them
+export PMIX_MCA_mca_base_component_show_load_errors=0 PMIX_MCA_pcompress_base_silence_warning=1
+# never NVLink multicast on these shared machines (tessera sets it too; kept here for every process)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+[ -e /usr/lib/x86_64-linux-gnu/pmix2 ] || { mkdir -p /usr/lib/x86_64-linux-gnu && ln -s "$P/ompi/pmix2" /usr/lib/x86_64-linux-gnu/pmix2; } 2>/dev/null
+mpi() { local np=$1; shift; timeout "${TSR_RUN_TIMEOUT:-300}" mpirun --bind-to none -np "$np" "$bin" "$@"; }
+fx=/tmp/tsr-fixtures
+mkdir -p "$fx/reference"
+python3 - "$fx" <<'PY'
+import lzma, os, sys, glob
+for f in glob.glob("tests/fixtures/reference/*.xz"):
+    dst = os.path.join(sys.argv[1], "reference", os.path.basename(f)[:-3])
+    if not os.path.exists(dst):
+        with lzma.open(f) as a, open(dst, "wb") as b:
+            b.write(a.read())
+PY
+prompts=$root/tests/fixtures/reference/prompts.json
+status=0
+bad() { echo "FAIL: $*"; status=1; }
+
+for mode in $modes; do
+case $mode in
+env)
+  nvidia-smi --query-gpu=index,name,memory.total,pci.bus_id --format=csv | tee "$out/gpus.txt"
+  echo "mpirun: $(command -v mpirun) ($(mpirun --version 2>&1 | head -1)); the machine's own: $(ls /usr/bin/mpirun /usr/local/mpi/bin/mpirun /opt/hpcx/ompi/bin/mpirun 2>/dev/null | tr '\n' ' ')"
+  echo "NCCL library: ${nccl_lib:-not found in the nvidia-nccl wheel}"
+  ldd "$bin" | grep "not found" && bad "libraries missing"
+  mpi 3 generate --model models/tiny-llama-exl2-4.0bpw --device "$dev" --ids 0,1392,1329 --max-tokens 8 --print-ids \
+    --split tensor 2>&1 | tee "$out/env-ranks.txt"
+  ;;
+diag)
+  # exit paths of a tensor-split run with NCCL, under variants (rc and seconds per run)
+  m=models/tiny-llama-exl2-4.0bpw
+  for variant in "" TSR_NCCL_DESTROY=1 TSR_CUDA_GRAPHS=0; do
+    SECONDS=0
+    env $variant NCCL_DEBUG=WARN timeout 90 mpirun --bind-to none --tag-output -np 3 "$bin" generate --model $m \
+      --device "$dev" --ids 0,1392,1329,263,680 --max-tokens 8 --ignore-eos --print-ids --split tensor \
+      --comm-timeout 30 > "$out/diag.txt" 2>&1
+    rc=$?
+    echo "variant '${variant:-default}': exit $rc after ${SECONDS}s"
+    grep -v -i "pmix\|^\s*$" "$out/diag.txt" | tail -15
+    nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader
+  done
+  ;;
+correct)
+  for d in tests/fixtures/models/* models/*; do
+    [ -f "$d/config.json" ] || continue
+    tag=$(basename "$d")
+    ref=$("$bin" generate --model "$d" --device "$dev" --ids 0,1392,1329,263,680 --max-tokens 16 --ignore-eos --print-ids) || { bad "$tag one GPU"; continue; }
+    "$bin" logits --model "$d" --device "$dev" --prompts "$prompts" --kv-dtype f32 --out "$out/$tag.ref.st" || { bad "$tag logits"; continue; }
+    for split in layers tensor; do
+      got=$(mpi 3 generate --model "$d" --device "$dev" --ids 0,1392,1329,263,680 --max-tokens 16 --ignore-eos \
+        --print-ids --split $split --quiet-ranks) || { bad "$tag $split generate"; continue; }
+      [ "$got" = "$ref" ] || bad "$tag $split: tokens $got, one GPU $ref"
+      mpi 3 logits --model "$d" --device "$dev" --prompts "$prompts" --kv-dtype f32 --out "$out/$tag.$split.st" \
+        --split $split --quiet-ranks || { bad "$tag $split logits"; continue; }
+      r=$("$ldiff" "$out/$tag.ref.st" "$out/$tag.$split.st" 2e-2 0.1) || bad "$tag $split logits: $r"
+      echo "$tag --split $split on 2 GPUs: tokens $([ "$got" = "$ref" ] && echo equal || echo DIFFER), logits $r"
+    done
+    rm -f "$out/$tag".*.st
+  done 2>&1 | tee "$out/correct.txt"
+  grep -q "^FAIL" "$out/correct.txt" && status=1
+  ;;
+faults)
+  m=models/tiny-llama-exl2-4.0bpw
+  for split in layers tensor; do
+    SECONDS=0
+    TSR_TEST_DIE_AFTER_STEPS=2 mpi 3 generate --model $m --device "$dev" --ids 0,1392 --max-tokens 8 --ignore-eos \
+      --split $split --quiet-ranks > /dev/null 2> "$out/die-$split.txt"
+    rc=$?
+    echo "dead worker, $split: exit $rc after ${SECONDS}s; $(grep -m1 'rank 0' "$out/die-$split.txt")"
+    { [ $rc -ne 0 ] && [ $rc -ne 124 ]; } || bad "dead worker ($split) exit $rc"
+    SECONDS=0
+    TSR_TEST_DIE_AFTER_STEPS=2 TSR_TEST_DIE_MODE=hang mpi 3 generate --model $m --device "$dev" --ids 0,1392 \
+      --max-tokens 8 --ignore-eos --split $split --comm-timeout 5 --quiet-ranks > /dev/null 2> "$out/hang-$split.txt"
+    rc=$?
+    echo "stuck worker, $split: exit $rc after ${SECONDS}s; $(grep -m1 -E 'no answer|aborting' "$out/hang-$split.txt")"
+    { [ $rc -ne 0 ] && [ $rc -ne 124 ]; } || bad "stuck worker ($split) exit $rc"
+  done
+  ;;
+bench|bench70)
+  sd=${TSR_SYNTH_DIR:-/tmp}
+  synth() { # dir hidden layers heads kv inter bpw
+    [ -f "$1/config.json" ] || "$bin" synth --arch llama --hidden "$2" --layers "$3" --heads "$4" --kv-heads "$5" \
+      --intermediate "$6" --vocab 128256 --bpw "$7" --out "$1" > /dev/null || bad "synth $1"
+  }
+  run_bench() { # label np args...
+    local label=$1 np=$2; shift 2
+    if [ "$np" = 1 ]; then
+      timeout "${TSR_RUN_TIMEOUT:-300}" "$bin" generate --bench --device "$dev" --json "$out/bench-$label.json" "$@"
+    else
+      mpi "$np" generate --bench --device "$dev" --quiet-ranks --json "$out/bench-$label.json" "$@"
+    fi 2>&1 | tee "$out/bench-$label.txt"
+  }
+  if [ $mode = bench ]; then
+    m=${TSR_MODEL_8B:-$sd/llama8b-4.0}
+    synth "$m" 4096 32 32 8 14336 4.0
+    args=(--model "$m" --batch 1,8,32 --prompt-len 512 --gen 64)
+    run_bench 8b-1gpu 1 "${args[@]}"
+    run_bench 8b-layers 3 "${args[@]}" --split layers
+    run_bench 8b-tensor 3 "${args[@]}" --split tensor
+    names="8b-1gpu 8b-layers 8b-tensor"
+  else
+    m40=${TSR_MODEL_70B_40:-$sd/llama70b-4.0}
+    m25=${TSR_MODEL_70B_25:-$sd/llama70b-2.5}
+    synth "$m40" 8192 80 64 8 28672 4.0
+    args=(--model "$m40" --batch 1,32 --prompt-len 512 --gen 32)
+    run_bench 70b40-1gpu 1 "${args[@]}"
+    run_bench 70b40-layers 3 "${args[@]}" --split layers
+    run_bench 70b40-tensor 3 "${args[@]}" --split tensor
+    [ -n "${TSR_KEEP_MODELS:-}" ] || [ -n "${TSR_MODEL_70B_40:-}" ] || rm -rf "$m40"
+    synth "$m25" 8192 80 64 8 28672 2.5
+    "$bin" inspect --model "$m25" --plan --np 3 --split layers --gpu-memory 24GiB --context 4096 | tail -8
+    args=(--model "$m25" --batch 1,8 --prompt-len 512 --gen 32 --gpu-memory 24GiB)
+    run_bench 70b25-24gb-layers 3 "${args[@]}" --split layers
+    run_bench 70b25-24gb-tensor 3 "${args[@]}" --split tensor
+    names="70b40-1gpu 70b40-layers 70b40-tensor 70b25-24gb-layers 70b25-24gb-tensor"
+  fi
+  python3 - "$out" $names <<'PY' | tee "$out/ratios-$mode.txt"
+import json, os, sys
+out, names = sys.argv[1], sys.argv[2:]
+r = {}
+for n in names:
+    p = os.path.join(out, "bench-%s.json" % n)
+    if os.path.exists(p):
+        r[n] = {b["batch"]: b for b in json.load(open(p))["batches"]}
+def get(n, batch, key):
+    return r.get(n, {}).get(batch, {}).get(key)
+one, lay, ten = names[0], names[1], names[2]
+def ratio(a, b):
+    return "%.2fx" % (a / b) if a and b else "n/a"
+print("tensor batch-1 decode vs one GPU: %s (target >= 1.7x)" % ratio(get(ten, 1, "decode_tok_s"), get(one, 1, "decode_tok_s")))
+print("layers batch-32 decode vs one GPU: %s (target >= 1.6x)" % ratio(get(lay, 32, "decode_tok_s"), get(one, 32, "decode_tok_s")))
+print("tensor prefill vs layers prefill (batch 1): %s (target >= 1x)" % ratio(get(ten, 1, "prefill_tok_s"), get(lay, 1, "prefill_tok_s")))
+PY
+  ;;
+*) bad "unknown mode $mode" ;;
+esac
+done
+echo "gpu-check: $([ $status = 0 ] && echo ok || echo FAILED)"
+exit $status

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Multi-rank runs under mpirun on CPU workers (3 ranks on any number of cores), against one process.
+#
+#   test_mpi.sh layers|tensor|hybrid|faults MPIEXEC LOGITS_DIFF
+#
+# layers / tensor / hybrid: for every fixture model, `tessera generate` (greedy ids) and `tessera logits` (FP32 KV)
+# under `mpirun -np 3 --split layers` (and uneven ratios), `--split tensor`, or `-np 5 --split layers --tp 2`
+# must give the same tokens as one process and logits within 1e-3 with the same argmax everywhere (the layer split:
+# bit-identical). faults: a worker that cannot load, one that dies and one that stops answering must each end the
+# job with a non-zero exit and a message naming the rank, within seconds; an impossible split is refused cleanly.
+set -u
+mode=$1
+mpiexec=$2
+logits_diff=$3
+bin=${TSR_BIN:?TSR_BIN is not set}
+command -v "$mpiexec" > /dev/null || { echo "no $mpiexec: skipped"; exit 77; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none # containers often forbid the cross-process copy it uses
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+mpi() { local np=$1; shift; timeout 300 "$mpiexec" --bind-to none -np "$np" "$bin" "$@"; }
+
+models=()
+for name in tiny-llama-exl2-4.0bpw tiny-llama-exl2-2.5bpw tiny-llama-exl2-8.0bpw tiny-qwen2-exl2-4.65bpw \
+            tiny-llama-fp16 tiny-qwen2-fp16 tiny-llama-gptq-4bit-g128 tiny-qwen2-gptq-4bit-g128-actorder; do
+  for root in "${TSR_FIXTURES:-}/models" "${TSR_MODELS:-}"; do
+    if [ -f "$root/$name/config.json" ]; then models+=("$root/$name"); break; fi
+  done
+done
+[ ${#models[@]} -gt 0 ] || { echo "no fixture models: skipped"; exit 77; }
+prompts=${TSR_FIXTURES:?}/reference/prompts.json
+ids=0,1392,1329,263,680
+
+# compare MODEL NP ARGS...: one run under mpirun against the one-process reference
+compare() {
+  local model=$1 np=$2 tol=$3; shift 3
+  local tag; tag=$(basename "$model")
+  local got
+  got=$(mpi "$np" generate --model "$model" --ids "$ids" --max-tokens 16 --ignore-eos --print-ids --quiet-ranks "$@") ||
+    fail "$tag: generate $* under mpirun -np $np"
+  [ "$got" = "${ref_ids[$tag]}" ] || fail "$tag: mpirun -np $np $*: tokens $got, one process ${ref_ids[$tag]}"
+  mpi "$np" logits --model "$model" --prompts "$prompts" --kv-dtype f32 --out "$tmp/$tag.mpi.safetensors" \
+    --quiet-ranks "$@" || fail "$tag: logits $* under mpirun -np $np"
+  local d
+  d=$("$logits_diff" "$tmp/$tag.ref.safetensors" "$tmp/$tag.mpi.safetensors" "$tol") ||
+    fail "$tag: mpirun -np $np $*: logits $d"
+  echo "$tag: mpirun -np $np $*: tokens equal, logits $d"
+}
+
+declare -A ref_ids
+reference() {
+  local model=$1 tag; tag=$(basename "$model")
+  ref_ids[$tag]=$("$bin" generate --model "$model" --ids "$ids" --max-tokens 16 --ignore-eos --print-ids) ||
+    fail "$tag: one-process generate"
+  "$bin" logits --model "$model" --prompts "$prompts" --kv-dtype f32 --out "$tmp/$tag.ref.safetensors" ||
+    fail "$tag: one-process logits"
+}
+
+case "$mode" in
+layers)
+  for m in "${models[@]}"; do
+    reference "$m"
+    compare "$m" 3 0 --split layers
+  done
+  # uneven stage shares and a single pipelined call per step
+  compare "${models[0]}" 3 0 --split layers:0.7,0.3
+  compare "${models[0]}" 3 0 --split layers:0.7,0.3 --micro-batches 1
+  compare "${models[0]}" 4 0 --split layers
+  # the same options from an INI file (--config), and the plan printed without loading
+  printf '[parallel]\nsplit = layers:0.6,0.4\nquiet-ranks = true\nmicro-batches = 3\n[generate]\nignore-eos = yes\n' > "$tmp/c.ini"
+  got=$(mpi 3 generate --model "${models[0]}" --config "$tmp/c.ini" --ids "$ids" --max-tokens 16 --print-ids) ||
+    fail "generate --config"
+  [ "$got" = "${ref_ids[$(basename "${models[0]}")]}" ] || fail "--config: tokens $got"
+  echo "--config: tokens equal"
+  "$bin" inspect --model "${models[0]}" --plan --np 3 --split layers --gpu-memory 1GiB > "$tmp/plan.txt" ||
+    fail "inspect --plan"
+  grep -q "layer split: 2 workers" "$tmp/plan.txt" && grep -q "1.00 GiB" "$tmp/plan.txt" ||
+    fail "inspect --plan output: $(cat "$tmp/plan.txt")"
+  ;;
+tensor)
+  for m in "${models[@]}"; do
+    reference "$m"
+    compare "$m" 3 1e-3 --split tensor
+  done
+  ;;
+hybrid)
+  reference "${models[0]}"
+  compare "${models[0]}" 5 1e-3 --split layers --tp 2
+  reference "${models[4]:-${models[0]}}"
+  compare "${models[4]:-${models[0]}}" 5 1e-3 --split layers:0.6,0.4 --tp 2
+  ;;
+faults)
+  m=${models[0]}
+  # a worker that cannot load (its --model has no weights): the job stops, naming the rank and the reason
+  mkdir "$tmp/empty" && cp "$m"/*.json "$tmp/empty/"
+  SECONDS=0
+  timeout 120 "$mpiexec" --bind-to none -np 2 "$bin" generate --model "$m" --ids "$ids" --max-tokens 4 --quiet-ranks : \
+    -np 1 "$bin" generate --model "$tmp/empty" --ids "$ids" --max-tokens 4 --quiet-ranks > "$tmp/out" 2> "$tmp/err"
+  rc=$?
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "load failure: exit $rc"
+  grep -q "rank 2 .*cannot load its part" "$tmp/err" || fail "load failure message: $(cat "$tmp/err")"
+  echo "load failure: exit $rc after ${SECONDS}s: $(grep -m1 'cannot load' "$tmp/err")"
+  # a worker that dies after two steps: rank 0 fails the step and the job ends non-zero within seconds
+  for split in layers tensor; do
+    SECONDS=0
+    TSR_TEST_DIE_AFTER_STEPS=2 timeout 120 "$mpiexec" --bind-to none -x TSR_TEST_DIE_AFTER_STEPS -np 3 "$bin" generate \
+      --model "$m" --ids "$ids" --max-tokens 12 --ignore-eos --print-ids --split $split --quiet-ranks \
+      > "$tmp/out" 2> "$tmp/err"
+    rc=$?
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "dead worker ($split): exit $rc"
+    [ $SECONDS -lt 60 ] || fail "dead worker ($split): took ${SECONDS}s"
+    grep -q "rank 0" "$tmp/err" || fail "dead worker ($split): no message from rank 0: $(cat "$tmp/err")"
+    echo "dead worker ($split): exit $rc after ${SECONDS}s"
+  done
+  # a worker that stops answering: --comm-timeout ends the job
+  SECONDS=0
+  TSR_TEST_DIE_AFTER_STEPS=2 TSR_TEST_DIE_MODE=hang timeout 120 "$mpiexec" --bind-to none -x TSR_TEST_DIE_AFTER_STEPS \
+    -x TSR_TEST_DIE_MODE -np 3 "$bin" generate --model "$m" --ids "$ids" --max-tokens 12 --ignore-eos --print-ids \
+    --split layers --comm-timeout 3 --quiet-ranks > "$tmp/out" 2> "$tmp/err"
+  rc=$?
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "stuck worker: exit $rc"
+  grep -q "no answer" "$tmp/err" || fail "stuck worker message: $(cat "$tmp/err")"
+  echo "stuck worker: exit $rc after ${SECONDS}s"
+  # splits that cannot be made are refused before loading, on every rank
+  mpi 4 generate --model "$m" --ids "$ids" --max-tokens 2 --split tensor --quiet-ranks > "$tmp/out" 2> "$tmp/err"
+  rc=$?
+  [ $rc -eq 1 ] || fail "3-way tensor split of 2 KV heads: exit $rc"
+  grep -q "key/value heads" "$tmp/err" || fail "uneven split message: $(cat "$tmp/err")"
+  mpi 3 generate --model "$m" --ids "$ids" --max-tokens 2 --split layers --gpu-memory 1MiB --quiet-ranks \
+    > "$tmp/out" 2> "$tmp/err"
+  rc=$?
+  [ $rc -eq 1 ] || fail "plan that does not fit: exit $rc"
+  grep -q "worker" "$tmp/err" || fail "plan message: $(cat "$tmp/err")"
+  echo "refused plans: $(grep -m1 -o 'key/value heads[^(]*' "$tmp/err" || true)ok"
+  ;;
+*) fail "unknown mode $mode" ;;
+esac
+echo "mpi $mode: ok"

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# tessera batch on the bundled model with a mix of good and bad lines: completions and chat requests, n > 1 and a
+# list of prompts, bodies the API refuses (400/404 inside the response), lines that are not batch requests
+# (invalid JSON, unknown url, missing body, wrong method, a non-string custom_id) and a duplicate custom_id. The
+# output must have one line per input line, OpenAI's batch output shape, and the right codes; the command's exit
+# codes follow the usual rules.
+set -u
+bin=${TSR_BIN:?TSR_BIN not set}
+model=${TSR_MODELS:?}/tiny-llama-exl2-4.0bpw
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+cat > "$tmp/in.jsonl" <<'EOF'
+{"custom_id": "c1", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}}
+{"custom_id": "c2", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 8, "temperature": 0}}
+{"custom_id": "c3", "method": "POST", "url": "/v1/completions", "body": {"prompt": "broken"
+{"custom_id": "c4", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}
+{"custom_id": "c5", "method": "POST", "url": "/v1/completions"}
+{"custom_id": "c1", "method": "POST", "url": "/v1/completions", "body": {"prompt": "dup", "max_tokens": 4}}
+{"custom_id": "c7", "method": "POST", "url": "/v1/completions", "body": {"prompt": "The cat", "max_tokens": 6, "n": 3, "temperature": 1, "seed": 5}}
+{"custom_id": "c8", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "temperature": "hot"}}
+{"custom_id": "c9", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "max_tokens": 100000}}
+{"custom_id": "c10", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}}
+
+{"custom_id": "c11", "method": "POST", "url": "/v1/completions", "body": {"prompt": ["One day", "The dog"], "n": 2, "max_tokens": 5, "temperature": 0.8, "seed": 1}}
+{"custom_id": "c12", "method": "GET", "url": "/v1/completions", "body": {"prompt": "x"}}
+{"custom_id": 17, "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}
+{"custom_id": "c15", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}}
+{"custom_id": "c14", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "tiny-llama-exl2-4.0bpw", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}], "max_tokens": 12, "stop": ["."]}}
+EOF
+
+"$bin" batch --model "$model" --input "$tmp/in.jsonl" --output "$tmp/out.jsonl" --kv-tokens 8192 \
+    2> "$tmp/err" || fail "batch exited $? ($(cat "$tmp/err"))"
+grep -q "^tessera batch: stats .*lines_done=15 " "$tmp/err" || fail "stats line: $(cat "$tmp/err")"
+
+python3 - "$tmp/out.jsonl" <<'EOF' || fail "output check"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+assert len(lines) == 15, f"{len(lines)} output lines, expected 15"
+by_id = {}
+nulls = []
+for l in lines:
+    assert set(l) == {"id", "custom_id", "response", "error"}, l
+    assert l["id"].startswith("batch_req_"), l["id"]
+    if l["custom_id"] is None:
+        nulls.append(l)
+    else:
+        by_id.setdefault(l["custom_id"], []).append(l)
+assert len({l["id"] for l in lines}) == 15, "batch_req ids are not unique"
+
+def ok(cid, object_, n):
+    (l,) = [l for l in by_id[cid] if not l["error"]]
+    r = l["response"]
+    assert l["error"] is None and r["status_code"] == 200, l
+    assert r["request_id"], l
+    b = r["body"]
+    assert b["object"] == object_, b
+    assert len(b["choices"]) == n, b
+    assert sorted(c["index"] for c in b["choices"]) == list(range(n)), b
+    assert b["usage"]["completion_tokens"] > 0, b
+    return b
+
+b = ok("c1", "text_completion", 1)
+assert b["choices"][0]["text"], b
+b15 = ok("c15", "text_completion", 1)  # "stream" is ignored in a batch: the whole response
+assert b15["choices"][0]["text"] == b["choices"][0]["text"], (b15, b)
+ok("c2", "chat.completion", 1)
+b = ok("c7", "text_completion", 3)
+texts = [c["text"] for c in b["choices"]]
+assert len(set(texts)) > 1, f"n=3 with temperature 1 gave identical choices: {texts}"
+ok("c11", "text_completion", 4)
+b = ok("c14", "chat.completion", 1)
+assert "." not in b["choices"][0]["message"]["content"], b
+
+def api_error(cid, status):
+    (l,) = by_id[cid]
+    assert l["error"] is None and l["response"]["status_code"] == status, l
+    e = l["response"]["body"]["error"]
+    assert e["message"] and e["type"], l
+    return e
+
+api_error("c8", 400)
+assert api_error("c9", 400)["code"] == "context_length_exceeded"
+assert api_error("c10", 404)["code"] == "model_not_found"
+
+def line_error(l, code):
+    assert l["response"] is None, l
+    assert l["error"]["code"] == code, l
+    assert l["error"]["message"] and isinstance(l["error"]["line"], int), l
+
+line_error(by_id["c4"][0], "invalid_url")
+line_error(by_id["c5"][0], "missing_required_parameter")
+line_error(by_id["c12"][0], "invalid_method")
+c1 = by_id["c1"]
+assert len(c1) == 2, c1
+dups = [l for l in c1 if l["error"]]
+assert len(dups) == 1 and dups[0]["error"]["code"] == "duplicate_custom_id" and dups[0]["error"]["line"] == 6, c1
+assert "c3" not in by_id and len(nulls) == 2, nulls
+nulls.sort(key=lambda l: l["error"]["line"])
+line_error(nulls[0], "invalid_json_line")
+line_error(nulls[1], "invalid_custom_id")
+assert [l["error"]["line"] for l in nulls] == [3, 14], nulls
+print("format ok")
+EOF
+
+# greedy completions in the batch equal `tessera generate` (which prints the prompt first)
+text=$(python3 -c '
+import json, sys
+for l in open(sys.argv[1]):
+    l = json.loads(l)
+    if l["custom_id"] == "c1" and l["response"]:
+        sys.stdout.write(l["response"]["body"]["choices"][0]["text"])' "$tmp/out.jsonl")
+gen=$("$bin" generate --model "$model" --prompt "Once upon a time" --max-tokens 8) || fail "generate"
+[ "Once upon a time$text" = "$gen" ] || fail "batch text '$text' differs from generate '$gen'"
+
+# rerunning on a complete output does nothing
+"$bin" batch --model "$model" --input "$tmp/in.jsonl" --output "$tmp/out.jsonl" 2> "$tmp/err" || fail "rerun"
+[ "$(wc -l < "$tmp/out.jsonl")" -eq 15 ] || fail "rerun added lines"
+grep -q "written=0 skipped=15" "$tmp/err" || fail "rerun stats: $(cat "$tmp/err")"
+
+# usage and runtime errors
+"$bin" batch --model "$model" --input "$tmp/in.jsonl" 2> /dev/null; [ $? -eq 2 ] || fail "missing --output should exit 2"
+"$bin" batch --model "$model" --input "$tmp/in.jsonl" --output "$tmp/in.jsonl" 2> /dev/null
+[ $? -eq 2 ] || fail "input == output should exit 2"
+"$bin" batch --model "$model" --input "$tmp/none.jsonl" --output "$tmp/o.jsonl" 2> "$tmp/err"
+[ $? -eq 1 ] || fail "missing input should exit 1"
+grep -q "none.jsonl" "$tmp/err" || fail "message does not name the input"
+"$bin" batch --model /nonexistent --input "$tmp/in.jsonl" --output "$tmp/o2.jsonl" 2> "$tmp/err"
+[ $? -eq 1 ] || fail "missing model should exit 1"
+printf 'not ours\n{"custom_id": "x", "error": null, "response": null}\n' > "$tmp/foreign.jsonl"
+"$bin" batch --model "$model" --input "$tmp/in.jsonl" --output "$tmp/foreign.jsonl" 2> "$tmp/err"
+[ $? -eq 1 ] || fail "a damaged output in the middle should exit 1"
+grep -q "line 1" "$tmp/err" || fail "message does not name the damaged line: $(cat "$tmp/err")"
+echo "batch format: ok"

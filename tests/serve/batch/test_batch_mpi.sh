@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# tessera batch under mpirun: the coordinator (rank 0) runs the batch and two CPU workers run the model (layer
+# split); the output must equal a one-process run's (greedy and seeded texts, n > 1, error lines).
+#
+#   test_batch_mpi.sh MPIEXEC
+set -u
+mpiexec=$1
+bin=${TSR_BIN:?TSR_BIN not set}
+model=${TSR_MODELS:?}/tiny-llama-exl2-4.0bpw
+command -v "$mpiexec" > /dev/null || { echo "no $mpiexec: skipped"; exit 77; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+cat > "$tmp/in.jsonl" <<'JSONL'
+{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}}
+{"custom_id": "b", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 12, "temperature": 0}}
+{"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": "The cat", "max_tokens": 8, "n": 3, "temperature": 1, "seed": 5}}
+{"custom_id": "d", "method": "POST", "url": "/v1/embeddings", "body": {}}
+{"custom_id": "e", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "max_tokens": 100000}}
+JSONL
+"$bin" batch --model "$model" --input "$tmp/in.jsonl" --output "$tmp/one.jsonl" --kv-tokens 4096 2> "$tmp/err" ||
+    fail "one process: $(cat "$tmp/err")"
+timeout 300 "$mpiexec" --bind-to none -np 3 "$bin" batch --model "$model" --input "$tmp/in.jsonl" \
+    --output "$tmp/mpi.jsonl" --kv-tokens 4096 --quiet-ranks 2> "$tmp/err" || fail "mpirun -np 3: $(cat "$tmp/err")"
+python3 - "$tmp/one.jsonl" "$tmp/mpi.jsonl" <<'PY' || fail "results differ"
+import json, sys
+def load(path):
+    out = {}
+    for l in map(json.loads, open(path)):
+        r = l["response"]
+        if r and r["status_code"] == 200:
+            out[l["custom_id"]] = [c.get("text", c.get("message", {}).get("content")) for c in r["body"]["choices"]]
+        else:
+            out[l["custom_id"]] = (r and r["status_code"], l["error"] and l["error"]["code"])
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert len(a) == 5 and a == b, (a, b)
+PY
+echo "batch under mpirun: ok"

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# tessera serve under mpirun: rank 0 serves HTTP, two CPU worker ranks run the model (--split layers and tensor).
+# Greedy completions must equal the one-process server's, streaming must frame correctly, a client that hangs up
+# mid-stream must be cancelled (running sequences back to 0), and SIGUSR1 to mpirun (which forwards it; SIGTERM
+# and SIGINT to mpirun kill the job) must stop the server gracefully with a stream in flight, every rank exiting 0.
+#
+#   test_http_mpi.sh MPIEXEC
+# Exits 77 when mpirun is missing or when this build's tessera refuses to run serve over several ranks.
+set -u
+mpiexec=$1
+bin=${TSR_BIN:?TSR_BIN not set}
+model=${TSR_MODELS:?}/tiny-llama-exl2-4.0bpw
+here=$(cd "$(dirname "$0")" && pwd)
+command -v "$mpiexec" > /dev/null || { echo "no $mpiexec: skipped"; exit 77; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*"
+  for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 20 "$f"; }; done
+  exit 1
+}
+tool() { python3 "$here/sse_tool.py" "$@"; }
+body='{"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}'
+
+# start LOG CMD...: starts a server on a free port; sets $port and $pid once /health is 200 (returns 1 when the
+# command exits first)
+start() {
+  local log=$1
+  shift
+  "$@" --model "$model" --port 0 --grace 5 --quiet-ranks 2> "$log" &
+  pid=$!
+  pids+=("$pid")
+  port=""
+  for _ in $(seq 1 600); do
+    [ -z "$port" ] && port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$log" | head -n 1)
+    if [ -n "$port" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health")" = 200 ]; then
+      return 0
+    fi
+    kill -0 "$pid" 2> /dev/null || return 1
+    sleep 0.1
+  done
+  fail "server not ready: $*"
+}
+
+# the one-process reference
+start "$tmp/one.log" "$bin" serve || fail "one-process server"
+ref=$(curl -s "http://127.0.0.1:$port/v1/completions" -d "$body" | python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])')
+[ -n "$ref" ] || fail "no reference text"
+kill -TERM "$pid"
+wait "$pid" || fail "one-process server exit code"
+
+for split in layers tensor; do
+  if ! start "$tmp/$split.log" "$mpiexec" --bind-to none -np 3 "$bin" serve --split "$split"; then
+    wait "$pid"
+    if grep -q "runs in one process" "$tmp/$split.log"; then
+      echo "this tessera does not run serve over several ranks (launcher/main.c): skipped"
+      exit 77
+    fi
+    fail "mpirun serve --split $split did not start"
+  fi
+  got=$(curl -s "http://127.0.0.1:$port/v1/completions" -d "$body" | python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])')
+  [ "$got" = "$ref" ] || fail "$split: '$got' != one process '$ref'"
+  curl -sS -N -o "$tmp/s.sse" "http://127.0.0.1:$port/v1/chat/completions" \
+    -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "stream": true}' || fail "$split: stream"
+  tool frames "$tmp/s.sse" > /dev/null || fail "$split: SSE framing"
+  tool disconnect "$port" x > /dev/null || fail "$split: disconnect client"
+  for _ in $(seq 1 100); do
+    [ "$(tool metric "$port" tessera_running_sequences)" = 0 ] && break
+    sleep 0.1
+  done
+  [ "$(tool metric "$port" tessera_running_sequences)" = 0 ] || fail "$split: sequences left running"
+  # graceful stop with a stream in flight
+  tool stream "$port" x 400 "$tmp/t.sse" > /dev/null &
+  cpid=$!
+  for _ in $(seq 1 200); do [ -e "$tmp/t.sse.started" ] && break; sleep 0.05; done
+  kill -USR1 "$pid"
+  wait "$pid" || fail "$split: mpirun exit code $? after SIGUSR1"
+  wait "$cpid" || fail "$split: the stream client failed"
+  tool frames "$tmp/t.sse" > /dev/null || fail "$split: the stream in flight did not end cleanly"
+  rm -f "$tmp/t.sse" "$tmp/t.sse.started"
+  grep -q "stopped" "$tmp/$split.log" || fail "$split: no 'stopped' line"
+done
+echo "serve.http_mpi: all checks passed"
