@@ -30,7 +30,7 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: tessera bench --model DIR [--device cpu|cuda[:N]] [--batch 1,8] [--prompt-len 128] [--gen 32]\n"
-               "                     [--threads N] [--kv-dtype f16|f32] [--max-tokens 512] [--seed S] [--json FILE]\n"
+               "                     [--threads N] [--kv-dtype f16|f32|q4|q6|q8] [--max-tokens 512] [--seed S] [--json FILE]\n"
                "       tessera bench --model DIR --concurrency 1,8,64 [--shared-prefix N] [--requests N]\n"
                "                     [--page-size 16] [--kv-tokens N] (and --device, --prompt-len, --gen, ...)\n"
                "Prefills `batch` random prompts, then decodes `gen` tokens per sequence (greedy), for each batch size.\n"
@@ -340,7 +340,7 @@ int tsr_cmd_bench(int argc, char **argv)
                    cfg.arch_name, cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.intermediate,
                    cfg.vocab_size, (double)file_bytes / 1e9);
             printf("setup    %s, kv %s, prompt %ld, gen %ld, max-tokens %ld; %s copy %.2f GB/s (read+write)\n", desc,
-                   kv_dtype == TSR_F32 ? "f32" : "f16", prompt_len, gen, max_tokens, on_gpu ? "device" : "memcpy",
+                   tsr_kv_dtype_name(kv_dtype), prompt_len, gen, max_tokens, on_gpu ? "device" : "memcpy",
                    bw / 1e9);
             printf("%5s %13s %12s %9s %9s %8s %8s %9s %9s %9s\n", "batch", "prefill tok/s", "decode tok/s", "ms/step",
                    "MB/step", "GB/s", "%copy", "KV MB", "peak MB", "dev MB");
@@ -359,7 +359,7 @@ int tsr_cmd_bench(int argc, char **argv)
         json_object_set_new(root, "file_bytes", json_integer((json_int_t)file_bytes));
         json_object_set_new(root, "device", json_string(desc));
         json_object_set_new(root, "threads", json_integer(n_threads));
-        json_object_set_new(root, "kv_dtype", json_string(kv_dtype == TSR_F32 ? "f32" : "f16"));
+        json_object_set_new(root, "kv_dtype", json_string(tsr_kv_dtype_name(kv_dtype)));
         json_object_set_new(root, "prompt_len", json_integer(prompt_len));
         json_object_set_new(root, "gen", json_integer(gen));
         json_object_set_new(root, "max_tokens", json_integer(max_tokens));

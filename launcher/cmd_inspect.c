@@ -14,7 +14,7 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: tessera inspect --model DIR [--context N] [--batch B] [--kv-dtype f16|f32] [--max-batch-tokens T]\n"
+    fprintf(f, "usage: tessera inspect --model DIR [--context N] [--batch B] [--kv-dtype f16|f32|q4|q6|q8] [--max-batch-tokens T]\n"
                "                       [--plan [--np N] [--split S] [--tp N] [--gpu-memory SIZE[,SIZE...]]]\n"
                "Memory is estimated for B sequences of N tokens each (default: max_position_embeddings, batch 1).\n"
                "--plan prints the split of `mpirun -np N` (N-1 workers; N = 1: one process): S is none, layers,\n"
@@ -173,7 +173,7 @@ int tsr_cmd_inspect(int argc, char **argv)
     printf("\nweights        %.1f MiB in files (%.1f MiB linear layers, %.1f MiB embedding)\n", mib((double)m->file_bytes),
            mib((double)linear_bytes), mib((double)embed_bytes));
     printf("KV cache       %.1f MiB for %ld sequence(s) x %ld tokens (%s, %zu bytes per token)\n", mib(kv), batch, context,
-           kv_dtype == TSR_F32 ? "f32" : "f16", tsr_kv_bytes_per_token(c->n_layers, c->n_kv_heads, c->head_dim, kv_dtype));
+           tsr_kv_dtype_name(kv_dtype), tsr_kv_bytes_per_token(c->n_layers, c->n_kv_heads, c->head_dim, kv_dtype));
     printf("workspace      %.1f MiB for %ld tokens per forward call\n", mib(work), max_tokens);
     printf("total          %.1f MiB\n", mib((double)m->file_bytes + kv + work));
     int rc = 0;

@@ -20,7 +20,7 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: tessera logits --model DIR --prompts FILE.json --out OUT.safetensors [--max-batch-tokens N]\n"
-               "                      [--kv-dtype f16|f32] [--device cpu|cuda[:N]] [--threads N]\n"
+               "                      [--kv-dtype f16|f32|q4|q6|q8] [--device cpu|cuda[:N]] [--threads N]\n"
                "FILE.json: {\"ids\": [[id, ...], ...]}; OUT gets F32 tensors logits.<i> of shape [tokens, vocab].\n");
     tsr_par_opts_help(f);
 }

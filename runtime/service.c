@@ -159,7 +159,7 @@ static void finish_request(tsr_service *s, request *r, tsr_finish_reason reason,
 {
     const char *tail = NULL;
     size_t tail_len = 0;
-    if (!r->stop_matched && reason != TSR_FINISH_ERROR && reason != TSR_FINISH_CANCELLED) {
+    if (r->detok && !r->stop_matched && reason != TSR_FINISH_ERROR && reason != TSR_FINISH_CANCELLED) {
         /* what the detokenizer and the stop matcher still hold belongs to the text */
         char *piece = NULL;
         size_t plen = 0;
@@ -202,7 +202,7 @@ static void handle_event(tsr_service *s, const tsr_sched_event *ev)
     if (ev->token >= 0) {
         if (r->t_first == 0) r->t_first = tsr_service_now();
         int is_stop_token = ev->finish == TSR_FINISH_STOP;
-        if (!r->stop_matched && !is_stop_token) {
+        if (r->detok && !r->stop_matched && !is_stop_token) {
             char *piece = NULL;
             size_t plen = 0;
             tsr_status st = tsr_detokenizer_push(r->detok, ev->token, &piece, &plen);
@@ -303,6 +303,19 @@ static void fail_all(tsr_service *s, tsr_finish_reason reason, const char *why)
         }
 }
 
+/* Waits on the wake-up condition (s->mu held) for at most ms milliseconds. */
+static void wait_ms(tsr_service *s, long ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += ms * 1000 * 1000;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&s->wake, &s->mu, &ts);
+}
+
 static void *loop_main(void *arg)
 {
     tsr_service *s = arg;
@@ -327,24 +340,10 @@ static void *loop_main(void *arg)
                     pthread_cond_wait(&s->wake, &s->mu);
                 } else {
                     /* queued work that cannot run yet (deadlines, a failing plan): look again shortly */
-                    struct timespec ts;
-                    clock_gettime(CLOCK_REALTIME, &ts);
-                    ts.tv_nsec += 10 * 1000 * 1000;
-                    if (ts.tv_nsec >= 1000000000L) {
-                        ts.tv_sec++;
-                        ts.tv_nsec -= 1000000000L;
-                    }
-                    pthread_cond_timedwait(&s->wake, &s->mu, &ts);
+                    wait_ms(s, 10);
                 }
             } else if (s->stopping && !s->inbox_head && !s->n_cancels) {
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_nsec += 5 * 1000 * 1000;
-                if (ts.tv_nsec >= 1000000000L) {
-                    ts.tv_sec++;
-                    ts.tv_nsec -= 1000000000L;
-                }
-                pthread_cond_timedwait(&s->wake, &s->mu, &ts);
+                wait_ms(s, 5);
             }
             pthread_mutex_unlock(&s->mu);
             continue;
@@ -483,7 +482,9 @@ tsr_status tsr_service_submit(tsr_service *s, const tsr_gen_request *q, tsr_gen_
         r->params.bias = r->bias;
         st = tsr_stop_matcher_new(q->stop, q->n_stop, &r->stops);
     }
-    if (st == TSR_OK) st = tsr_detokenizer_new(s->tok, s->opts.skip_special >= 0, &r->detok);
+    if (st == TSR_OK && !s->tok && q->n_stop > 0)
+        st = tsr_fail(TSR_ERR_ARG, "stop strings need the model's tokenizer, and this service has none");
+    if (st == TSR_OK && s->tok) st = tsr_detokenizer_new(s->tok, s->opts.skip_special >= 0, &r->detok);
     if (st != TSR_OK) {
         request_free(r);
         return st;

@@ -53,7 +53,8 @@ typedef struct tsr_service_stats {
 
 typedef struct tsr_service tsr_service;
 
-/* Starts the loop thread. The executor and tokenizer stay the caller's and must outlive the service. */
+/* Starts the loop thread. The executor and tokenizer stay the caller's and must outlive the service. Without a
+ * tokenizer (tok NULL: a synthetic model) events carry tokens but no text, and stop strings are refused. */
 tsr_status tsr_service_start(tsr_executor *x, const tsr_tokenizer *tok, const tsr_service_opts *opts,
                              tsr_service **out);
 

@@ -681,7 +681,11 @@ static void test_models_kv_quant(void **state)
                 vs_ref.argmax_disagree > rows / 10)
                 fail_msg("%s kv %s: GPU logits out of tolerance against the reference", refs[r],
                          tsr_kv_dtype_name(modes[m]));
-            if (vs_cpu.max_abs > 0.25 + 0.25 * moved.max_abs || vs_cpu.mean_abs > 0.02)
+            /* two implementations of the quantizer differ in which codes flip (K/V arrive with fp32 rounding
+             * differences from the GEMVs), and each flip moves the logits by up to the mode's own effect: on the
+             * H200, q4 on the 2.5 bpw model put GPU and CPU 0.054 apart on average, as far as each is from
+             * ExLlamaV2 (0.055), while every op agrees to 6e-7 on the same inputs (test_attention_kv_quant) */
+            if (vs_cpu.max_abs > 0.25 + 0.5 * moved.max_abs || vs_cpu.mean_abs > 0.02 + 0.25 * moved.mean_abs)
                 fail_msg("%s kv %s: GPU far from CPU", refs[r], tsr_kv_dtype_name(modes[m]));
             free(g), free(c);
             checked++;

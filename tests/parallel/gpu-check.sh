@@ -22,38 +22,7 @@ modes=${*:-env correct faults}
 dev=${TSR_CHECK_DEVICE:-cuda} # cpu: a dry run of the script on any machine
 [ "$modes" = all ] && modes="env correct faults bench bench70"
 
-# ---- the packed binaries and Open MPI ----
-pk=/tmp/parbin
-if [ ! -x "$pk/.parbin/bin/tessera" ]; then
-  [ -f .parpack/parbin.tar.xz ] || { echo "gpu-check: no .parpack/parbin.tar.xz (run tests/parallel/gpu-pack.sh here, carry .parpack)"; exit 2; }
-  mkdir -p "$pk" && xz -dc .parpack/parbin.tar.xz | tar -xf - -C "$pk"
-fi
-P=$pk/.parbin
-bin=$P/bin/tessera
-ldiff=$P/bin/logits_diff
-nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)
-export LD_LIBRARY_PATH=$P/lib:$P/ompi/lib/x86_64-linux-gnu/openmpi/lib${nccl_lib:+:$nccl_lib}:${LD_LIBRARY_PATH:-}
-export OPAL_PREFIX=$P/ompi PATH=$P/ompi/bin:$PATH
-export OMPI_MCA_mca_base_component_path=$P/ompi/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
-export PMIX_MCA_mca_base_component_path=$P/ompi/pmix2/lib/pmix HWLOC_PLUGINS_PATH=$P/hwloc
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
-# the machine may carry its own PMIx plugins, for another PMIx version: do not let ours warn about them
-export PMIX_MCA_mca_base_component_show_load_errors=0 PMIX_MCA_pcompress_base_silence_warning=1
-# never NVLink multicast on these shared machines (tessera sets it too; kept here for every process)
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-[ -e /usr/lib/x86_64-linux-gnu/pmix2 ] || { mkdir -p /usr/lib/x86_64-linux-gnu && ln -s "$P/ompi/pmix2" /usr/lib/x86_64-linux-gnu/pmix2; } 2>/dev/null
-mpi() { local np=$1; shift; timeout "${TSR_RUN_TIMEOUT:-300}" mpirun --bind-to none -np "$np" "$bin" "$@"; }
-fx=/tmp/tsr-fixtures
-mkdir -p "$fx/reference"
-python3 - "$fx" <<'PY'
-import lzma, os, sys, glob
-for f in glob.glob("tests/fixtures/reference/*.xz"):
-    dst = os.path.join(sys.argv[1], "reference", os.path.basename(f)[:-3])
-    if not os.path.exists(dst):
-        with lzma.open(f) as a, open(dst, "wb") as b:
-            b.write(a.read())
-PY
+. tests/parallel/gpu-env.sh
 prompts=$root/tests/fixtures/reference/prompts.json
 status=0
 bad() { echo "FAIL: $*"; status=1; }
@@ -83,7 +52,7 @@ diag)
   done
   ;;
 correct)
-  for d in tests/fixtures/models/* models/*; do
+  for d in ${TSR_CHECK_MODELS:-tests/fixtures/models/* models/*}; do
     [ -f "$d/config.json" ] || continue
     tag=$(basename "$d")
     ref=$("$bin" generate --model "$d" --device "$dev" --ids 0,1392,1329,263,680 --max-tokens 16 --ignore-eos --print-ids) || { bad "$tag one GPU"; continue; }

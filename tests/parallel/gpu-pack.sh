@@ -10,11 +10,11 @@ root=$PWD
 build=${TSR_GPUPACK_BUILD:-$root/build-gpu-par}
 cmake -S "$root" -B "$build" -DTSR_NATIVE=OFF -DTSR_CUDA=ON -DTSR_CUDA_ARCHS=90 -DTSR_NCCL=ON > "$build.configure.log"
 grep -q "NCCL for GPU workers" "$build.configure.log" || { echo "gpu-pack: this build found no NCCL" >&2; exit 1; }
-cmake --build "$build" -j "$(nproc)" --target tessera logits_diff > "$build.log"
+cmake --build "$build" -j "$(nproc)" --target tessera logits_diff test_cuda > "$build.log"
 out=$root/.parbin
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/ompi"
-cp "$build/tessera" "$build/tests/parallel/logits_diff" "$out/bin/"
-strip "$out/bin/tessera" "$out/bin/logits_diff"
+cp "$build/tessera" "$build/tests/parallel/logits_diff" "$build/tests/gpu/test_cuda" "$out/bin/"
+strip "$out/bin/tessera" "$out/bin/logits_diff" "$out/bin/test_cuda"
 
 # Open MPI as Debian installs it, under a prefix that OPAL_PREFIX relocates
 ompi=/usr/lib/x86_64-linux-gnu/openmpi
@@ -41,7 +41,7 @@ fi
 
 # shared libraries: everything the binaries and components load except the C runtime, CUDA and NCCL (there already)
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libgcc_s|libstdc\+\+|libcuda\.so|libcudart|libcublas|libnccl|libnvidia|libresolv|libutil)'
-objs=("$out/bin/tessera" "$out/bin/logits_diff" /usr/bin/orterun /usr/bin/orted)
+objs=("$out/bin/tessera" "$out/bin/logits_diff" "$out/bin/test_cuda" /usr/bin/orterun /usr/bin/orted)
 while IFS= read -r f; do objs+=("$f"); done < <(find "$comp" "$out/ompi/pmix2" -name '*.so' 2>/dev/null)
 for o in "${objs[@]}"; do
   ldd "$o" 2>/dev/null | awk '$3 ~ /^\// {print $1, $3}' | while read -r name path; do

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One device call that checks and measures what a session changed, in priority order, within a time budget
+# (TSR_FINAL_BUDGET seconds, default 480; a step that would start later is skipped and says so). Pack first with
+# tests/parallel/gpu-pack.sh and carry `.parpack`. Steps:
+#   1. the GPU test suite (test_cuda: every CUDA op against the CPU op, fixture models, quantized KV modes)
+#   2. NCCL correctness on two fixture models: one GPU vs mpirun -np 3 --split layers / tensor (gpu-check correct)
+#   3. 8B-geometry EXL2 4.0 bpw: tessera bench at batch 1, 8, 32, 64, then the service at concurrency 1..64 with
+#      and without a 600-token shared prefix
+#   4. 8B-geometry GPTQ (4-bit, groups of 128): tessera bench at batch 1 and 32
+#   5. 8B split over two GPUs by layers and by tensors (gpu-check bench)
+# Logs go to $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+budget=${TSR_FINAL_BUDGET:-480}
+SECONDS=0
+. tests/parallel/gpu-env.sh
+test_cuda=$P/bin/test_cuda
+only=${TSR_FINAL_ONLY:-} # e.g. "tests service": run only the steps whose names contain one of these words
+step() { # name max-seconds-it-needs
+  if [ -n "$only" ]; then
+    local w hit=0
+    for w in $only; do case "$1" in *"$w"*) hit=1 ;; esac; done
+    [ $hit = 1 ] || return 1
+  fi
+  if [ $((SECONDS + $2)) -gt "$budget" ]; then echo "=== $1: skipped ($SECONDS s used of $budget)"; return 1; fi
+  echo "=== $1 (at $SECONDS s)"
+}
+nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$out/gpus.txt"
+
+if step "GPU tests" 100; then
+  export TSR_FIXTURES=$root/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$root/models
+  timeout 200 "$test_cuda" > "$out/test_cuda.log" 2>&1
+  echo "test_cuda exit $?"; grep -E "PASSED|FAILED|ERROR| kv " "$out/test_cuda.log" | head -40
+fi
+if step "NCCL correctness" 120; then
+  TSR_CHECK_MODELS="models/tiny-llama-exl2-4.0bpw $(ls -d tests/fixtures/models/*2.5bpw* 2>/dev/null | head -1)" \
+    TSR_RUN_TIMEOUT=60 timeout 150 bash tests/parallel/gpu-check.sh correct 2>&1 | tail -8
+fi
+m8=/tmp/llama8b-4.0
+if step "8B EXL2 bench" 150; then
+  "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 \
+    --bpw 4.0 --out $m8 > /dev/null
+  timeout 150 "$bin" bench --model $m8 --device cuda --batch 1,8,32,64 --prompt-len 512 --gen 64 \
+    --json "$out/bench-8b.json" 2>&1 | tee "$out/bench-8b.txt"
+fi
+if step "8B service concurrency" 150; then
+  [ -f $m8/config.json ] || "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 \
+    --intermediate 14336 --vocab 128256 --bpw 4.0 --out $m8 > /dev/null
+  for shared in 0 600; do
+    timeout 60 "$bin" bench --model $m8 --device cuda --concurrency 1,8,32,64 --requests 64 --prompt-len 1024 \
+      --gen 64 --shared-prefix $shared 2>&1 | tee "$out/bench-8b-service-$shared.txt"
+  done
+fi
+if step "8B GPTQ bench" 100; then
+  g8=/tmp/llama8b-gptq
+  "$bin" synth --format gptq --group-size 128 --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 \
+    --intermediate 14336 --vocab 128256 --seed 1 --out $g8 > /dev/null
+  timeout 90 "$bin" bench --model $g8 --device cuda --batch 1,32 --prompt-len 512 --gen 64 \
+    --json "$out/bench-8b-gptq.json" 2>&1 | tee "$out/bench-8b-gptq.txt"
+  rm -rf $g8
+fi
+if step "8B split over two GPUs" 150; then
+  TSR_MODEL_8B=$m8 TSR_RUN_TIMEOUT=70 timeout 200 bash tests/parallel/gpu-check.sh bench 2>&1 | tail -30
+fi
+echo "=== done after $SECONDS s"

@@ -1,0 +1,35 @@
+# Sourced by tests/parallel/gpu-check.sh and scripts/device-final.sh on the lent GPU machine: unpacks
+# .parpack (made by tests/parallel/gpu-pack.sh) once, points the loader, Open MPI, PMIx and hwloc at it, and
+# decompresses the reference fixtures. Sets P (the pack), bin (tessera), ldiff (logits_diff), fx and mpi().
+# ---- the packed binaries and Open MPI ----
+pk=/tmp/parbin
+if [ ! -x "$pk/.parbin/bin/tessera" ]; then
+  [ -f .parpack/parbin.tar.xz ] || { echo "gpu-check: no .parpack/parbin.tar.xz (run tests/parallel/gpu-pack.sh here, carry .parpack)"; exit 2; }
+  mkdir -p "$pk" && xz -dc .parpack/parbin.tar.xz | tar -xf - -C "$pk"
+fi
+P=$pk/.parbin
+bin=$P/bin/tessera
+ldiff=$P/bin/logits_diff
+nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH=$P/lib:$P/ompi/lib/x86_64-linux-gnu/openmpi/lib${nccl_lib:+:$nccl_lib}:${LD_LIBRARY_PATH:-}
+export OPAL_PREFIX=$P/ompi PATH=$P/ompi/bin:$PATH
+export OMPI_MCA_mca_base_component_path=$P/ompi/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
+export PMIX_MCA_mca_base_component_path=$P/ompi/pmix2/lib/pmix HWLOC_PLUGINS_PATH=$P/hwloc
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+# the machine may carry its own PMIx plugins, for another PMIx version: do not let ours warn about them
+export PMIX_MCA_mca_base_component_show_load_errors=0 PMIX_MCA_pcompress_base_silence_warning=1
+# never NVLink multicast on these shared machines (tessera sets it too; kept here for every process)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+[ -e /usr/lib/x86_64-linux-gnu/pmix2 ] || { mkdir -p /usr/lib/x86_64-linux-gnu && ln -s "$P/ompi/pmix2" /usr/lib/x86_64-linux-gnu/pmix2; } 2>/dev/null
+mpi() { local np=$1; shift; timeout "${TSR_RUN_TIMEOUT:-300}" mpirun --bind-to none -np "$np" "$bin" "$@"; }
+fx=/tmp/tsr-fixtures
+mkdir -p "$fx/reference"
+python3 - "$fx" <<'PY'
+import lzma, os, sys, glob
+for f in glob.glob("tests/fixtures/reference/*.xz"):
+    dst = os.path.join(sys.argv[1], "reference", os.path.basename(f)[:-3])
+    if not os.path.exists(dst):
+        with lzma.open(f) as a, open(dst, "wb") as b:
+            b.write(a.read())
+PY
