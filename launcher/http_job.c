@@ -108,7 +108,7 @@ static void on_event(const tsr_gen_event *ev, void *user)
     if (final) {
         s->final = 1;
         j->n_final++;
-        if (ev->finish == TSR_FINISH_CANCELLED || ev->finish == TSR_FINISH_DEADLINE) j->n_aborted++;
+        if (ev->finish == TSR_FINISH_CANCELLED) j->n_aborted++; /* a deadline is an ordinary end: "abort" */
         if (j->n_final == j->rq->n_choices) tsr_http_metrics_e2e(&h->metrics, now - j->t_start);
     }
     if (j->suspended && !j->conn_gone) {

@@ -644,6 +644,11 @@ static int parse_options(tsr_oai_request *rq, const json_t *body, tsr_oai_error 
         rq->params.seed = random_seed();
     }
     if (get_bool(body, "ignore_eos", &rq->params.ignore_eos, err) < 0) return -1;
+    /* a per-request deadline (not an OpenAI field; clients that do not send it get none) */
+    double t;
+    int got = get_number(body, "timeout", 0, 1e7, &t, err);
+    if (got < 0) return -1;
+    if (got) rq->timeout_s = t;
     return 0;
 }
 
@@ -781,6 +786,7 @@ void tsr_oai_gen_request(const tsr_oai_request *rq, int c, tsr_gen_request *out)
         .n_stop = rq->n_stop,
     };
     out->params.seed = rq->params.seed + (uint64_t)(c % rq->n);
+    if (rq->timeout_s > 0) out->params.deadline = tsr_service_now() + rq->timeout_s;
 }
 
 json_t *tsr_oai_models_json(const tsr_oai_model *m)

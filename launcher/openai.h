@@ -107,6 +107,8 @@ typedef struct tsr_oai_request {
     int n_stop_ids;
     tsr_logit_bias *bias;
     int n_bias;
+    double timeout_s;             /* "timeout": seconds from submission after which the request ends with
+                                     finish_reason "abort" (0 = none) */
 } tsr_oai_request;
 
 /* Parses a request body. On success *out is a new request (free with tsr_oai_request_free) and TSR_OK is
@@ -121,8 +123,8 @@ tsr_status tsr_oai_parse_bytes(tsr_oai_kind kind, const char *data, size_t len, 
                                tsr_oai_request **out, tsr_oai_error *err);
 void tsr_oai_request_free(tsr_oai_request *rq);
 
-/* The service request of choice c (0 <= c < n_choices): its prompt, parameters (seed + c % n) and stop strings.
- * Everything points into rq. */
+/* The service request of choice c (0 <= c < n_choices): its prompt, parameters (seed + c % n; a deadline of now +
+ * timeout_s on the service clock when a timeout was given) and stop strings. Everything points into rq. */
 void tsr_oai_gen_request(const tsr_oai_request *rq, int c, tsr_gen_request *out);
 
 /* GET /v1/models body: {"object": "list", "data": [{"id", "object": "model", "created", "owned_by",

@@ -91,6 +91,15 @@ tail -n 4 "$tmp/sse" | head -n 1 | grep -q '"choices":\[\],"usage":{"prompt_toke
 grep -q '"finish_reason":"\(stop\|length\)"' "$tmp/sse" || fail "no finish_reason in the stream"
 head -n 1 "$tmp/sse" | grep -q '"delta":{"role":"assistant","content":""}' || fail "first chunk: $(head -n 1 "$tmp/sse")"
 
+# a per-request deadline ends a long generation early with finish_reason "abort"
+echo '{"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": true, "timeout": 0.3}' > "$tmp/deadline.json"
+[ "$(req POST /v1/completions "$tmp/deadline.json")" = 200 ] || fail "deadline request: $(cat "$tmp/body")"
+[ "$(json_get "d['choices'][0]['finish_reason']")" = abort ] || fail "deadline: $(cat "$tmp/body")"
+n_gen=$(json_get "d['usage']['completion_tokens']")
+[ "$n_gen" -lt 1000 ] || fail "deadline: generated all $n_gen tokens"
+echo '{"prompt": "x", "timeout": -1}' > "$tmp/bad.json"
+[ "$(req POST /v1/completions "$tmp/bad.json")" = 400 ] || fail "negative timeout should be 400"
+
 # errors
 printf '{"prompt": "x", ' > "$tmp/bad.json"
 [ "$(req POST /v1/completions "$tmp/bad.json")" = 400 ] || fail "invalid JSON should be 400"
