@@ -80,8 +80,9 @@ static int ref_probs(const float *l, int n, const tsr_sampling *sp, double tol, 
         for (int i = 0; i < n; i++) out[i] = i == best;
         return 0;
     }
-    double *s = malloc((size_t)n * sizeof *s), *p = malloc((size_t)n * sizeof *p);
+    double *s = calloc((size_t)n, sizeof *s), *p = calloc((size_t)n, sizeof *p);
     vi *o = malloc((size_t)n * sizeof *o);
+    assert_true(n > 0 && s && p && o);
     int amb = 0;
     for (int i = 0; i < n; i++) s[i] = (double)l[i] / sp->temperature;
     if (sp->top_k > 0 && sp->top_k < n) { /* TopKLogitsWarper */
