@@ -42,7 +42,8 @@ void tsr_step_scratch_free(tsr_step_scratch *s);
 
 /* Runs one plan on an engine: validates it against the engine's vocabulary and KV pool, runs the forward pass
  * (split into calls of at most the engine's max_tokens), samples each sampling sequence's token and copies the
- * asked-for logits rows. Shared by the local executor and the worker ranks. */
+ * asked-for logits rows. The local executor's body; worker ranks run their part of a plan through
+ * parallel/stage.c instead (partial layers, hidden-state hand-over, sharded vocabulary). */
 tsr_status tsr_engine_run_step(struct tsr_engine *e, tsr_step_scratch *scratch, const tsr_step *step,
                                tsr_step_result *results, float *logits);
 
