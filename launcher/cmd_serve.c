@@ -16,6 +16,7 @@
 #include "launcher/cli.h"
 #include "launcher/commands.h"
 #include "launcher/http_server.h"
+#include "launcher/intake_nn.h"
 #include "launcher/openai.h"
 #include "parallel/rank.h"
 #include "parallel/session.h"
@@ -54,7 +55,9 @@ static void usage(FILE *f)
             "  --max-connections N     simultaneous connections (default 1024)\n"
             "  --timeout SECONDS       idle connection timeout (default 300)\n"
             "  --http-threads N        HTTP threads (default 2)\n"
-            "  --grace SECONDS         on SIGTERM/SIGINT, time left to running requests (default 30)\n");
+            "  --grace SECONDS         on SIGTERM/SIGINT, time left to running requests (default 30)\n"
+            "  --intake ADDR           also take requests over nanomsg at ipc:///path or tcp://host:port\n"
+            "                          (docs/intake.md; its requests are cancelled, not drained, at shutdown)\n");
     tsr_par_opts_help(f);
 }
 
@@ -225,6 +228,8 @@ int tsr_cmd_serve(int argc, char **argv)
     long port = 8000, threads = 0, max_running = 64, max_waiting = 1024, kv_tokens = 0, max_body = 8 << 20;
     long max_conns = 1024, timeout = 300, http_threads = 2;
     double grace = 30;
+    const char *intake_addr = NULL;
+    tsr_intake *intake = NULL;
     tsr_http_opts ho = {.host = "127.0.0.1"};
     tsr_par_opts po;
     tsr_par_opts_init(&po);
@@ -243,6 +248,7 @@ int tsr_cmd_serve(int argc, char **argv)
         else if (!strcmp(a, "--device")) device = v;
         else if (!strcmp(a, "--chat-template")) tpl_path = v;
         else if (!strcmp(a, "--served-model-name")) served = v;
+        else if (!strcmp(a, "--intake")) intake_addr = v;
         else if (!strcmp(a, "--api-key")) {
             if (n_keys == MAX_KEYS || !*v) {
                 fprintf(stderr, "tessera serve: --api-key: at most %d non-empty keys\n", MAX_KEYS);
@@ -338,12 +344,20 @@ int tsr_cmd_serve(int argc, char **argv)
     s.model = (tsr_oai_model){.name = s.name, .tok = s.tok, .tpl = s.tpl, .bos_token = s.bos, .eos_token = s.eos,
                               .vocab = s.x->vocab, .max_context = s.x->max_context, .created = (int64_t)time(NULL)};
     describe_eos(&s);
+    if (intake_addr && (st = tsr_intake_start(s.svc, &s.model, intake_addr, NULL, &intake)) != TSR_OK) {
+        int rc = tsr_cli_error("serve", st);
+        tsr_service_stop(s.svc, 0);
+        s.svc = NULL;
+        close_all(&s);
+        return rc;
+    }
     tsr_http_set_ready(s.http, &s.model, s.svc);
     char dev[256] = "";
     if (s.session->engine) tsr_backend_describe(s.session->engine->ops, dev, sizeof dev);
     else snprintf(dev, sizeof dev, "%s workers", device);
     fprintf(stderr, "tessera serve: ready: model '%s' (%s), context %d, KV cache %d pages of %d tokens%s\n", s.name,
             dev, s.x->max_context, s.x->n_pages, s.x->page_size, n_keys ? ", API keys required" : "");
+    if (intake) fprintf(stderr, "tessera serve: nanomsg intake on %s\n", intake_addr);
 
     pthread_mutex_lock(&sig_state.mu);
     sig_state.ready = 1;
@@ -352,6 +366,7 @@ int tsr_cmd_serve(int argc, char **argv)
     pthread_mutex_unlock(&sig_state.mu);
     fprintf(stderr, "tessera serve: %s: stopping (grace %g s)\n", sig_name(sig), grace);
     tsr_http_drain(s.http);
+    if (intake) tsr_intake_stop(intake); /* before the service goes: it cancels the intake's requests */
     tsr_service_stop(s.svc, grace);
     int left = tsr_http_wait_idle(s.http, 5.0);
     if (left) fprintf(stderr, "tessera serve: %d responses were still being written; closing them\n", left);

@@ -62,7 +62,8 @@ req() {
 }
 json_get() { python3 -c "import json,sys; d=json.load(open('$tmp/body')); print($1)"; }
 
-start_server "$tmp/server.log" --api-key "$key" --max-body 65536 --kv-tokens 8192 --grace 5
+start_server "$tmp/server.log" --api-key "$key" --max-body 65536 --kv-tokens 8192 --grace 5 \
+  --intake "ipc://$tmp/intake.ipc"
 base="http://127.0.0.1:$port"
 echo "server on port $port"
 
@@ -75,6 +76,14 @@ echo "server on port $port"
 [ "$(json_get "d['data'][0]['id']")" = tiny-llama-exl2-4.0bpw ] || fail "model id: $(cat "$tmp/body")"
 [ "$(req GET /v1/models/tiny-llama-exl2-4.0bpw)" = 200 ] || fail "/v1/models/{id}"
 [ "$(req GET /v1/models/other)" = 404 ] || fail "/v1/models/other should be 404"
+
+# the nanomsg intake of the same server gives the same greedy text as HTTP
+echo '{"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}' > "$tmp/greedy.json"
+[ "$(req POST /v1/completions "$tmp/greedy.json")" = 200 ] || fail "greedy completion"
+http_text=$(json_get "d['choices'][0]['text']")
+nn_text=$(timeout 30 "$bin" submit --connect "ipc://$tmp/intake.ipc" --max-tokens 8 --temperature 0 \
+  "Once upon a time") || fail "tessera submit to serve --intake"
+[ "$nn_text" = "$http_text" ] || fail "intake text '$nn_text', HTTP text '$http_text'"
 
 # SSE framing with curl -N
 cat > "$tmp/chat.json" <<'EOF'
