@@ -36,6 +36,8 @@ typedef struct tsr_step_scratch {
     struct tsr_seq_input *in;
     int *owner;
     int cap_in;
+    int *progress;           /* [2][cap_seqs]: tokens done per sequence, then its first row in `logits` */
+    int cap_seqs;
 } tsr_step_scratch;
 
 void tsr_step_scratch_free(tsr_step_scratch *s);

@@ -215,11 +215,7 @@ static void handle_event(tsr_service *s, const tsr_sched_event *ev)
                 }
             }
         }
-        if (ev->finish == TSR_FINISH_NONE) {
-            emit(r, text, len, ev->token, ev->result, TSR_FINISH_NONE, ev->n_generated, ev->n_cached);
-            return;
-        }
-        /* the token that finishes the sequence: report it, then the final event */
+        /* the token is reported on its own; a token that also ends the sequence is followed by the final event */
         emit(r, text, len, ev->token, ev->result, TSR_FINISH_NONE, ev->n_generated, ev->n_cached);
     }
     if (ev->finish != TSR_FINISH_NONE) {

@@ -15,6 +15,7 @@ void tsr_step_scratch_free(tsr_step_scratch *s)
     free(s->logits);
     free(s->in);
     free(s->owner);
+    free(s->progress);
     memset(s, 0, sizeof *s);
 }
 
@@ -45,10 +46,16 @@ tsr_status tsr_engine_run_step(tsr_engine *e, tsr_step_scratch *scratch, const t
     TSR_TRY(tsr_step_validate(step, vocab, e->kv.n_pages, e->kv.page_size));
     const int n = step->n_seqs;
     if (n == 0) return TSR_OK;
-    /* per sequence: tokens done so far and its first row in `logits` */
-    int *done = calloc((size_t)n * 2, sizeof *done);
-    if (!done) return tsr_fail(TSR_ERR_NOMEM, "step: out of memory");
-    int *out_row = done + n;
+    /* per sequence: tokens done so far and its first row in `logits` (kept in the scratch: no allocation per step
+     * once the largest step has been seen) */
+    if (n > scratch->cap_seqs) {
+        int *grown = realloc(scratch->progress, (size_t)n * 2 * sizeof *grown);
+        if (!grown) return tsr_fail(TSR_ERR_NOMEM, "step: out of memory");
+        scratch->progress = grown;
+        scratch->cap_seqs = n;
+    }
+    int *done = scratch->progress, *out_row = done + n;
+    memset(done, 0, (size_t)n * sizeof *done);
     for (int i = 0, row = 0; i < n; i++) {
         out_row[i] = row;
         row += step->seqs[i].logits == 2 ? step->seqs[i].n_tokens : step->seqs[i].logits == 1;
@@ -96,7 +103,6 @@ tsr_status tsr_engine_run_step(tsr_engine *e, tsr_step_scratch *scratch, const t
         }
         if (st != TSR_OK) break;
     }
-    free(done);
     return st;
 }
 
