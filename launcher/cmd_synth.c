@@ -22,7 +22,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: tessera synth --arch llama|mistral|qwen2 --hidden H --layers L --heads NH --kv-heads NKV\n"
             "                     --intermediate I --vocab V --out DIR [--head-dim D] [--bpw B] [--head-bits 6]\n"
-            "                     [--seed S] [--max-pos 4096] [--shard-size MB] [--quiet]\n"
+            "                     [--seed S] [--max-pos 4096] [--shard-size MB] [--threads N] [--quiet]\n"
             "                     [--format exl2|gptq] [--group-size 128] [--act-order] [--sym]\n"
             "Writes a random quantized model (random codes, scales, zero points and permutations; not a trained\n"
             "model).\n"
@@ -35,7 +35,8 @@ static void usage(FILE *f)
             "  --head-dim D    default hidden / heads\n"
             "  --shard-size MB split into output-0000i-of-0000N.safetensors files of at most MB MiB of tensors\n"
             "                  (GPTQ: model-0000i-of-0000N.safetensors and model.safetensors.index.json;\n"
-            "                  default: one output.safetensors, or model.safetensors for GPTQ)\n");
+            "                  default: one output.safetensors, or model.safetensors for GPTQ)\n"
+            "  --threads N     shards written at once (default: one per core); the files are the same for any N\n");
 }
 
 int tsr_cmd_synth(int argc, char **argv)
@@ -43,7 +44,7 @@ int tsr_cmd_synth(int argc, char **argv)
     tsr_synth_opts o = {.arch = TSR_ARCH_LLAMA, .bpw = 4.0, .head_bits = 6, .seed = 0, .max_pos = 4096, .verbose = 1};
     const char *out = NULL, *arch = NULL;
     long hidden = 0, layers = 0, heads = 0, kv = 0, inter = 0, vocab = 0, head_dim = 0, head_bits = 6, seed = 0;
-    long max_pos = 4096, shard_mb = 0, group_size = 0;
+    long max_pos = 4096, shard_mb = 0, group_size = 0, threads = 0;
     double bpw = 4.0;
     const char *format = "exl2", *exl2_opt = NULL, *gptq_opt = NULL; /* the last option of each format given */
     for (int i = 1; i < argc; i++) {
@@ -102,6 +103,7 @@ int tsr_cmd_synth(int argc, char **argv)
         INTOPT("--seed", seed, 0, 0x7fffffffffffffffL)
         INTOPT("--max-pos", max_pos, 1, 1L << 24)
         INTOPT("--shard-size", shard_mb, 1, 1L << 30)
+        INTOPT("--threads", threads, 1, 1024)
         else {
             fprintf(stderr, "tessera synth: unknown option '%s'\n", a);
             usage(stderr);
@@ -155,6 +157,7 @@ int tsr_cmd_synth(int argc, char **argv)
     o.seed = (uint64_t)seed;
     o.max_pos = (int)max_pos;
     o.shard_bytes = (uint64_t)shard_mb << 20;
+    o.threads = (int)threads;
     if (!head_dim && hidden % heads) {
         fprintf(stderr, "tessera synth: --hidden %ld is not a multiple of --heads %ld; give --head-dim\n", hidden, heads);
         return 2;

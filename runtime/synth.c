@@ -31,10 +31,13 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* ---------------- packing ---------------- */
 
@@ -996,12 +999,139 @@ static tsr_status check_dir(const char *dir, int n_shards, tsr_synth_format f)
     return st;
 }
 
+/* ---------------- writing shards, in parallel ---------------- */
+
+/* The per-writer buffers: one group (EXL2) or one GPTQ_BLOCK-row block (GPTQ) of the widest matrix; GPTQ also a
+ * zero row and g_idx. A writer is a copy of the shared context (read-only tables and inventory) with its own. */
+static tsr_status writer_buffers(synth_ctx *c)
+{
+    int maxN = 0, maxK = 0, maxrows = 0;
+    for (int i = 0; i < c->n_mats; i++) {
+        if (c->mats[i].plan.N > maxN) maxN = c->mats[i].plan.N;
+        if (c->mats[i].K > maxK) maxK = c->mats[i].K;
+        if (c->mats[i].gs && maxrows < GPTQ_BLOCK) maxrows = GPTQ_BLOCK;
+        for (int k = 0; k < c->mats[i].plan.n_widths; k++)
+            if (c->mats[i].plan.group_size[k] > maxrows) maxrows = c->mats[i].plan.group_size[k];
+    }
+    c->codes = malloc((size_t)maxrows * maxN);
+    c->words = malloc((size_t)maxrows * 8 / 32 * maxN * sizeof(uint32_t));
+    if (c->o->format == TSR_SYNTH_GPTQ) {
+        c->zrow = malloc((size_t)maxN);
+        c->gidx = malloc((size_t)maxK * sizeof(int32_t));
+    }
+    if (!c->codes || !c->words || (c->o->format == TSR_SYNTH_GPTQ && (!c->zrow || !c->gidx)))
+        return tsr_fail(TSR_ERR_NOMEM, "synth: out of memory for a group buffer");
+    return TSR_OK;
+}
+
+static void free_writer_buffers(synth_ctx *c)
+{
+    free(c->codes);
+    free(c->words);
+    free(c->zrow);
+    free(c->gidx);
+    free(c->buf);
+}
+
+/* Writes shard s (its tensors are c->tens[first..], sorted by shard); *bytes gets the file's size. */
+static tsr_status write_shard(synth_ctx *c, const char *dir, int s, int n_shards, int first, uint64_t *bytes)
+{
+    char path[4096];
+    shard_name(path, sizeof path, dir, s, n_shards, c->o->format);
+    tsr_st_writer *w = NULL;
+    tsr_status st = tsr_st_writer_open(path, &w);
+    int end = first;
+    while (end < c->n_tens && c->tens[end].shard == s) end++;
+    for (int i = first; st == TSR_OK && i < end; i++)
+        st = tsr_st_writer_declare(w, c->tens[i].name, c->tens[i].dtype, c->tens[i].ndim, c->tens[i].shape);
+    if (st == TSR_OK) st = tsr_st_writer_begin_data(w);
+    uint64_t data = 0;
+    for (int i = first; st == TSR_OK && i < end; i++) {
+        st = write_tensor(c, w, &c->tens[i]);
+        data += c->tens[i].nbytes;
+    }
+    if (st == TSR_OK) {
+        st = tsr_st_writer_close(w);
+        w = NULL;
+    }
+    if (w) tsr_st_writer_abort(w);
+    if (st != TSR_OK) return st;
+    struct stat sb;
+    *bytes = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    if (c->o->verbose)
+        fprintf(stderr, "synth: wrote %s (%d tensors, %.1f MiB)\n", path, end - first, (double)data / 1048576.0);
+    return TSR_OK;
+}
+
+typedef struct {
+    synth_ctx ctx;           /* this writer's copy */
+    const char *dir;
+    int n_shards;
+    const int *shard_first;  /* [n_shards] index of each shard's first tensor */
+    atomic_int *next;        /* next shard to take */
+    uint64_t *bytes;         /* [n_shards] file sizes */
+    int started;             /* a thread of its own was created (writer 0 is the caller) */
+    tsr_status st;
+    char error[512];         /* the failure's message (errors are per thread) */
+} shard_writer;
+
+static void *shard_writer_main(void *arg)
+{
+    shard_writer *sw = arg;
+    sw->st = writer_buffers(&sw->ctx);
+    for (int s; sw->st == TSR_OK && (s = atomic_fetch_add(sw->next, 1)) < sw->n_shards;)
+        sw->st = write_shard(&sw->ctx, sw->dir, s, sw->n_shards, sw->shard_first[s], &sw->bytes[s]);
+    if (sw->st != TSR_OK) snprintf(sw->error, sizeof sw->error, "%s", tsr_last_error());
+    free_writer_buffers(&sw->ctx);
+    return NULL;
+}
+
+/* Every shard, by up to o->threads writers (default: the cores, at most one per shard). Each tensor's data comes
+ * from its own random stream, so the files are the same whatever the number of writers. */
+static tsr_status write_shards(synth_ctx *c, const char *dir, int n_shards, tsr_synth_result *res)
+{
+    int n_threads = c->o->threads > 0 ? c->o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (n_threads > n_shards) n_threads = n_shards;
+    if (n_threads < 1) n_threads = 1;
+    int *first = calloc((size_t)n_shards, sizeof *first);
+    uint64_t *bytes = calloc((size_t)n_shards, sizeof *bytes);
+    shard_writer *sw = calloc((size_t)n_threads, sizeof *sw);
+    pthread_t *tid = calloc((size_t)n_threads, sizeof *tid);
+    if (!first || !bytes || !sw || !tid) {
+        free(first), free(bytes), free(sw), free(tid);
+        return tsr_fail(TSR_ERR_NOMEM, "synth: out of memory");
+    }
+    for (int i = c->n_tens - 1; i >= 0; i--) first[c->tens[i].shard] = i;
+    atomic_int next = 0;
+    for (int t = 0; t < n_threads; t++) {
+        sw[t] = (shard_writer){.ctx = *c, .dir = dir, .n_shards = n_shards, .shard_first = first, .next = &next,
+                               .bytes = bytes};
+        sw[t].ctx.codes = NULL, sw[t].ctx.words = NULL, sw[t].ctx.zrow = NULL, sw[t].ctx.gidx = NULL;
+        sw[t].ctx.buf = NULL, sw[t].ctx.buf_bytes = 0;
+        sw[t].started = t > 0 && pthread_create(&tid[t], NULL, shard_writer_main, &sw[t]) == 0;
+    }
+    shard_writer_main(&sw[0]); /* the calling thread is writer 0 */
+    tsr_status st = sw[0].st;
+    const char *err = sw[0].error;
+    for (int t = 1; t < n_threads; t++) {
+        if (!sw[t].started) continue;
+        pthread_join(tid[t], NULL);
+        if (st == TSR_OK && sw[t].st != TSR_OK) st = sw[t].st, err = sw[t].error;
+    }
+    if (st != TSR_OK) tsr_fail(st, "%s", err);
+    for (int s = 0; st == TSR_OK && s < n_shards; s++) {
+        res->total_bytes += bytes[s];
+        res->n_files++;
+    }
+    free(first), free(bytes), free(sw), free(tid);
+    return st;
+}
+
 tsr_status tsr_synth_write(const tsr_synth_opts *o, const char *dir, tsr_synth_result *res)
 {
     TSR_TRY(check_opts(o));
     memset(res, 0, sizeof *res);
     synth_ctx c = {.o = o};
-    tsr_st_writer *w = NULL;
     tsr_status st = build_inventory(&c, res);
     if (st == TSR_OK) st = build_tables(&c);
 
@@ -1020,54 +1150,9 @@ tsr_status tsr_synth_write(const tsr_synth_opts *o, const char *dir, tsr_synth_r
         qsort(c.tens, (size_t)c.n_tens, sizeof *c.tens, cmp_tensor);
         st = check_dir(dir, n_shards, o->format);
     }
-    if (st == TSR_OK) {
-        /* one group (EXL2) or one GPTQ_BLOCK-row block (GPTQ) of the widest matrix; GPTQ: a zero row and g_idx */
-        int maxN = 0, maxK = 0, maxrows = 0;
-        for (int i = 0; i < c.n_mats; i++) {
-            if (c.mats[i].plan.N > maxN) maxN = c.mats[i].plan.N;
-            if (c.mats[i].K > maxK) maxK = c.mats[i].K;
-            if (c.mats[i].gs && maxrows < GPTQ_BLOCK) maxrows = GPTQ_BLOCK;
-            for (int k = 0; k < c.mats[i].plan.n_widths; k++)
-                if (c.mats[i].plan.group_size[k] > maxrows) maxrows = c.mats[i].plan.group_size[k];
-        }
-        c.codes = malloc((size_t)maxrows * maxN);
-        c.words = malloc((size_t)maxrows * 8 / 32 * maxN * sizeof(uint32_t));
-        if (o->format == TSR_SYNTH_GPTQ) {
-            c.zrow = malloc((size_t)maxN);
-            c.gidx = malloc((size_t)maxK * sizeof(int32_t));
-        }
-        if (!c.codes || !c.words || (o->format == TSR_SYNTH_GPTQ && (!c.zrow || !c.gidx)))
-            st = tsr_fail(TSR_ERR_NOMEM, "synth: out of memory for a group buffer");
-    }
     if (st == TSR_OK) st = write_configs(o, dir);
-    int ti = 0;
-    for (int s = 0; st == TSR_OK && s < n_shards; s++) {
-        char path[4096];
-        shard_name(path, sizeof path, dir, s, n_shards, o->format);
-        st = tsr_st_writer_open(path, &w);
-        int first = ti;
-        for (int i = first; st == TSR_OK && i < c.n_tens && c.tens[i].shard == s; i++)
-            st = tsr_st_writer_declare(w, c.tens[i].name, c.tens[i].dtype, c.tens[i].ndim, c.tens[i].shape);
-        if (st == TSR_OK) st = tsr_st_writer_begin_data(w);
-        uint64_t bytes = 0;
-        for (; st == TSR_OK && ti < c.n_tens && c.tens[ti].shard == s; ti++) {
-            st = write_tensor(&c, w, &c.tens[ti]);
-            bytes += c.tens[ti].nbytes;
-        }
-        if (st == TSR_OK) {
-            st = tsr_st_writer_close(w);
-            w = NULL;
-        }
-        if (st == TSR_OK) {
-            struct stat sb;
-            if (stat(path, &sb) == 0) res->total_bytes += (uint64_t)sb.st_size;
-            res->n_files++;
-            if (o->verbose)
-                fprintf(stderr, "synth: wrote %s (%d tensors, %.1f MiB)\n", path, ti - first, (double)bytes / 1048576.0);
-        }
-    }
+    if (st == TSR_OK) st = write_shards(&c, dir, n_shards, res);
     if (st == TSR_OK && o->format == TSR_SYNTH_GPTQ && n_shards > 1) st = write_index(&c, dir, n_shards);
-    if (w) tsr_st_writer_abort(w);
     if (st != TSR_OK) { /* remove the shards already finished: a partial model must not look loadable */
         for (int s = 0; s < n_shards; s++) {
             char path[4096];
@@ -1081,11 +1166,6 @@ tsr_status tsr_synth_write(const tsr_synth_opts *o, const char *dir, tsr_synth_r
         }
     }
     for (int b = 0; b < 9; b++) free(c.ctab[b]);
-    free(c.codes);
-    free(c.words);
-    free(c.zrow);
-    free(c.gidx);
-    free(c.buf);
     free(c.mats);
     free(c.tens);
     return st;

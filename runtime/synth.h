@@ -72,6 +72,7 @@ typedef struct tsr_synth_opts {
     uint64_t seed;
     int max_pos;              /* max_position_embeddings */
     uint64_t shard_bytes;     /* 0: one file */
+    int threads;              /* shards written at once (0: one per core); the files do not depend on it */
     int verbose;              /* progress lines on stderr */
 } tsr_synth_opts;
 

@@ -8,6 +8,9 @@
 #      and without a 600-token shared prefix
 #   4. 8B-geometry GPTQ (4-bit, groups of 128): tessera bench at batch 1 and 32
 #   5. 8B split over two GPUs by layers and by tensors (gpu-check bench)
+#   6. kernel variants on the 8B model: where the dequantize + cuBLAS path starts (2 or 33 rows against the
+#      default 9), a 2048-token prefill with and without the tensor-core attention, and the per-op device profile
+#      of a batch-1 step
 # Logs go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,13 +45,13 @@ fi
 m8=/tmp/llama8b-4.0
 if step "8B EXL2 bench" 150; then
   "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 \
-    --bpw 4.0 --out $m8 > /dev/null
+    --bpw 4.0 --shard-size 2048 --out $m8 > /dev/null
   timeout 150 "$bin" bench --model $m8 --device cuda --batch 1,8,32,64 --prompt-len 512 --gen 64 \
     --json "$out/bench-8b.json" 2>&1 | tee "$out/bench-8b.txt"
 fi
 if step "8B service concurrency" 150; then
   [ -f $m8/config.json ] || "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 \
-    --intermediate 14336 --vocab 128256 --bpw 4.0 --out $m8 > /dev/null
+    --intermediate 14336 --vocab 128256 --bpw 4.0 --shard-size 2048 --out $m8 > /dev/null
   for shared in 0 600; do
     timeout 60 "$bin" bench --model $m8 --device cuda --concurrency 1,8,32,64 --requests 64 --prompt-len 1024 \
       --gen 64 --shared-prefix $shared 2>&1 | tee "$out/bench-8b-service-$shared.txt"
@@ -64,5 +67,23 @@ if step "8B GPTQ bench" 100; then
 fi
 if step "8B split over two GPUs" 150; then
   TSR_MODEL_8B=$m8 TSR_RUN_TIMEOUT=70 timeout 200 bash tests/parallel/gpu-check.sh bench 2>&1 | tail -30
+fi
+if step "8B kernel variants" 200; then
+  [ -f $m8/config.json ] || "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 \
+    --intermediate 14336 --vocab 128256 --bpw 4.0 --shard-size 2048 --out $m8 > /dev/null
+  for v in 2 33; do
+    echo "--- TSR_CUDA_DQ_MIN_M=$v"
+    TSR_CUDA_DQ_MIN_M=$v timeout 60 "$bin" bench --model $m8 --device cuda --batch 4,8,16 --prompt-len 512 --gen 32 \
+      --json "$out/bench-8b-dq$v.json" 2>&1 | tail -3
+  done
+  for f in 1 0; do
+    echo "--- prefill of 2048 tokens, TSR_CUDA_FLASH=$f"
+    TSR_CUDA_FLASH=$f timeout 60 "$bin" bench --model $m8 --device cuda --batch 1 --prompt-len 2048 --gen 8 \
+      --json "$out/bench-8b-p2048-flash$f.json" 2>&1 | tail -1
+  done
+  echo "--- per-op profile, batch 1"
+  TSR_CUDA_PROFILE=2 timeout 60 "$bin" bench --model $m8 --device cuda --batch 1 --prompt-len 512 --gen 16 \
+    > "$out/profile-8b.txt" 2>&1
+  tail -25 "$out/profile-8b.txt"
 fi
 echo "=== done after $SECONDS s"

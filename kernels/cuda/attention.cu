@@ -3,8 +3,9 @@
  * One warp handles one (row, head, split): the row's visible positions (causal, sliding window) are cut into
  * `n_splits` contiguous ranges so that short batches with long contexts still fill the chip. Each lane holds
  * head_dim/32 consecutive dims of q, of the running output and of each K/V row it reads (coalesced 32-lane
- * reads of one cache row); scores are reduced across the warp and folded into an online softmax, so no score
- * matrix is ever materialized. With several splits, a second kernel merges the partial (max, sum, output) triples.
+ * reads of one cache row); the fp16/fp32 kernel reads ATTN_UNROLL positions' rows per round before reducing
+ * their scores, so loads overlap. Scores are reduced across the warp and folded into an online softmax, so no
+ * score matrix is ever materialized. With several splits, a second kernel merges the partial (max, sum, output) triples.
  * KV storage is fp16 or fp32, or one of the quantized modes (runtime/kv_cache.h); math is fp32.
  *
  * Quantized caches are dequantized inside the loads, in the rotated domain (kernels/cpu/attention.c explains the
@@ -18,9 +19,27 @@
 #include "kernels/cuda/cuda_kernels.cuh"
 
 #include <math.h>
+#include <stdlib.h>
 
 __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_f(float v) { return v; }
+
+/* Positions are split into ranges of at least ATTN_MIN_SPLIT, so a split count sized for the longest row (or,
+ * in a CUDA graph, for the longest possible row) leaves the trailing splits of shorter rows empty rather than
+ * giving each of them a handful of positions and a partial result to merge. */
+#define ATTN_MIN_SPLIT 32
+#define ATTN_UNROLL 4
+#define ATTN_TARGET_WARPS 16384
+#define ATTN_MAX_SPLITS 128
+
+__device__ __forceinline__ void split_range(int lo, int p, int split, int n_splits, int *t0, int *t1)
+{
+    const int span = p - lo + 1;
+    int per = (span + n_splits - 1) / n_splits;
+    if (per < ATTN_MIN_SPLIT) per = ATTN_MIN_SPLIT;
+    *t0 = lo + split * per;
+    *t1 = min(p + 1, *t0 + per);
+}
 
 template <int DPL, typename T>
 __global__ void attn_kernel(tsr_batch_layout b, tsr_attn_args a, const T *kc, const T *vc, int page_size,
@@ -36,8 +55,8 @@ __global__ void attn_kernel(tsr_batch_layout b, tsr_attn_args a, const T *kc, co
     const int d = a.head_dim, kvh = h / (a.n_heads / a.n_kv_heads);
     const int p = b.positions[row];
     const int lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
-    const int span = p - lo + 1, per = (span + n_splits - 1) / n_splits;
-    const int t0 = lo + split * per, t1 = min(p + 1, t0 + per);
+    int t0, t1;
+    split_range(lo, p, split, n_splits, &t0, &t1);
     const int32_t *table = b.page_tables + (size_t)b.row_seq[row] * b.max_pages;
     const int width = a.n_kv_heads * d;
 
@@ -49,25 +68,49 @@ __global__ void attn_kernel(tsr_batch_layout b, tsr_attn_args a, const T *kc, co
         acc[i] = 0.0f;
     }
     float mx = -INFINITY, sum = 0.0f;
-    for (int t = t0; t < t1; t++) {
-        const int page = table[t / page_size];
-        const size_t off = ((size_t)page * page_size + t % page_size) * width + (size_t)kvh * d + lane * DPL;
-        float s = 0.0f;
+    /* ATTN_UNROLL positions per round: their K and V rows are all requested before any score is reduced, so a
+     * warp has that many independent loads in flight instead of one dependent chain per position */
+    for (int t = t0; t < t1; t += ATTN_UNROLL) {
+        float kv_k[ATTN_UNROLL][DPL], kv_v[ATTN_UNROLL][DPL], s[ATTN_UNROLL];
 #pragma unroll
-        for (int i = 0; i < DPL; i++) s += qv[i] * to_f(kc[off + i]);
+        for (int u = 0; u < ATTN_UNROLL; u++) {
+            const int tt = min(t + u, t1 - 1); /* past the end: re-read the last row, its weight is zeroed below */
+            const int page = table[tt / page_size];
+            const size_t off = ((size_t)page * page_size + tt % page_size) * width + (size_t)kvh * d + lane * DPL;
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (s > mx) {
-            const float r = __expf(mx - s);
-            sum *= r;
-#pragma unroll
-            for (int i = 0; i < DPL; i++) acc[i] *= r;
-            mx = s;
+            for (int i = 0; i < DPL; i++) {
+                kv_k[u][i] = to_f(kc[off + i]);
+                kv_v[u][i] = to_f(vc[off + i]);
+            }
         }
-        const float w = __expf(s - mx);
-        sum += w;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) acc[i] += w * to_f(vc[off + i]);
+        for (int u = 0; u < ATTN_UNROLL; u++) {
+            s[u] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) s[u] += qv[i] * kv_k[u][i];
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int u = 0; u < ATTN_UNROLL; u++) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
+        float m_new = mx;
+#pragma unroll
+        for (int u = 0; u < ATTN_UNROLL; u++) {
+            if (t + u >= t1) s[u] = -INFINITY;
+            m_new = fmaxf(m_new, s[u]);
+        }
+        const float r = __expf(mx - m_new); /* 0 on the first round (mx = -inf) */
+        sum *= r;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[i] *= r;
+        mx = m_new;
+#pragma unroll
+        for (int u = 0; u < ATTN_UNROLL; u++) {
+            const float w = __expf(s[u] - mx);
+            sum += w;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[i] += w * kv_v[u][i];
+        }
     }
     if (n_splits == 1) {
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
@@ -186,8 +229,8 @@ __global__ void attn_q_kernel(tsr_batch_layout b, tsr_attn_args a, kvq_view c, i
     const int d = a.head_dim, kvh = h / (a.n_heads / a.n_kv_heads);
     const int p = b.positions[row], r0 = b.seq_row0[b.row_seq[row]], p0 = b.positions[r0];
     const int lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
-    const int span = p - lo + 1, per = (span + n_splits - 1) / n_splits;
-    const int t0 = lo + split * per, t1 = min(p + 1, t0 + per);
+    int t0, t1;
+    split_range(lo, p, split, n_splits, &t0, &t1);
     const int32_t *table = b.page_tables + (size_t)b.row_seq[row] * b.max_pages;
     const int width = a.n_kv_heads * d;
     const int64_t staged = c.stage_key[c.stage_rows];
@@ -401,16 +444,19 @@ void tsr_cuda_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const
     const int quant = tsr_kv_is_quant(kv->dtype);
     if (d % 32 || d > 256) tsr_cuda_fatal(__FILE__, __LINE__, "head_dim must be a multiple of 32 up to 256");
     if (quant && d % 64) tsr_cuda_fatal(__FILE__, __LINE__, "quantized KV caches need head_dim % 64 == 0");
-    /* split the context only when rows × heads alone would leave the chip idle */
+    /* batches with prefill rows (more than two rows per sequence on average) go to the tensor-core kernel of
+     * attention_prefill.cu when the cache and head size allow it (TSR_CUDA_FLASH=0 keeps them here) */
+    static int flash = -1;
+    if (flash < 0) flash = !getenv("TSR_CUDA_FLASH") || atoi(getenv("TSR_CUDA_FLASH")) != 0;
+    if (flash && !quant && b->n_rows >= 2 * b->n_seqs && tsr_cuda_attention_prefill(b, a, kv, q, out)) return;
+    /* split the context when rows × heads alone would leave the chip idle: enough splits for about
+     * ATTN_TARGET_WARPS warps, none shorter than ATTN_MIN_SPLIT positions of the longest row */
     size_t items = (size_t)b->n_rows * a->n_heads;
-    int ctx = b->max_position + 1;
-    int n_splits = 1;
-    if (items < 2048 && ctx > 256) {
-        n_splits = (int)((2048 + items - 1) / items);
-        int by_len = (ctx + 255) / 256;
-        if (n_splits > by_len) n_splits = by_len;
-        if (n_splits > 64) n_splits = 64;
-    }
+    const int ctx = b->max_position + 1;
+    int n_splits = (int)(ATTN_TARGET_WARPS / items);
+    if (n_splits > ATTN_MAX_SPLITS) n_splits = ATTN_MAX_SPLITS;
+    if (n_splits > (ctx + ATTN_MIN_SPLIT - 1) / ATTN_MIN_SPLIT) n_splits = (ctx + ATTN_MIN_SPLIT - 1) / ATTN_MIN_SPLIT;
+    if (n_splits < 1) n_splits = 1;
     float2 *ml = NULL;
     float *pacc = NULL;
     if (n_splits > 1) {

@@ -500,6 +500,26 @@ static tsr_status cuda_prepare_model(struct tsr_model *m)
         for (int i = 0; st == TSR_OK && i < 7; i++) st = upload_linear(all[i], &m->embed);
     }
     if (st == TSR_OK) st = upload_linear(&m->head, &m->embed);
+    if (st == TSR_OK) {
+        /* the dequantize-and-cuBLAS path's buffer: the largest quantized layer matrix */
+        size_t dq = 0;
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            tsr_layer *ly = &m->layers[l];
+            tsr_linear *all[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->up, &ly->down};
+            for (int i = 0; i < 7; i++) {
+                const tsr_linear_dev *d = (const tsr_linear_dev *)all[i]->dev;
+                if (d && d->kind == TSR_LINEAR_EXL2 && (size_t)d->K * d->Npad * 2 > dq) dq = (size_t)d->K * d->Npad * 2;
+            }
+        }
+        /* the head runs in slabs of that buffer; a model whose head is its only quantized matrix gets up to
+         * 128 MiB for it */
+        const tsr_linear_dev *h = (const tsr_linear_dev *)m->head.dev;
+        if (h && h->kind == TSR_LINEAR_EXL2) {
+            size_t head = (size_t)h->K * h->Npad * 2, cap = (size_t)128 << 20;
+            if ((head < cap ? head : cap) > dq) dq = head < cap ? head : cap;
+        }
+        if (dq) tsr_cuda_dq_reserve(dq);
+    }
     if (st == TSR_OK) TSR_CUDA_CHECK(cudaStreamSynchronize(g_stream));
     if (st != TSR_OK) cuda_release_model(m);
     return st;

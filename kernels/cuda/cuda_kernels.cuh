@@ -7,12 +7,19 @@
 void tsr_cuda_embed(const tsr_dense *table, const int32_t *ids, int n, float *out);
 void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, int dim, float *out);
 void tsr_cuda_linear(const tsr_linear *L, const float *x, int M, float *y);
+/* Reserves the fp16 slab buffer of the dequantize-and-cuBLAS path (matmul.cu) at model preparation; a no-op when
+ * that path is off (TSR_CUDA_DQ_MIN_M=0) or the buffer is already as large. Out of memory is fatal. */
+void tsr_cuda_dq_reserve(size_t bytes);
 void tsr_cuda_rope(const tsr_batch_layout *b, float *x, int n_heads, int head_dim, int rot_dim);
 void tsr_cuda_kv_store(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v);
 /* kv_store for the quantized KV modes (attention.cu; tsr_cuda_kv_store dispatches to it) */
 void tsr_cuda_kv_store_quant(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v);
 void tsr_cuda_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
                         float *out);
+/* The tensor-core prefill attention (attention_prefill.cu) when it applies (fp16 cache, head_dim 64 or 128):
+ * returns 1 after launching it, 0 when the caller must use the general kernel. */
+int tsr_cuda_attention_prefill(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv,
+                               const float *q, float *out);
 void tsr_cuda_silu_mul(const float *gate, const float *up, size_t n, float *out);
 void tsr_cuda_add(float *x, const float *y, size_t n);
 void tsr_cuda_gather_rows(const float *x, const int32_t *index, int n, int dim, float *out);

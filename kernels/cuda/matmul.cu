@@ -1,15 +1,17 @@
 /* Matrix multiplication on the GPU for every linear layer: y[M][N] = x[M][K] · W + bias.
  *
- * EXL2, decode (M <= 32): for 8 < M <= 32 the tensor-core GEMV of gemv_tc.cu; for M <= 8 the CUDA-core kernels
- * below (measured faster there; see gemv_mode). The CUDA-core GEMV streams the packed weights once. Each thread owns one output column; a
+ * EXL2, decode (M <= 8): the CUDA-core GEMV streams the packed weights once. Each thread owns one output column; a
  * block covers 128 columns and a range of 32-row chunks; the chunk's b packed words per column are read
  * coalesced across the warp, unpacked in registers (widths are compile-time per chunk via a switch), scaled by the
  * fp16-rounded group scale, and multiplied with the permuted activations staged in shared memory. Blocks of
  * different chunk ranges write partial sums that a second kernel adds up with the bias (deterministic).
- * EXL2, prefill and large batches (M > 32): the activations are first gathered through the permutation into
- * stored row order as fp16; then a tensor-core GEMM (WMMA, fp16 operands, fp32 accumulation) dequantizes each
- * 32-row chunk of a 64-column tile into shared memory as fp16; no dequantized copy of the matrix exists outside
- * shared memory.
+ * EXL2, prefill and batches above 8 rows (TSR_CUDA_DQ_MIN_M, default 9): the activations are first gathered
+ * through the permutation into stored row order as fp16; then column slabs of the matrix are dequantized to fp16
+ * into one buffer reserved at model preparation (the largest layer matrix) and multiplied by cuBLAS (fp16
+ * operands, fp32 accumulation), as ExLlamaV2 does above 50 rows: the extra fp16 write and read cost far less
+ * than the tile kernels here lose (kernels/cuda/NOTES.md has the figures). With TSR_CUDA_DQ_MIN_M=0 (or 33),
+ * 9 to 32 rows take the tensor-core GEMV of gemv_tc.cu and larger M a WMMA GEMM that dequantizes each 32-row
+ * chunk of a 64-column tile into shared memory.
  * GPTQ matrices (4-bit groups with per-column fp16 scales and zero points) run through the same two kernels.
  * Dense weights: a warp-per-column GEMV for M <= 8, cuBLAS (GemmEx, fp32 accumulation) above. */
 #include "kernels/cuda/cuda_common.cuh"
@@ -17,6 +19,7 @@
 
 #include <cuda_bf16.h>
 #include <mma.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define GEMV_COLS 128
@@ -411,6 +414,87 @@ __global__ void __launch_bounds__(128) exl2_gemm_kernel(tsr_linear_dev L, const 
     }
 }
 
+/* ---- EXL2 through cuBLAS: dequantize column slabs to fp16, then one dense GEMM per slab ---- */
+
+/* dq[r][j] = W[r][n0 + j] for the slab's w columns, rows in stored order (the same fp16 values the tile GEMM
+ * builds in shared memory); one thread per (column, 32-row chunk). */
+__global__ void exl2_dequant_kernel(tsr_linear_dev L, int n0, int w, __half *dq)
+{
+    const int j = blockIdx.x * blockDim.x + threadIdx.x, n = n0 + j;
+    if (j >= w || n >= L.Npad) return;
+    const tsr_exl2_chunk ch = L.chunks[blockIdx.y];
+    const int g = ch.group & 0xffffff, bits = ch.group >> 24;
+    float S, zoff;
+    int codes[32];
+    group_params(L, g, bits, n, &S, &zoff);
+    decode_any(bits, L.q_weight, L.Npad, ch.qrow, ch.rows, n, codes);
+#pragma unroll
+    for (int r = 0; r < 32; r++)
+        if (r < ch.rows) dq[(size_t)(ch.row0 + r) * w + j] = __float2half_rn(((float)codes[r] + zoff) * S);
+}
+
+/* The smallest M that takes this path (TSR_CUDA_DQ_MIN_M; 0 turns it off), read once. */
+static int dq_min_m(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("TSR_CUDA_DQ_MIN_M");
+        v = e ? atoi(e) : 9;
+        if (v < 0) v = 0;
+    }
+    return v;
+}
+
+/* The widest slab in columns (TSR_CUDA_DQ_SLAB_COLS, a multiple of 128; default: as wide as the buffer allows).
+ * Tests narrow it to run several slabs on small matrices. */
+static size_t dq_slab_cols(void)
+{
+    static long v = -1;
+    if (v < 0) {
+        const char *e = getenv("TSR_CUDA_DQ_SLAB_COLS");
+        v = e ? atol(e) : 0;
+        v = v > 0 ? (v + 127) / 128 * 128 : 0;
+    }
+    return (size_t)v;
+}
+
+static size_t g_dq_bytes; /* the slab buffer (scratch slot 3), sized at model preparation */
+
+void tsr_cuda_dq_reserve(size_t bytes)
+{
+    if (dq_min_m() == 0 || bytes <= g_dq_bytes) return;
+    tsr_cuda_scratch(3, bytes);
+    g_dq_bytes = bytes;
+}
+
+/* Whether M rows of L go through the dequantize-and-cuBLAS path: M large enough and a buffer that holds at least
+ * a 128-column slab of L. */
+static int dq_path(const tsr_linear_dev *L, int M)
+{
+    return dq_min_m() && M >= dq_min_m() && g_dq_bytes >= (size_t)L->K * 128 * sizeof(__half);
+}
+
+/* y = xp · W through cuBLAS, xp being the activations already in stored row order (fp16). */
+static void exl2_dq_gemm(const tsr_linear_dev *L, const __half *xp, int M, float *y)
+{
+    const float alpha = 1.0f, beta = 0.0f;
+    size_t slab = g_dq_bytes / ((size_t)L->K * sizeof(__half));
+    slab -= slab % 128;
+    if (dq_slab_cols() && slab > dq_slab_cols()) slab = dq_slab_cols();
+    if (slab > (size_t)L->Npad) slab = L->Npad;
+    __half *dq = (__half *)tsr_cuda_scratch(3, g_dq_bytes);
+    for (int n0 = 0; n0 < L->N; n0 += (int)slab) {
+        const int w = (int)slab, cols = L->N - n0 < w ? L->N - n0 : w;
+        dim3 grid(tsr_div_up(w, 128), L->n_chunks);
+        exl2_dequant_kernel<<<grid, 128, 0, tsr_cuda_stream()>>>(*L, n0, w, dq);
+        TSR_CUDA_LAUNCHED();
+        cublasStatus_t st = cublasGemmEx(tsr_cuda_blas(), CUBLAS_OP_N, CUBLAS_OP_N, cols, M, L->K, &alpha, dq, CUDA_R_16F,
+                                         w, xp, CUDA_R_16F, L->K, &beta, y + n0, CUDA_R_32F, L->N, CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS) tsr_cuda_fatal(__FILE__, __LINE__, "cublasGemmEx failed");
+    }
+}
+
 /* ---- dense ---- */
 
 __device__ __forceinline__ float dense_elem(const void *p, int dtype, size_t i)
@@ -504,15 +588,25 @@ void tsr_cuda_linear(const tsr_linear *Lh, const float *x, int M, float *y)
     if (M <= 0) return;
     if (!L) tsr_cuda_fatal(__FILE__, __LINE__, "linear layer used before prepare_model");
     if (L->kind == TSR_LINEAR_EXL2) {
-        if (M <= GEMV_MAX_M) {
+        const int dq = dq_path(L, M);
+        if (M <= GEMV_MAX_M && !dq) {
             exl2_gemv(L, x, M, y);
         } else {
             __half *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * L->K * sizeof(__half));
             permute_half_kernel<<<tsr_div_up((size_t)M * L->K, 256), 256, 0, tsr_cuda_stream()>>>(x, L->perm, M, L->K, xp);
             TSR_CUDA_LAUNCHED();
-            dim3 grid(tsr_div_up(L->N, BN), tsr_div_up(M, BM));
-            exl2_gemm_kernel<<<grid, 128, 0, tsr_cuda_stream()>>>(*L, xp, M, y);
-            TSR_CUDA_LAUNCHED();
+            if (dq) {
+                exl2_dq_gemm(L, xp, M, y);
+                if (L->bias) {
+                    add_bias_kernel<<<tsr_div_up((size_t)M * L->N, 256), 256, 0, tsr_cuda_stream()>>>(y, M, L->N, L->bias,
+                                                                                                      TSR_F16);
+                    TSR_CUDA_LAUNCHED();
+                }
+            } else {
+                dim3 grid(tsr_div_up(L->N, BN), tsr_div_up(M, BM));
+                exl2_gemm_kernel<<<grid, 128, 0, tsr_cuda_stream()>>>(*L, xp, M, y);
+                TSR_CUDA_LAUNCHED();
+            }
         }
         return;
     }

@@ -4,6 +4,7 @@ add_library(tessera_cuda STATIC
   ${PROJECT_SOURCE_DIR}/kernels/cuda/backend.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/elementwise.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/attention.cu
+  ${PROJECT_SOURCE_DIR}/kernels/cuda/attention_prefill.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/matmul.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/gemv_tc.cu
 )

@@ -91,7 +91,7 @@ bench|bench70)
   sd=${TSR_SYNTH_DIR:-/tmp}
   synth() { # dir hidden layers heads kv inter bpw
     [ -f "$1/config.json" ] || "$bin" synth --arch llama --hidden "$2" --layers "$3" --heads "$4" --kv-heads "$5" \
-      --intermediate "$6" --vocab 128256 --bpw "$7" --out "$1" > /dev/null || bad "synth $1"
+      --intermediate "$6" --vocab 128256 --bpw "$7" --shard-size 2048 --out "$1" > /dev/null || bad "synth $1"
   }
   run_bench() { # label np args...
     local label=$1 np=$2; shift 2

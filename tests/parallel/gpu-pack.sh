@@ -59,8 +59,10 @@ if [ -f /usr/lib/x86_64-linux-gnu/hwloc/hwloc_pci.so ]; then
   done
 fi
 du -sh "$out"
-grep -qx '/.parbin/' .git/info/exclude 2>/dev/null || echo '/.parbin/' >> .git/info/exclude
-grep -qx '/.parpack/' .git/info/exclude 2>/dev/null || echo '/.parpack/' >> .git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude) # a worktree's .git is a file
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.parbin/' "$exclude" 2>/dev/null || echo '/.parbin/' >> "$exclude"
+grep -qx '/.parpack/' "$exclude" 2>/dev/null || echo '/.parpack/' >> "$exclude"
 rm -rf .parpack && mkdir -p .parpack
 tar -cf - .parbin | xz -9e -T0 > .parpack/parbin.tar.xz
 du -sh .parpack
