@@ -11,6 +11,8 @@
 #   6. kernel variants on the 8B model: where the dequantize + cuBLAS path starts (2 or 33 rows against the
 #      default 9), a 2048-token prefill with and without the tensor-core attention, and the per-op device profile
 #      of a batch-1 step
+#   7. where a tensor-split batch-1 step goes: the per-op device profile of the 8B model on one GPU and on each
+#      of two tensor-split workers (all-reduces are counted in the op after them: they share the stream)
 # Logs go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -85,5 +87,17 @@ if step "8B kernel variants" 200; then
   TSR_CUDA_PROFILE=2 timeout 60 "$bin" bench --model $m8 --device cuda --batch 1 --prompt-len 512 --gen 16 \
     > "$out/profile-8b.txt" 2>&1
   tail -25 "$out/profile-8b.txt"
+fi
+if step "8B tensor profile" 150; then
+  [ -f $m8/config.json ] || "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 \
+    --intermediate 14336 --vocab 128256 --bpw 4.0 --shard-size 2048 --out $m8 > /dev/null
+  args=(generate --bench --model $m8 --device cuda --batch 1 --prompt-len 512 --gen 32)
+  TSR_CUDA_PROFILE=2 timeout 60 "$bin" "${args[@]}" > "$out/prof-1gpu.txt" 2>&1
+  OMPI_MCA_orte_tag_output=1 TSR_CUDA_PROFILE=2 TSR_RUN_TIMEOUT=90 mpi 3 "${args[@]}" --split tensor > "$out/prof-tensor.txt" 2>&1
+  timeout 60 "$bin" "${args[@]}" 2>&1 | grep "batch "
+  TSR_RUN_TIMEOUT=90 mpi 3 "${args[@]}" --split tensor --quiet-ranks 2>&1 | grep "batch "
+  for f in prof-1gpu prof-tensor; do
+    echo "--- $f"; grep -v -i "pmix\|dlopen\|perhaps" "$out/$f.txt" | grep -A14 "decode (M <= 32)"
+  done
 fi
 echo "=== done after $SECONDS s"
