@@ -77,6 +77,9 @@ typedef struct tsr_ops {
     void (*add)(float *x, const float *y, size_t n);
     /* out[i] = rows[index[i]] for n rows of dim floats (gathering the rows whose logits are wanted) */
     void (*gather_rows)(const float *x, const int32_t *index, int n, int dim, float *out);
+    /* Optional (NULL: callers run linear once per layer): y[i][M][L[i]->N] = x · W_i for n <= 3 layers that share
+     * their input x and K (q/k/v, gate/up), which a backend may run as one launch. */
+    void (*linear_many)(const tsr_linear *const *L, int n, const float *x, int M, float *const *y);
 } tsr_ops;
 
 /* The CPU reference backend. */

@@ -1,4 +1,4 @@
-/* The batch input reader (see batch_input.h): bounded line reads with fgets-sized chunks, then a check of each
+/* The batch input reader (see batch_input.h): bounded line reads through stdio's buffer, then a check of each
  * line's envelope (custom_id, method, url, body) that reports the first thing wrong with it. */
 #include "launcher/batch_input.h"
 
@@ -119,38 +119,37 @@ tsr_status tsr_batch_line_parse(const char *text, size_t len, long line_no, tsr_
 }
 
 /* Reads one raw line into r->buf (without its newline). *too_long when it went past the cap (the rest of it is
- * consumed). Returns 0 at the end of the file. */
+ * consumed). *got = 0 at the end of the file. Byte by byte (getc_unlocked, buffered by stdio) rather than fgets,
+ * whose result length strlen would cut at a NUL byte, merging the rest of the file's next line into this one. */
 static tsr_status read_raw(tsr_batch_reader *r, size_t *len, int *too_long, int *got)
 {
     *len = 0;
     *too_long = 0;
     *got = 0;
     for (;;) {
-        if (r->cap - *len < 4096) {
-            size_t cap = r->cap ? r->cap * 2 : 65536;
-            if (cap > TSR_BATCH_MAX_LINE + 8192) cap = TSR_BATCH_MAX_LINE + 8192;
-            if (cap - *len < 2) { /* over the cap: drop what we have and keep reading to the newline */
-                *too_long = 1;
-                *len = 0;
-            } else {
-                char *b = realloc(r->buf, cap);
-                if (!b) return tsr_fail(TSR_ERR_NOMEM, "out of memory reading line %ld", r->line_no + 1);
-                r->buf = b;
-                r->cap = cap;
-            }
-        }
-        if (!fgets(r->buf + *len, (int)(r->cap - *len), r->f)) {
+        int c = getc_unlocked(r->f);
+        if (c == EOF) {
             if (ferror(r->f)) return tsr_fail(TSR_ERR_IO, "reading the input: %s", strerror(errno));
             return TSR_OK; /* end of file: *got says whether a last line without newline was read */
         }
-        size_t n = strlen(r->buf + *len);
-        r->offset += (long long)n;
+        r->offset++;
         *got = 1;
-        *len += n;
-        if (*len && r->buf[*len - 1] == '\n') {
-            (*len)--;
-            return TSR_OK;
+        if (c == '\n') return TSR_OK;
+        if (*too_long) continue;
+        if (*len + 1 >= r->cap) {
+            if (r->cap >= TSR_BATCH_MAX_LINE + 8192) { /* over the cap: drop it and keep reading to the newline */
+                *too_long = 1;
+                *len = 0;
+                continue;
+            }
+            size_t cap = r->cap ? r->cap * 2 : 65536;
+            if (cap > TSR_BATCH_MAX_LINE + 8192) cap = TSR_BATCH_MAX_LINE + 8192;
+            char *b = realloc(r->buf, cap);
+            if (!b) return tsr_fail(TSR_ERR_NOMEM, "out of memory reading line %ld", r->line_no + 1);
+            r->buf = b;
+            r->cap = cap;
         }
+        r->buf[(*len)++] = (char)c;
     }
 }
 

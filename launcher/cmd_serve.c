@@ -46,14 +46,22 @@ static void usage(FILE *f)
             "  --threads N             CPU threads for the model (default: all cores)\n"
             "  --served-model-name S   the model name clients use (default: the folder's name)\n"
             "  --chat-template PATH    a Jinja chat template file (default: the model's tokenizer_config.json)\n"
+            "  --allow-any-host        on a loopback address, also answer requests for other host names (by\n"
+            "                          default those get 403, against DNS rebinding)\n"
             "  --api-key KEY           require 'Authorization: Bearer KEY' on /v1/... (repeatable; also\n"
             "                          TESSERA_API_KEY)\n"
             "  --max-running N         sequences decoding at once (default 64)\n"
             "  --max-waiting N         queued requests before 429 (default 1024)\n"
             "  --kv-tokens N           KV cache size in tokens (default: one full context, or GPU memory)\n"
             "  --max-body BYTES        largest request body (default 8388608)\n"
-            "  --max-connections N     simultaneous connections (default 1024)\n"
-            "  --timeout SECONDS       idle connection timeout (default 300)\n"
+            "  --max-header BYTES      memory per connection for the request line and headers (default 65536)\n"
+            "  --max-connections N     simultaneous connections (default: the open-file limit less 256)\n"
+            "  --max-connections-per-ip N  simultaneous connections from one address (default 0: no limit)\n"
+            "  --conn-timeout SECONDS  close a connection after this long without a byte moving (default 60;\n"
+            "                          --timeout is the same)\n"
+            "  --header-timeout SECONDS  time a connection has to send a request's headers (default 30)\n"
+            "  --stream-backlog BYTES  events a stream may queue for a client that does not read before it is\n"
+            "                          cancelled and closed (default 1048576)\n"
             "  --http-threads N        HTTP threads (default 2)\n"
             "  --grace SECONDS         on SIGTERM/SIGINT, time left to running requests (default 30)\n"
             "  --intake ADDR           also take requests over nanomsg at ipc:///path or tcp://host:port\n"
@@ -226,7 +234,8 @@ int tsr_cmd_serve(int argc, char **argv)
     const char *model_dir = NULL, *device = "cpu", *tpl_path = NULL, *served = NULL, *keys[MAX_KEYS];
     int n_keys = 0;
     long port = 8000, threads = 0, max_running = 64, max_waiting = 1024, kv_tokens = 0, max_body = 8 << 20;
-    long max_conns = 1024, timeout = 300, http_threads = 2;
+    long max_conns = 0, per_ip = 0, timeout = 60, header_timeout = 30, http_threads = 2;
+    long max_header = 64 << 10, backlog = 1 << 20;
     double grace = 30;
     const char *intake_addr = NULL;
     tsr_intake *intake = NULL;
@@ -235,6 +244,10 @@ int tsr_cmd_serve(int argc, char **argv)
     tsr_par_opts_init(&po);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
+        if (!strcmp(a, "--allow-any-host")) {
+            ho.allow_any_host = 1;
+            continue;
+        }
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             if (!tsr_rank_is_worker()) usage(stdout);
             return 0;
@@ -267,10 +280,18 @@ int tsr_cmd_serve(int argc, char **argv)
             if (tsr_cli_int("serve", a, v, 16, 1L << 30, &kv_tokens)) return 2;
         } else if (!strcmp(a, "--max-body")) {
             if (tsr_cli_int("serve", a, v, 64, 1L << 30, &max_body)) return 2;
+        } else if (!strcmp(a, "--max-header")) {
+            if (tsr_cli_int("serve", a, v, 16 << 10, 16 << 20, &max_header)) return 2;
         } else if (!strcmp(a, "--max-connections")) {
             if (tsr_cli_int("serve", a, v, 1, 1 << 20, &max_conns)) return 2;
-        } else if (!strcmp(a, "--timeout")) {
+        } else if (!strcmp(a, "--max-connections-per-ip")) {
+            if (tsr_cli_int("serve", a, v, 0, 1 << 20, &per_ip)) return 2;
+        } else if (!strcmp(a, "--conn-timeout") || !strcmp(a, "--timeout")) {
             if (tsr_cli_int("serve", a, v, 1, 1L << 20, &timeout)) return 2;
+        } else if (!strcmp(a, "--header-timeout")) {
+            if (tsr_cli_int("serve", a, v, 1, 1L << 20, &header_timeout)) return 2;
+        } else if (!strcmp(a, "--stream-backlog")) {
+            if (tsr_cli_int("serve", a, v, 4096, 1L << 30, &backlog)) return 2;
         } else if (!strcmp(a, "--http-threads")) {
             if (tsr_cli_int("serve", a, v, 1, 256, &http_threads)) return 2;
         } else if (!strcmp(a, "--grace")) {
@@ -305,8 +326,12 @@ int tsr_cmd_serve(int argc, char **argv)
     ho.api_keys = keys;
     ho.n_api_keys = n_keys;
     ho.max_body = (size_t)max_body;
+    ho.max_header = (size_t)max_header;
     ho.conn_limit = (unsigned)max_conns;
+    ho.per_ip_limit = (unsigned)per_ip;
     ho.conn_timeout_s = (unsigned)timeout;
+    ho.header_timeout_s = (unsigned)header_timeout;
+    ho.stream_backlog = (size_t)backlog;
     ho.threads = (unsigned)http_threads;
 
     if (catch_signals() != 0) {
@@ -315,6 +340,8 @@ int tsr_cmd_serve(int argc, char **argv)
         return 1;
     }
 
+    long fds = tsr_http_raise_fd_limit(); /* many idle clients are cheap; running out of descriptors is not */
+    ho.conn_limit = tsr_http_conn_limit(ho.conn_limit);
     serve_state s = {0};
     tsr_status st = tsr_http_start(&ho, &s.http);
     if (st != TSR_OK) {
@@ -323,6 +350,10 @@ int tsr_cmd_serve(int argc, char **argv)
     }
     fprintf(stderr, "tessera serve: listening on http://%s%s%s:%d (loading %s)\n", strchr(ho.host, ':') ? "[" : "",
             ho.host, strchr(ho.host, ':') ? "]" : "", tsr_http_port(s.http), model_dir);
+    fprintf(stderr, "tessera serve: limits: %u connections (open files %ld), %ld per address, %ld s idle, %ld s "
+                    "for headers, %ld header bytes, %ld body bytes, %ld bytes of stream backlog\n",
+            ho.conn_limit, fds, per_ip, timeout,
+            header_timeout < timeout ? header_timeout : timeout, max_header, max_body, backlog);
 
     if ((st = tsr_tokenizer_load(model_dir, &s.tok)) != TSR_OK || (st = load_template(&s, model_dir, tpl_path))) {
         tsr_session_cancel("the coordinator cannot load the tokenizer or the chat template");

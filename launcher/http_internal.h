@@ -15,14 +15,21 @@
 
 #include <microhttpd.h>
 #include <pthread.h>
+#include <sys/socket.h>
 #include <stdint.h>
 
 typedef struct http_job http_job;
+typedef struct http_key http_key;   /* http_auth.c */
+typedef struct http_sock http_sock; /* http_conns.c */
+
+#define HTTP_KEY_MAX 256             /* the longest API key */
 
 struct tsr_http {
     struct MHD_Daemon *daemon;
     tsr_http_opts opts;
-    char **keys;                 /* copies of opts.api_keys */
+    http_key *keys;              /* copies of opts.api_keys (http_auth.c) */
+    int n_keys;
+    int loopback_only;           /* bound to a loopback address without allow_any_host: check Host and Origin */
     int port;
 
     pthread_rwlock_t svc_lock;   /* read: submit / stats; write: state changes below */
@@ -36,7 +43,10 @@ struct tsr_http {
     pthread_cond_t idle;
     http_job *jobs;              /* open generation requests */
     int n_jobs;                  /* jobs not yet released by their connection */
-    int n_conns;                 /* connections with a request in progress */
+
+    pthread_mutex_t socks_mu;    /* the open TCP connections (http_conns.c) */
+    http_sock *socks;
+    unsigned n_socks;
 
     pthread_t ticker;
     int ticker_started, ticker_stop;
@@ -44,6 +54,11 @@ struct tsr_http {
     pthread_cond_t ticker_cond;
 
     tsr_http_metrics metrics;
+
+    pthread_mutex_t log_mu;      /* libmicrohttpd's messages: at most a burst per second */
+    double log_t0;
+    int log_n;
+    unsigned long log_dropped;
 };
 
 /* One event of the service, copied on the loop thread. */
@@ -79,6 +94,9 @@ struct http_job {
     struct MHD_Connection *conn;
     int fd;                      /* the client's socket, peeked by the ticker while suspended */
     int suspended, conn_gone, cancelled;
+    size_t backlog;              /* bytes of events queued and not yet taken by the connection's thread */
+    int overflow;                /* a stream whose client stopped reading: cancelled, its socket to be shut */
+    int shut;                    /* the ticker has shut its socket down */
     double t_start;
     /* owned by the thread serving the connection (no lock): res above, and the SSE bytes not yet handed to
      * libmicrohttpd */
@@ -93,8 +111,39 @@ typedef struct http_conn {
     char *body;
     size_t len, cap;
     int too_large, answered;
+    size_t discarded;            /* body bytes past max_body thrown away */
     http_job *job;
 } http_conn;
+
+/* --- http_auth.c --- */
+/* Copies the accepted keys (each 1..HTTP_KEY_MAX bytes; TSR_ERR_ARG otherwise). */
+tsr_status tsr_http_keys_init(tsr_http *h, const char *const *keys, int n);
+/* Wipes and frees them. */
+void tsr_http_keys_free(tsr_http *h);
+/* 1 when no keys are set or the request carries an accepted one; 0 with e set to the 401 otherwise. */
+int tsr_http_authorized(tsr_http *h, struct MHD_Connection *c, tsr_oai_error *e);
+/* 1 unless the gateway is loopback-only and the Host or Origin header names another host (e set to the 403). */
+int tsr_http_host_allowed(tsr_http *h, struct MHD_Connection *c, tsr_oai_error *e);
+/* 1 for 127.0.0.0/8, ::1 and ::ffff:127.x.x.x. */
+int tsr_http_addr_is_loopback(const struct sockaddr *sa);
+
+/* --- http_conns.c --- */
+/* MHD_OPTION_NOTIFY_CONNECTION: registers and unregisters connections. */
+void tsr_http_on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                            enum MHD_ConnectionNotificationCode code);
+/* A request's headers are complete (busy 1) or its answer is done (busy 0: the header clock restarts). */
+void tsr_http_conn_busy(tsr_http *h, struct MHD_Connection *c, int busy);
+/* A request body begins (state 1), brings `bytes` more (0) or is complete (-1). */
+void tsr_http_conn_body(tsr_http *h, struct MHD_Connection *c, int state, size_t bytes);
+/* Shuts down the connections that have waited longer than the header timeout for a request, or whose body
+ * arrives too slowly (ticker). */
+void tsr_http_conns_sweep(tsr_http *h);
+/* Open TCP connections. */
+unsigned tsr_http_conns_open(tsr_http *h);
+
+/* --- http_server.c --- */
+/* The connection this thread is about to end on purpose: libmicrohttpd's message about it is not printed. */
+void tsr_http_quiet_close(void);
 
 /* --- http_routes.c --- */
 /* Queues a JSON response (takes the reference of body); counts it in the metrics. */

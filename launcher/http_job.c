@@ -4,8 +4,13 @@
  * The service callback runs on the service's loop thread and must be quick, so it only copies the event, records
  * latency metrics and resumes the suspended connection; turning events into JSON happens on the HTTP thread that
  * serves the connection, which takes the queued events under the job's lock and processes them outside it (only
- * that thread touches the result and the output buffer), so a callback never waits behind JSON work. A final event can never be lost: each choice has its own
- * preallocated slot for it, so running out of memory drops at worst some text, never the end of a request. */
+ * that thread touches the result and the output buffer), so a callback never waits behind JSON work. A final
+ * event can never be lost: each choice has its own preallocated slot for it, so running out of memory drops at
+ * worst some text, never the end of a request.
+ *
+ * A stream's queue is bounded: a client that stops reading leaves its events queued (libmicrohttpd asks for
+ * more bytes only when the socket takes them), and once they pass the stream backlog (--stream-backlog) the
+ * request is cancelled (its KV pages freed), further events are dropped, and the ticker closes the connection. */
 #include "launcher/http_internal.h"
 
 #include <stdlib.h>
@@ -84,7 +89,19 @@ static void on_event(const tsr_gen_event *ev, void *user)
             tsr_http_metrics_itl(&h->metrics, now - s->t_last);
         s->t_last = now;
     }
-    http_event *e = final ? final_of(j, s->choice) : calloc(1, sizeof *e);
+    pthread_mutex_lock(&j->mu);
+    /* a stream whose client does not read: past its backlog, cancel the request (the ticker closes the
+     * connection) and queue nothing but final events from then on */
+    size_t cost = sizeof(http_event) + ev->text_len + (ev->error ? strlen(ev->error) : 0);
+    if (!final && !j->overflow && j->rq->stream && j->backlog + cost > h->opts.stream_backlog) {
+        j->overflow = 1;
+        tsr_http_metrics_stream_overflow(&h->metrics);
+        if (!j->cancelled) tsr_http_job_cancel(j);
+    }
+    int keep = final || !j->overflow;
+    if (keep) j->backlog += cost;
+    pthread_mutex_unlock(&j->mu);
+    http_event *e = !keep ? NULL : final ? final_of(j, s->choice) : calloc(1, sizeof *e);
     if (e) {
         e->choice = s->choice;
         e->ev = *ev;
@@ -142,6 +159,7 @@ http_event *tsr_http_job_take(http_job *j)
 {
     http_event *list = j->ev_head;
     j->ev_head = j->ev_tail = NULL;
+    j->backlog = 0;
     return list;
 }
 

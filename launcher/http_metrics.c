@@ -70,6 +70,20 @@ void tsr_http_metrics_stream(tsr_http_metrics *m)
     pthread_mutex_unlock(&m->mu);
 }
 
+void tsr_http_metrics_stream_overflow(tsr_http_metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->stream_overflows++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void tsr_http_metrics_header_timeouts(tsr_http_metrics *m, int n)
+{
+    pthread_mutex_lock(&m->mu);
+    m->header_timeouts += (uint64_t)n;
+    pthread_mutex_unlock(&m->mu);
+}
+
 static void observe(tsr_http_metrics *m, tsr_histogram *h, double x)
 {
     if (!(x >= 0)) x = 0;
@@ -205,7 +219,7 @@ static void service_metrics(buf *b, const tsr_service_stats *st)
 }
 
 char *tsr_http_metrics_render(tsr_http_metrics *m, const tsr_service_stats *st, int ready, int open_requests,
-                              const char *model_name, size_t *len)
+                              unsigned open_connections, const char *model_name, size_t *len)
 {
     buf b = {0};
     b.cap = 8192;
@@ -233,6 +247,13 @@ char *tsr_http_metrics_render(tsr_http_metrics *m, const tsr_service_stats *st, 
              m->streams_total);
     metric_u(&b, "tessera_http_client_disconnects_total", "counter",
              "Requests cancelled because the client disconnected before the end.", m->client_disconnects);
+    metric_u(&b, "tessera_http_connections", "gauge", "Open TCP connections.", open_connections);
+    metric_u(&b, "tessera_http_stream_overflows_total", "counter",
+             "Streams cancelled and closed because their client stopped reading (--stream-backlog).",
+             m->stream_overflows);
+    metric_u(&b, "tessera_http_header_timeouts_total", "counter",
+             "Connections closed for not sending a request's headers within --header-timeout.",
+             m->header_timeouts);
     histogram(&b, "tessera_time_to_first_token_seconds", "Time from submission to the first generated token.",
               &m->ttft);
     histogram(&b, "tessera_inter_token_latency_seconds", "Time between consecutive generated tokens of a sequence.",

@@ -41,6 +41,8 @@ typedef struct tsr_http_metrics {
     uint64_t requests[TSR_ROUTE_COUNT][TSR_METRICS_CODES];
     uint64_t client_disconnects;  /* requests cancelled because the client went away */
     uint64_t streams_total;
+    uint64_t stream_overflows;    /* streams cancelled because their client stopped reading */
+    uint64_t header_timeouts;     /* connections closed for not sending a request's headers in time */
     tsr_histogram ttft, itl, e2e;
     double t_start;
 } tsr_http_metrics;
@@ -51,13 +53,16 @@ void tsr_http_metrics_destroy(tsr_http_metrics *m);
 void tsr_http_metrics_request(tsr_http_metrics *m, tsr_http_route route, unsigned status);
 void tsr_http_metrics_disconnect(tsr_http_metrics *m);
 void tsr_http_metrics_stream(tsr_http_metrics *m);
+void tsr_http_metrics_stream_overflow(tsr_http_metrics *m);
+void tsr_http_metrics_header_timeouts(tsr_http_metrics *m, int n);
 void tsr_http_metrics_ttft(tsr_http_metrics *m, double seconds);
 void tsr_http_metrics_itl(tsr_http_metrics *m, double seconds);
 void tsr_http_metrics_e2e(tsr_http_metrics *m, double seconds);
 
 /* Renders every metric; st may be NULL (model loading or shutting down: the service's metrics are left out).
- * open_requests: HTTP requests waiting for or streaming tokens now. Returns NULL when out of memory. */
+ * open_requests: HTTP requests waiting for or streaming tokens now; open_connections: TCP connections now.
+ * Returns NULL when out of memory. */
 char *tsr_http_metrics_render(tsr_http_metrics *m, const tsr_service_stats *st, int ready, int open_requests,
-                              const char *model_name, size_t *len);
+                              unsigned open_connections, const char *model_name, size_t *len);
 
 #endif

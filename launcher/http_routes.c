@@ -95,7 +95,8 @@ enum MHD_Result tsr_http_route_metrics(tsr_http *h, struct MHD_Connection *c)
     int open = h->n_jobs;
     pthread_mutex_unlock(&h->mu);
     size_t len = 0;
-    char *text = tsr_http_metrics_render(&h->metrics, have ? &st : NULL, ready, open, name, &len);
+    char *text = tsr_http_metrics_render(&h->metrics, have ? &st : NULL, ready, open, tsr_http_conns_open(h), name,
+                                         &len);
     if (!text) return tsr_http_reply_json(h, c, TSR_ROUTE_METRICS, 500, NULL);
     return reply_bytes(h, c, TSR_ROUTE_METRICS, 200, text, len, "text/plain; version=0.0.4; charset=utf-8", NULL);
 }

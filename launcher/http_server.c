@@ -1,12 +1,14 @@
-/* The gateway's server (see http_server.h): the libmicrohttpd daemon, request dispatch, request bodies, API keys,
- * connection completion, the disconnect ticker, and the start/drain/stop life cycle.
+/* The gateway's server (see http_server.h): the libmicrohttpd daemon and its limits, request dispatch, request
+ * bodies, connection completion, the ticker, and the start/drain/stop life cycle (API keys: http_auth.c; the
+ * connection registry and the header timeout: http_conns.c).
  *
  * Request bodies are gathered into a buffer bounded by max_body (413 beyond it: at once when Content-Length
- * says so, otherwise once the body has been read and discarded). API keys are compared in constant time. When a
- * connection ends, libmicrohttpd reports how (MHD_OPTION_NOTIFY_COMPLETED); anything but a completed response
- * cancels what the request still has running in the service. A suspended connection is not watched by
- * libmicrohttpd, so a ticker peeks at the sockets of suspended requests a few times a second and cancels the
- * requests of clients that hung up. */
+ * says so; otherwise the body is read and discarded for up to DISCARD_MAX more bytes, then answered 413, and a
+ * body longer still gets the connection closed). When a connection ends, libmicrohttpd reports how
+ * (MHD_OPTION_NOTIFY_COMPLETED); anything but a completed response cancels what the request still has running in
+ * the service. A suspended connection is not watched by libmicrohttpd, so a ticker peeks at the sockets of
+ * suspended requests a few times a second and cancels the requests of clients that hung up; the same ticker
+ * shuts down connections past the header timeout and streams whose client stopped reading (http_job.c). */
 #include "launcher/http_internal.h"
 
 #include <errno.h>
@@ -20,8 +22,18 @@
 #include <unistd.h>
 
 #define TICK_MS 200
+#define DISCARD_MAX ((size_t)1 << 20) /* body bytes read past max_body to answer 413 rather than close */
 
-/* --- routing and authentication -------------------------------------------------------------------------- */
+/* Set just before the access handler or a stream's reader ends a connection on purpose, so that libmicrohttpd's
+ * "application error" message about it (logged on the same thread right after) is not printed. */
+static _Thread_local int closing_on_purpose;
+
+void tsr_http_quiet_close(void)
+{
+    closing_on_purpose = 1;
+}
+
+/* --- routing --------------------------------------------------------------------------------------------- */
 
 static tsr_http_route route_of(const char *url)
 {
@@ -33,46 +45,16 @@ static tsr_http_route route_of(const char *url)
     return TSR_ROUTE_OTHER;
 }
 
-/* Equal strings in time that depends only on the lengths. */
-static int same_secret(const char *a, size_t na, const char *b, size_t nb)
-{
-    volatile unsigned char diff = (unsigned char)(na != nb);
-    size_t n = na > nb ? na : nb;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char x = i < na ? (unsigned char)a[i] : 0, y = i < nb ? (unsigned char)b[i] : 0;
-        diff |= (unsigned char)(x ^ y);
-    }
-    return diff == 0;
-}
-
-static int authorized(tsr_http *h, struct MHD_Connection *c, tsr_oai_error *e)
-{
-    if (h->opts.n_api_keys == 0) return 1;
-    const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!v) {
-        tsr_oai_error_set(e, 401, NULL, "invalid_api_key",
-                          "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.");
-        return 0;
-    }
-    if (strncasecmp(v, "Bearer ", 7)) {
-        tsr_oai_error_set(e, 401, NULL, "invalid_api_key", "The Authorization header must be 'Bearer KEY'.");
-        return 0;
-    }
-    v += 7;
-    while (*v == ' ') v++;
-    size_t n = strlen(v);
-    int ok = 0;
-    for (int i = 0; i < h->opts.n_api_keys; i++) ok |= same_secret(v, n, h->keys[i], strlen(h->keys[i]));
-    if (!ok) tsr_oai_error_set(e, 401, NULL, "invalid_api_key", "Incorrect API key provided.");
-    return ok;
-}
-
 /* --- the access handler ---------------------------------------------------------------------------------- */
 
 static enum MHD_Result first_call(tsr_http *h, struct MHD_Connection *c, http_conn *cc, const char *url,
                                   const char *method)
 {
     tsr_oai_error e;
+    if (!tsr_http_host_allowed(h, c, &e)) {
+        cc->answered = 1;
+        return tsr_http_reply_error(h, c, cc->route, &e);
+    }
     int is_get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
     int is_post = !strcmp(method, MHD_HTTP_METHOD_POST);
     switch (cc->route) {
@@ -83,12 +65,12 @@ static enum MHD_Result first_call(tsr_http *h, struct MHD_Connection *c, http_co
         cc->answered = 1;
         if (cc->route == TSR_ROUTE_HEALTH) return tsr_http_route_health(h, c);
         if (cc->route == TSR_ROUTE_METRICS) return tsr_http_route_metrics(h, c);
-        if (!authorized(h, c, &e)) return tsr_http_reply_error(h, c, cc->route, &e);
+        if (!tsr_http_authorized(h, c, &e)) return tsr_http_reply_error(h, c, cc->route, &e);
         return tsr_http_route_models(h, c, url);
     case TSR_ROUTE_COMPLETIONS:
     case TSR_ROUTE_CHAT: {
         if (!is_post) break;
-        if (!authorized(h, c, &e)) {
+        if (!tsr_http_authorized(h, c, &e)) {
             cc->answered = 1;
             return tsr_http_reply_error(h, c, cc->route, &e);
         }
@@ -100,6 +82,7 @@ static enum MHD_Result first_call(tsr_http *h, struct MHD_Connection *c, http_co
                               h->opts.max_body);
             return tsr_http_reply_error(h, c, cc->route, &e);
         }
+        tsr_http_conn_body(h, c, 1, 0);
         return MHD_YES; /* the body follows */
     }
     default:
@@ -119,18 +102,28 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     (void)version;
     tsr_http *h = cls;
     http_conn *cc = *con_cls;
+    closing_on_purpose = 0;
     if (!cc) {
         if (!(cc = calloc(1, sizeof *cc))) return MHD_NO;
         cc->route = route_of(url);
         *con_cls = cc;
+        tsr_http_conn_busy(h, c, 1);
         return first_call(h, c, cc, url, method);
     }
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (cc->answered || cc->too_large) return MHD_YES; /* discard */
+        tsr_http_conn_body(h, c, 0, n);
+        if (cc->too_large || cc->answered) {
+            /* discard a bounded amount, then give up on answering: close */
+            cc->discarded += n;
+            if (cc->discarded <= DISCARD_MAX) return MHD_YES;
+            closing_on_purpose = 1;
+            return MHD_NO;
+        }
         if (cc->len + n > h->opts.max_body) {
             cc->too_large = 1;
+            cc->discarded = cc->len + n - h->opts.max_body;
             free(cc->body);
             cc->body = NULL;
             cc->len = cc->cap = 0;
@@ -148,6 +141,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cc->len += n;
         return MHD_YES;
     }
+    tsr_http_conn_body(h, c, -1, 0);
     if (cc->answered) return MHD_YES;
     if (cc->too_large) {
         cc->answered = 1;
@@ -161,8 +155,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
-    (void)cls;
-    (void)c;
+    tsr_http *h = cls;
+    tsr_http_conn_busy(h, c, 0);
     http_conn *cc = *con_cls;
     if (!cc) return;
     if (cc->job) tsr_http_job_conn_done(cc->job, toe != MHD_REQUEST_TERMINATED_COMPLETED_OK);
@@ -171,7 +165,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     *con_cls = NULL;
 }
 
-/* --- the disconnect ticker ------------------------------------------------------------------------------- */
+/* --- the ticker: clients that hung up, streams nobody reads, slow requests ------------------------------- */
 
 static int peer_gone(int fd)
 {
@@ -205,9 +199,16 @@ static void *ticker_main(void *arg)
                 tsr_http_metrics_disconnect(&h->metrics);
                 tsr_http_job_cancel(j);
             }
+            /* a stream whose client stopped reading: its request is cancelled already, close the connection
+             * (until its answer is complete the connection is ours, so the descriptor is still its own) */
+            if (j->overflow && !j->shut && !j->conn_gone && j->fd >= 0) {
+                shutdown(j->fd, SHUT_RDWR);
+                j->shut = 1;
+            }
             pthread_mutex_unlock(&j->mu);
         }
         pthread_mutex_unlock(&h->mu);
+        tsr_http_conns_sweep(h);
     }
     pthread_mutex_unlock(&h->ticker_mu);
     return NULL;
@@ -215,31 +216,57 @@ static void *ticker_main(void *arg)
 
 /* --- life cycle ------------------------------------------------------------------------------------------ */
 
-/* libmicrohttpd's messages, prefixed; clients that hang up are routine (the request is cancelled and counted in
- * tessera_http_client_disconnects_total), so those are not printed. */
+/* libmicrohttpd's messages, prefixed; clients that hang up (or are hung up on: the header timeout, a stream
+ * nobody reads) are routine and counted in /metrics, and requests too big for --max-header get their 431 or 414,
+ * so those are not printed. The rest are limited to LOG_BURST lines per second, so that a flood of bad clients
+ * cannot flood the log; the count of those left out is printed with the next line that goes through. Messages
+ * never contain header values or bodies. */
+#define LOG_BURST 10
+
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
-    (void)cls;
+    tsr_http *h = cls;
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     if (strstr(msg, "no longer available") || strstr(msg, "reset by remote") || strstr(msg, "closed by remote") ||
-        strstr(msg, "Connection reset") || strstr(msg, "Broken pipe"))
+        strstr(msg, "Connection reset") || strstr(msg, "Broken pipe") || strstr(msg, "detected connection closure") ||
+        strstr(msg, "disconnected when reading") ||
+        strstr(msg, "response code is 4") || strstr(msg, "Not enough memory in pool"))
+        return; /* hang-ups, and requests too big for --max-header (answered 431 or 414) */
+    if (closing_on_purpose &&
+        (strstr(msg, "Application reported internal error") || strstr(msg, "application error generating"))) {
+        closing_on_purpose = 0;
         return;
+    }
     size_t n = strlen(msg);
     while (n && msg[n - 1] == '\n') msg[--n] = 0;
-    fprintf(stderr, "tessera serve: http: %s\n", msg);
+    double now = tsr_service_now();
+    pthread_mutex_lock(&h->log_mu);
+    unsigned long dropped = 0;
+    if (now - h->log_t0 >= 1.0) {
+        dropped = h->log_dropped;
+        h->log_t0 = now;
+        h->log_n = h->log_dropped = 0;
+    }
+    int print = h->log_n < LOG_BURST;
+    if (print) h->log_n++;
+    else h->log_dropped++;
+    pthread_mutex_unlock(&h->log_mu);
+    if (dropped) fprintf(stderr, "tessera serve: http: (%lu messages left out)\n", dropped);
+    if (print) fprintf(stderr, "tessera serve: http: %s\n", msg);
 }
 
 static void free_http(tsr_http *h)
 {
-    for (int i = 0; h->keys && i < h->opts.n_api_keys; i++) free(h->keys[i]);
-    free(h->keys);
+    tsr_http_keys_free(h);
     tsr_http_metrics_destroy(&h->metrics);
     pthread_rwlock_destroy(&h->svc_lock);
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->idle);
     pthread_mutex_destroy(&h->ticker_mu);
     pthread_cond_destroy(&h->ticker_cond);
+    pthread_mutex_destroy(&h->socks_mu);
+    pthread_mutex_destroy(&h->log_mu);
     free(h);
 }
 
@@ -250,29 +277,28 @@ tsr_status tsr_http_start(const tsr_http_opts *opts, tsr_http **out)
     h->opts = *opts;
     if (!h->opts.host) h->opts.host = "127.0.0.1";
     if (!h->opts.max_body) h->opts.max_body = 8u << 20;
-    if (!h->opts.conn_limit) h->opts.conn_limit = 1024;
-    if (!h->opts.conn_timeout_s) h->opts.conn_timeout_s = 300;
+    if (!h->opts.max_header) h->opts.max_header = 64u << 10;
+    if (h->opts.max_header < (16u << 10)) h->opts.max_header = 16u << 10;
+    h->opts.conn_limit = tsr_http_conn_limit(h->opts.conn_limit);
+    if (!h->opts.conn_timeout_s) h->opts.conn_timeout_s = 60;
+    if (!h->opts.header_timeout_s) h->opts.header_timeout_s = 30;
+    if (h->opts.header_timeout_s > h->opts.conn_timeout_s) h->opts.header_timeout_s = h->opts.conn_timeout_s;
+    if (!h->opts.stream_backlog) h->opts.stream_backlog = 1u << 20;
     if (!h->opts.threads) h->opts.threads = 2;
+    h->opts.api_keys = NULL;
     pthread_rwlock_init(&h->svc_lock, NULL);
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->idle, NULL);
     pthread_mutex_init(&h->ticker_mu, NULL);
     pthread_cond_init(&h->ticker_cond, NULL);
+    pthread_mutex_init(&h->socks_mu, NULL);
+    pthread_mutex_init(&h->log_mu, NULL);
     tsr_http_metrics_init(&h->metrics);
-    if (opts->n_api_keys > 0) {
-        h->keys = calloc((size_t)opts->n_api_keys, sizeof *h->keys);
-        for (int i = 0; h->keys && i < opts->n_api_keys; i++)
-            if (!(h->keys[i] = strdup(opts->api_keys[i]))) {
-                free_http(h);
-                return tsr_fail(TSR_ERR_NOMEM, "out of memory");
-            }
-        if (!h->keys) {
-            h->opts.n_api_keys = 0;
-            free_http(h);
-            return tsr_fail(TSR_ERR_NOMEM, "out of memory");
-        }
+    tsr_status kst = tsr_http_keys_init(h, opts->api_keys, opts->n_api_keys);
+    if (kst != TSR_OK) {
+        free_http(h);
+        return kst;
     }
-    h->opts.api_keys = NULL;
 
     char port[16];
     snprintf(port, sizeof port, "%d", opts->port);
@@ -285,14 +311,17 @@ tsr_status tsr_http_start(const tsr_http_opts *opts, tsr_http **out)
         free_http(h);
         return st;
     }
+    h->loopback_only = !h->opts.allow_any_host && tsr_http_addr_is_loopback(ai->ai_addr);
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC | MHD_USE_ERROR_LOG;
     flags |= MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES ? MHD_USE_EPOLL : MHD_USE_POLL;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     h->daemon = MHD_start_daemon(
         flags, (uint16_t)opts->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
-        MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_CONNECTION_LIMIT,
-        h->opts.conn_limit, MHD_OPTION_CONNECTION_TIMEOUT, h->opts.conn_timeout_s, MHD_OPTION_THREAD_POOL_SIZE,
-        h->opts.threads > 1 ? h->opts.threads : 0u, MHD_OPTION_END);
+        MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+        MHD_OPTION_NOTIFY_CONNECTION, tsr_http_on_connection, h, MHD_OPTION_CONNECTION_LIMIT, h->opts.conn_limit,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, h->opts.per_ip_limit, MHD_OPTION_CONNECTION_TIMEOUT,
+        h->opts.conn_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, h->opts.max_header,
+        MHD_OPTION_THREAD_POOL_SIZE, h->opts.threads > 1 ? h->opts.threads : 0u, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!h->daemon) {
         int err = errno;

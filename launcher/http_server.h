@@ -12,8 +12,11 @@
  * Ownership: the gateway borrows the model description and the service; the model must outlive tsr_http_stop(),
  * the service may be stopped once tsr_http_drain() has returned (and must be, before tsr_http_stop(), so that no
  * service callback can still arrive). Errors: tsr_http_start fails with TSR_ERR_IO when the address cannot be
- * bound (the message names it) and TSR_ERR_ARG when the host cannot be resolved. Nothing a client sends can
- * crash or stall the gateway: every bad request gets an OpenAI-style error. */
+ * bound (the message names it) and TSR_ERR_ARG when the host cannot be resolved or an API key is empty or too
+ * long. Nothing a client sends can crash or stall the gateway: every bad request gets an OpenAI-style error, and
+ * every resource a client can hold is bounded (connections in all and per address, header and body bytes, the
+ * time to send headers, idle time, the events a stream queues for a client that does not read: docs/api.md,
+ * "Limits and security"). */
 #ifndef TSR_LAUNCHER_HTTP_SERVER_H
 #define TSR_LAUNCHER_HTTP_SERVER_H
 
@@ -27,16 +30,33 @@ typedef struct tsr_http_opts {
     const char *host;            /* address to bind (default "127.0.0.1"); a name or an IPv4/IPv6 literal */
     int port;                    /* 0: any free port (tsr_http_port() tells which) */
     const char *const *api_keys; /* accepted "Authorization: Bearer" keys for /v1/...; none: no check */
-    int n_api_keys;
+    int n_api_keys;              /* each key 1..256 bytes */
     size_t max_body;             /* request bodies above this get 413 (default 8 MiB) */
-    unsigned conn_limit;         /* simultaneous connections (default 1024) */
-    unsigned conn_timeout_s;     /* idle connection timeout (default 300; suspended ones never time out) */
+    size_t max_header;           /* memory of one connection for its request line and headers: larger requests
+                                    get 431 (default 64 KiB; at least 16 KiB) */
+    unsigned conn_limit;         /* simultaneous connections (default: the descriptor limit less a reserve, see
+                                    tsr_http_conn_limit) */
+    unsigned per_ip_limit;       /* simultaneous connections from one address (default 0: no limit) */
+    unsigned conn_timeout_s;     /* seconds without a byte moving before a connection is closed (default 60;
+                                    one waiting for tokens is not idle) */
+    unsigned header_timeout_s;   /* seconds a connection may take to send a request's headers, from its opening
+                                    or the end of its previous request (default 30, at most conn_timeout_s) */
+    size_t stream_backlog;       /* bytes of events a stream may queue for a client that does not read before
+                                    its request is cancelled and the connection closed (default 1 MiB) */
     unsigned threads;            /* HTTP threads (default 2) */
+    int allow_any_host;          /* on a loopback address, also answer requests whose Host or Origin header names
+                                    another host (default 0: 403, against DNS rebinding) */
 } tsr_http_opts;
 
 typedef struct tsr_http tsr_http;
 
 tsr_status tsr_http_start(const tsr_http_opts *opts, tsr_http **out);
+
+/* Lifts the soft limit on open files to the hard one (call once at start); returns the limit now in force. */
+long tsr_http_raise_fd_limit(void);
+/* The connection limit to use: `asked` (0: the default) within the descriptor limit less a reserve for model
+ * files and pipes, capped at 65536 by default; prints a line when it has to lower `asked`. */
+unsigned tsr_http_conn_limit(unsigned asked);
 /* The port actually bound. */
 int tsr_http_port(const tsr_http *h);
 

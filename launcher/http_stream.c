@@ -5,11 +5,18 @@
  * events into `data: {...}\n\n` frames (tsr_http_job_process), hands out what it has, and when it has nothing it
  * suspends the connection and returns 0; the service callback resumes it when the next event is queued. After
  * the last choice's final event come the usage chunk (stream_options.include_usage) and `data: [DONE]`, then
- * the end of the stream. The frames of one job are kept in one growing buffer that is compacted as it drains. */
+ * the end of the stream. The frames of one job are kept in one buffer that is compacted as it drains; events are
+ * turned into frames only once the buffer is empty, so a client that does not read leaves them queued in the job,
+ * counted against the stream backlog (http_job.c), and a stream past it ends with an error. The socket's send
+ * buffer is capped at the backlog too (at most SNDBUF_MAX), so that the kernel does not hide a stalled client
+ * behind megabytes of its own buffering. */
 #include "launcher/http_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+
+#define SNDBUF_MAX (256 << 10) /* the kernel's send buffer of a stream, at most (it doubles what is asked) */
 
 tsr_status tsr_http_stream_raw(http_job *j, const char *s, size_t len)
 {
@@ -51,7 +58,15 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
     http_job *j = cls;
     for (;;) {
         pthread_mutex_lock(&j->mu);
-        http_event *list = tsr_http_job_take(j);
+        if (j->overflow) {
+            /* events were dropped: end the stream as broken rather than with a gap (counted, not logged) */
+            pthread_mutex_unlock(&j->mu);
+            tsr_http_quiet_close();
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        /* new events only once the previous ones are out: what the client has not taken stays queued, where
+         * the service callback counts it against the stream backlog */
+        http_event *list = j->out_off == j->out_len ? tsr_http_job_take(j) : NULL;
         if (!list && j->out_off == j->out_len && !j->stream_done && !j->h->stopping) {
             /* nothing to send: sleep until the service callback resumes us */
             j->suspended = 1;
@@ -109,6 +124,10 @@ enum MHD_Result tsr_http_stream_reply(tsr_http *h, struct MHD_Connection *c, htt
         tsr_oai_error_set(&e, 500, NULL, NULL, "out of memory");
         return tsr_http_reply_error(h, c, j->rq->kind == TSR_OAI_CHAT ? TSR_ROUTE_CHAT : TSR_ROUTE_COMPLETIONS, &e);
     }
+    /* a stream needs little kernel buffering; without a cap, a client that does not read would have the kernel
+     * hold megabytes for it (TCP autotuning) before its backlog here even starts to count */
+    int sndbuf = (int)(h->opts.stream_backlog < SNDBUF_MAX ? h->opts.stream_backlog : SNDBUF_MAX);
+    if (j->fd >= 0) setsockopt(j->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
     MHD_add_response_header(r, "Content-Type", "text/event-stream; charset=utf-8");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no");

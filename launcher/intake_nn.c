@@ -2,12 +2,14 @@
  * queue's pipe and the send descriptors of clients with unsent replies.
  *
  * Sections: replies (per-client outboxes sent without blocking), clients (table, vanishing, forgetting idle
- * ones), requests (submit, cancel, the final message), the thread's loop, and start/stop. A client that vanished
+ * ones), requests (submit, cancel, the final message), the thread's loop, and start/stop. Incoming messages are
+ * decoded by launcher/intake_msg.c (no sockets there, so it is fuzzed on its own). A client that vanished
  * is taken out of the table at once (a new message from the same client_id starts afresh) and kept as a zombie
  * until the final events of its cancelled requests have come back from the service. */
 #include "launcher/intake_nn.h"
 
 #include "launcher/batch_job.h"
+#include "launcher/intake_msg.h"
 
 #include <errno.h>
 #include <nanomsg/nn.h>
@@ -19,8 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_ID_LEN       256
-#define MAX_ADDR_LEN     256
 #define MAX_OUTBOX_BYTES (64u << 20)
 
 typedef struct outmsg {
@@ -262,18 +262,14 @@ static void vanish(tsr_intake *in, client *cl, const char *fmt, ...)
     drop_client(in, cl);
 }
 
-static int valid_addr(const char *a)
-{
-    return !strncmp(a, "ipc://", 6) || !strncmp(a, "tcp://", 6) || !strncmp(a, "inproc://", 9);
-}
-
 /* The client named by a message, created or re-pointed when it gives a reply address. NULL (message dropped)
  * when it cannot be reached. */
-static client *client_for(tsr_intake *in, const char *id, const char *reply_to)
+static client *client_for(tsr_intake *in, const tsr_intake_msg *msg)
 {
+    const char *id = msg->client_id, *reply_to = msg->reply_to;
     client *cl = find_client(in, id);
     if (!reply_to || (cl && !strcmp(cl->reply_to, reply_to))) return cl;
-    if (strlen(reply_to) > MAX_ADDR_LEN || !valid_addr(reply_to)) {
+    if (!msg->reply_to_ok) {
         log_bad(in, "client %.64s: reply_to must be an ipc://, tcp:// or inproc:// address", id);
         return NULL;
     }
@@ -387,13 +383,12 @@ static void finish_req(tsr_intake *in, ireq *r)
     }
 }
 
-static void handle_submit(tsr_intake *in, client *cl, json_t *m)
+static void handle_submit(tsr_intake *in, client *cl, const tsr_intake_msg *msg)
 {
-    json_t *rid = json_object_get(m, "request_id");
-    const char *request_id = json_string_value(rid);
-    if (!request_id || !*request_id || strlen(request_id) > MAX_ID_LEN) {
+    const char *request_id = msg->request_id;
+    if (!msg->request_id_ok) {
         send_errorf(in, cl, NULL, 400, "invalid_request_id", "'request_id' must be a string of 1 to %d bytes",
-                    MAX_ID_LEN);
+                    TSR_INTAKE_MAX_ID);
         return;
     }
     if (find_req(cl, request_id)) {
@@ -406,24 +401,17 @@ static void handle_submit(tsr_intake *in, client *cl, json_t *m)
                     cl->n_reqs);
         return;
     }
-    const char *url = json_string_value(json_object_get(m, "url"));
-    tsr_oai_kind kind;
-    if (url && !strcmp(url, "/v1/completions")) {
-        kind = TSR_OAI_COMPLETIONS;
-    } else if (url && !strcmp(url, "/v1/chat/completions")) {
-        kind = TSR_OAI_CHAT;
-    } else {
+    if (!msg->url_ok) {
         send_errorf(in, cl, request_id, 404, "unknown_url", "'url' must be /v1/completions or /v1/chat/completions");
         return;
     }
-    json_t *body = json_object_get(m, "body");
-    if (!json_is_object(body)) {
+    if (!msg->body) {
         send_errorf(in, cl, request_id, 400, "invalid_body", "'body' must be a JSON object (the request body)");
         return;
     }
     ireq *r = calloc(1, sizeof *r);
     if (!r || !(r->request_id = strdup(request_id)) ||
-        tsr_job_new(in->svc, &in->q, in->model, kind, body, 0, &r->job) != TSR_OK) {
+        tsr_job_new(in->svc, &in->q, in->model, msg->kind, msg->body, 0, &r->job) != TSR_OK) {
         if (r) free(r->request_id);
         free(r);
         send_errorf(in, cl, request_id, 500, NULL, "out of memory");
@@ -468,50 +456,51 @@ static void handle_submit(tsr_intake *in, client *cl, json_t *m)
 static void handle_message(tsr_intake *in, const char *data, size_t len)
 {
     count(in, &in->stats.messages, 1);
-    json_error_t jerr;
-    json_t *m = json_loadb(data, len, 0, &jerr);
-    if (!json_is_object(m)) {
-        log_bad(in, "not a JSON object (%s)", m ? "another JSON value" : jerr.text);
-        json_decref(m);
+    tsr_intake_msg msg;
+    if (tsr_intake_msg_decode(data, len, &msg) != TSR_OK) {
+        log_bad(in, "%s", msg.why);
+        tsr_intake_msg_clear(&msg);
         return;
     }
-    const char *type = json_string_value(json_object_get(m, "type"));
-    const char *id = json_string_value(json_object_get(m, "client_id"));
-    const char *reply_to = json_string_value(json_object_get(m, "reply_to"));
-    if (!id || !*id || strlen(id) > MAX_ID_LEN) {
-        log_bad(in, "no client_id (a string of 1 to %d bytes)", MAX_ID_LEN);
-        json_decref(m);
-        return;
-    }
-    client *cl = client_for(in, id, reply_to);
+    const char *id = msg.client_id, *type = msg.type_name;
+    client *cl = client_for(in, &msg);
     if (!cl) {
-        if (!reply_to) log_bad(in, "client %.64s is unknown and gave no reply_to", id);
-        json_decref(m);
+        if (!msg.reply_to) log_bad(in, "client %.64s is unknown and gave no reply_to", id);
+        tsr_intake_msg_clear(&msg);
         return;
     }
     cl->last_seen = now_s();
-    if (!type) {
+    switch (msg.type) {
+    case TSR_INTAKE_MSG_NONE:
         send_errorf(in, cl, NULL, 400, "invalid_message", "'type' must be submit, cancel, ping or bye");
-    } else if (!strcmp(type, "submit")) {
-        handle_submit(in, cl, m);
-    } else if (!strcmp(type, "ping")) {
+        break;
+    case TSR_INTAKE_MSG_SUBMIT:
+        handle_submit(in, cl, &msg);
+        break;
+    case TSR_INTAKE_MSG_PING: {
         json_t *p = json_pack("{s:s, s:i}", "type", "pong", "requests", cl->n_reqs);
         send_msg(in, cl, p);
-    } else if (!strcmp(type, "cancel")) {
-        const char *rid = json_string_value(json_object_get(m, "request_id"));
+        break;
+    }
+    case TSR_INTAKE_MSG_CANCEL: {
+        const char *rid = msg.request_id;
         ireq *r = rid ? find_req(cl, rid) : NULL;
         if (r)
             tsr_job_cancel(r->job); /* its "done" (finish_reason "abort") or "error" follows */
         else
             send_errorf(in, cl, rid, 404, "request_not_found", "no running request '%.256s' for this client",
                         rid ? rid : "(none)");
-    } else if (!strcmp(type, "bye")) {
+        break;
+    }
+    case TSR_INTAKE_MSG_BYE:
         if (in->o.verbose) fprintf(stderr, "tessera intake: client %s said bye\n", cl->id);
         drop_client(in, cl);
-    } else {
+        break;
+    case TSR_INTAKE_MSG_OTHER:
         send_errorf(in, cl, NULL, 400, "invalid_message", "unknown message type '%.64s'", type);
+        break;
     }
-    json_decref(m);
+    tsr_intake_msg_clear(&msg);
 }
 
 /* ---- the loop ---- */
@@ -710,7 +699,7 @@ tsr_status tsr_intake_start(tsr_service *svc, const tsr_oai_model *model, const 
                             tsr_intake **out)
 {
     *out = NULL;
-    if (!addr || !valid_addr(addr))
+    if (!addr || !tsr_intake_addr_valid(addr))
         return tsr_fail(TSR_ERR_ARG, "intake address '%s' must start with ipc:// or tcp://", addr ? addr : "");
     tsr_intake *in = calloc(1, sizeof *in);
     if (!in) return tsr_fail(TSR_ERR_NOMEM, "out of memory");

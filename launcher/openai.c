@@ -355,13 +355,25 @@ static json_t *normalize_messages(const json_t *msgs, tsr_oai_error *err)
         }
         const char *key;
         json_t *val;
-        json_object_foreach(msg, key, val) json_object_set(copy, key, val);
-        if (!strcmp(json_string_value(role), "developer")) json_object_set_new(copy, "role", json_string("system"));
+        json_object_foreach(msg, key, val) {
+            if (json_object_set(copy, key, val)) {
+                nomem(err);
+                goto fail;
+            }
+        }
+        if (!strcmp(json_string_value(role), "developer") &&
+            json_object_set_new(copy, "role", json_string("system"))) {
+            nomem(err);
+            goto fail;
+        }
         const json_t *content = json_object_get(msg, "content");
         json_t *flat = NULL;
-        if (!content || json_is_null(content))
-            flat = json_string("");
-        else if (json_is_array(content)) {
+        if (!content || json_is_null(content)) {
+            if (!(flat = json_string(""))) {
+                nomem(err);
+                goto fail;
+            }
+        } else if (json_is_array(content)) {
             if (!(flat = flatten_parts(content, i, err))) goto fail;
         } else if (!json_is_string(content)) {
             tsr_oai_error_set(err, 400, "messages", NULL, "message %zu: 'content' must be a string or an array", i);
@@ -765,6 +777,10 @@ tsr_status tsr_oai_parse_bytes(tsr_oai_kind kind, const char *data, size_t len, 
     *out = NULL;
     json_error_t jerr;
     json_t *body = json_loadb(data, len, 0, &jerr); /* a repeated key: the last one wins, as in Python */
+    if (!body && json_error_code(&jerr) == json_error_out_of_memory) {
+        nomem(err);
+        return TSR_ERR_NOMEM;
+    }
     if (!body) {
         tsr_oai_error_set(err, 400, NULL, NULL, "invalid JSON in the request body (line %d, column %d): %s",
                           jerr.line, jerr.column, jerr.text);

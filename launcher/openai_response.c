@@ -5,7 +5,8 @@
  * the usage counts and the log-probabilities in the endpoint's format (chat: {"content": [{"token", "logprob",
  * "bytes", "top_logprobs"}]}; completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}).
  * Token strings in log-probabilities are the token decoded alone (special tokens included). The end-of-sequence
- * token that stops a choice adds no text and no log-probability, as with OpenAI. */
+ * token that stops a choice adds no text and no log-probability, as with OpenAI. Every JSON value built here is
+ * checked: running out of memory fails the call (NULL or TSR_ERR_NOMEM), never drops a field. */
 #include "launcher/openai.h"
 
 #include <math.h>
@@ -23,6 +24,7 @@ typedef struct choice {
     size_t offset;           /* completions text_offset of the next token */
     int n_generated, n_cached;
     json_t *lp;              /* non-streaming log-probabilities (chat: content array; completions: object) */
+    int lp_lost;             /* adding to lp ran out of memory: the response cannot be built */
 } choice;
 
 struct tsr_oai_result {
@@ -151,18 +153,27 @@ static json_t *real(float x)
     return json_real(isfinite(x) ? (double)x : -9999.0);
 }
 
-/* The token's text (decoded alone, special tokens kept); never NULL for valid ids. */
+/* The token's text (decoded alone, special tokens kept) and, when bytes is not NULL, its bytes as an array of
+ * integers; NULL (and *bytes NULL) when out of memory. */
 static json_t *token_string(const tsr_oai_model *m, int32_t id, json_t **bytes)
 {
     char *text = NULL;
     size_t len = 0;
     json_t *s = NULL;
-    if (tsr_tokenizer_decode(m->tok, &id, 1, 0, &text, &len) == TSR_OK) s = json_stringn(text, len);
-    if (!s) s = json_string("");
-    if (bytes) {
+    if (bytes) *bytes = NULL;
+    if (tsr_tokenizer_decode(m->tok, &id, 1, 0, &text, &len) != TSR_OK) return NULL;
+    s = json_stringn(text, len);
+    if (s && bytes) {
         *bytes = json_array();
-        for (size_t i = 0; text && i < len && *bytes; i++)
-            json_array_append_new(*bytes, json_integer((unsigned char)text[i]));
+        for (size_t i = 0; i < len && *bytes; i++)
+            if (json_array_append_new(*bytes, json_integer((unsigned char)text[i]))) {
+                json_decref(*bytes);
+                *bytes = NULL;
+            }
+        if (!*bytes) {
+            json_decref(s);
+            s = NULL;
+        }
     }
     free(text);
     return s;
@@ -171,38 +182,47 @@ static json_t *token_string(const tsr_oai_model *m, int32_t id, json_t **bytes)
 static json_t *chat_logprob_entry(const tsr_oai_model *m, int32_t id, float lp)
 {
     json_t *bytes = NULL, *tok = token_string(m, id, &bytes);
-    return json_pack("{s:o, s:o, s:o*}", "token", tok, "logprob", real(lp), "bytes", bytes);
+    if (!tok) return NULL;
+    return json_pack("{s:o, s:o, s:o}", "token", tok, "logprob", real(lp), "bytes", bytes);
 }
 
-/* One token's log-probabilities in the chat format: {"token", "logprob", "bytes", "top_logprobs": [...]}. */
+/* One token's log-probabilities in the chat format: {"token", "logprob", "bytes", "top_logprobs": [...]};
+ * NULL when out of memory. */
 static json_t *chat_logprob(const tsr_oai_model *m, const tsr_step_result *res, int top)
 {
     json_t *e = chat_logprob_entry(m, res->token, res->logprob), *tops = json_array();
-    for (int i = 0; i < res->n_top && i < top && tops; i++)
-        json_array_append_new(tops, chat_logprob_entry(m, res->top_ids[i], res->top_logprobs[i]));
-    if (e && tops) json_object_set(e, "top_logprobs", tops);
-    json_decref(tops);
-    return e;
+    int ok = e && tops;
+    for (int i = 0; i < res->n_top && i < top && ok; i++)
+        ok = !json_array_append_new(tops, chat_logprob_entry(m, res->top_ids[i], res->top_logprobs[i]));
+    if (ok) ok = !json_object_set_new(e, "top_logprobs", tops);
+    else json_decref(tops);
+    if (ok) return e;
+    json_decref(e);
+    return NULL;
 }
 
 /* Appends one token to a completions logprobs object {"tokens", "token_logprobs", "top_logprobs",
- * "text_offset"}. */
-static void completions_logprob(const tsr_oai_model *m, json_t *lp, const tsr_step_result *res, int top,
-                                size_t *offset)
+ * "text_offset"}. On failure (out of memory) lp may hold part of the token's entries: it is then dropped. */
+static tsr_status completions_logprob(const tsr_oai_model *m, json_t *lp, const tsr_step_result *res, int top,
+                                      size_t *offset)
 {
     json_t *tok = token_string(m, res->token, NULL);
+    if (!tok) return tsr_fail(TSR_ERR_NOMEM, "out of memory for a token's log-probabilities");
     size_t tok_len = json_string_length(tok);
-    json_array_append_new(json_object_get(lp, "tokens"), tok);
-    json_array_append_new(json_object_get(lp, "token_logprobs"), real(res->logprob));
     json_t *alts = json_object();
-    for (int i = 0; i < res->n_top && i < top && alts; i++) {
+    int ok = alts != NULL;
+    for (int i = 0; i < res->n_top && i < top && ok; i++) {
         json_t *t = token_string(m, res->top_ids[i], NULL);
-        json_object_set_new(alts, json_string_value(t), real(res->top_logprobs[i]));
+        ok = t && !json_object_set_new(alts, json_string_value(t), real(res->top_logprobs[i]));
         json_decref(t);
     }
-    json_array_append_new(json_object_get(lp, "top_logprobs"), alts);
-    json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)*offset));
+    ok = !json_array_append_new(json_object_get(lp, "tokens"), tok) && ok;
+    ok = !json_array_append_new(json_object_get(lp, "token_logprobs"), real(res->logprob)) && ok;
+    ok = !json_array_append_new(json_object_get(lp, "top_logprobs"), alts) && ok;
+    ok = !json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)*offset)) && ok;
+    if (!ok) return tsr_fail(TSR_ERR_NOMEM, "out of memory for a token's log-probabilities");
     *offset += tok_len;
+    return TSR_OK;
 }
 
 static json_t *new_logprobs(tsr_oai_kind kind)
@@ -219,12 +239,12 @@ static int is_stop_id(const tsr_oai_request *rq, int32_t id)
 }
 
 /* Adds this event's token to lp (a fresh object for a chunk, or the choice's running one). */
-static void add_logprob(tsr_oai_result *r, choice *ch, json_t *lp, const tsr_step_result *res)
+static tsr_status add_logprob(tsr_oai_result *r, choice *ch, json_t *lp, const tsr_step_result *res)
 {
-    if (r->rq->kind == TSR_OAI_CHAT)
-        json_array_append_new(lp, chat_logprob(r->m, res, r->rq->top_logprobs));
-    else
-        completions_logprob(r->m, lp, res, r->rq->top_logprobs, &ch->offset);
+    if (r->rq->kind != TSR_OAI_CHAT) return completions_logprob(r->m, lp, res, r->rq->top_logprobs, &ch->offset);
+    if (json_array_append_new(lp, chat_logprob(r->m, res, r->rq->top_logprobs)))
+        return tsr_fail(TSR_ERR_NOMEM, "out of memory for a token's log-probabilities");
+    return TSR_OK;
 }
 
 static json_t *logprobs_value(const tsr_oai_request *rq, json_t *lp)
@@ -240,7 +260,10 @@ static json_t *envelope(const tsr_oai_result *r, const char *object, json_t *cho
 {
     json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", r->id, "object", object, "created",
                           (json_int_t)r->created, "model", r->rq->model, "choices", choices);
-    if (o && r->rq->stream && r->rq->include_usage) json_object_set_new(o, "usage", json_null());
+    if (o && r->rq->stream && r->rq->include_usage && json_object_set_new(o, "usage", json_null())) {
+        json_decref(o);
+        return NULL;
+    }
     return o;
 }
 
@@ -252,8 +275,11 @@ static json_t *chunk_for(const tsr_oai_result *r, int c, const char *text, size_
     json_t *item;
     if (rq->kind == TSR_OAI_CHAT) {
         json_t *delta = json_object();
-        if (delta && with_role) json_object_set_new(delta, "role", json_string("assistant"));
-        if (delta && (len || with_role)) json_object_set_new(delta, "content", json_stringn(text, len));
+        if (delta && ((with_role && json_object_set_new(delta, "role", json_string("assistant"))) ||
+                      ((len || with_role) && json_object_set_new(delta, "content", json_stringn(text, len))))) {
+            json_decref(delta);
+            delta = NULL;
+        }
         item = json_pack("{s:i, s:o, s:o, s:s?}", "index", c, "delta", delta, "logprobs", logprobs_value(rq, lp),
                            "finish_reason", fin);
     } else {
@@ -261,7 +287,7 @@ static json_t *chunk_for(const tsr_oai_result *r, int c, const char *text, size_
                            logprobs_value(rq, lp), "finish_reason", fin);
     }
         return envelope(r, rq->kind == TSR_OAI_CHAT ? "chat.completion.chunk" : "text_completion",
-                    json_pack("[o*]", item));
+                    json_pack("[o]", item));
 }
 
 static tsr_status append_text(choice *ch, const char *text, size_t len)
@@ -305,7 +331,13 @@ tsr_status tsr_oai_result_add(tsr_oai_result *r, int c, const tsr_gen_event *ev,
         if (ev->text_len && append_text(ch, ev->text, ev->text_len) != TSR_OK) return TSR_ERR_NOMEM;
         if (want_lp) {
             if (!ch->lp && !(ch->lp = new_logprobs(rq->kind))) return tsr_fail(TSR_ERR_NOMEM, "out of memory");
-            add_logprob(r, ch, ch->lp, ev->result);
+            tsr_status st = add_logprob(r, ch, ch->lp, ev->result);
+            if (st != TSR_OK) { /* a half-added token would misalign the arrays: the log-probabilities are lost */
+                json_decref(ch->lp);
+                ch->lp = NULL;
+                ch->lp_lost = 1;
+                return st;
+            }
         }
         return TSR_OK;
     }
@@ -313,7 +345,11 @@ tsr_status tsr_oai_result_add(tsr_oai_result *r, int c, const tsr_gen_event *ev,
     json_t *lp = NULL;
     if (want_lp) {
         if (!(lp = new_logprobs(rq->kind))) return tsr_fail(TSR_ERR_NOMEM, "out of memory");
-        add_logprob(r, ch, lp, ev->result);
+        tsr_status st = add_logprob(r, ch, lp, ev->result);
+        if (st != TSR_OK) {
+            json_decref(lp);
+            return st;
+        }
     }
     *chunk = chunk_for(r, c, ev->text, ev->text_len, lp, ev->finish, 0);
     json_decref(lp);
@@ -346,7 +382,10 @@ json_t *tsr_oai_stream_usage(const tsr_oai_result *r)
 {
     if (!r->rq->include_usage) return NULL;
     json_t *o = envelope(r, r->rq->kind == TSR_OAI_CHAT ? "chat.completion.chunk" : "text_completion", json_array());
-    if (o) json_object_set_new(o, "usage", usage_json(r));
+    if (o && json_object_set_new(o, "usage", usage_json(r))) {
+        json_decref(o);
+        return NULL;
+    }
     return o;
 }
 
@@ -359,6 +398,11 @@ json_t *tsr_oai_response(const tsr_oai_result *r)
         const choice *ch = &r->ch[c];
         const char *fin = finish_str(ch->finish);
         json_t *lp = rq->logprobs ? (ch->lp ? json_incref(ch->lp) : new_logprobs(rq->kind)) : NULL;
+        if ((rq->logprobs && !lp) || ch->lp_lost) {
+            json_decref(lp);
+            json_decref(choices);
+            return NULL;
+        }
         json_t *item;
         if (rq->kind == TSR_OAI_CHAT)
             item = json_pack("{s:i, s:{s:s, s:s%, s:n}, s:o, s:s?}", "index", c, "message", "role", "assistant",
@@ -376,6 +420,9 @@ json_t *tsr_oai_response(const tsr_oai_result *r)
     json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", r->id, "object",
                           rq->kind == TSR_OAI_CHAT ? "chat.completion" : "text_completion", "created",
                           (json_int_t)r->created, "model", rq->model, "choices", choices, "usage", usage_json(r));
-    if (o) json_object_set_new(o, "system_fingerprint", json_null());
+    if (o && json_object_set_new(o, "system_fingerprint", json_null())) {
+        json_decref(o);
+        return NULL;
+    }
     return o;
 }

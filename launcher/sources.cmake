@@ -17,6 +17,8 @@ list(APPEND TSR_LAUNCHER_SOURCES
   launcher/openai.c
   launcher/openai_response.c
   launcher/http_server.c
+  launcher/http_auth.c
+  launcher/http_conns.c
   launcher/http_routes.c
   launcher/http_job.c
   launcher/http_stream.c
@@ -33,6 +35,7 @@ list(APPEND TSR_LAUNCHER_SOURCES
   launcher/batch_job.c
   launcher/batch_host.c
   launcher/cmd_batch.c
+  launcher/intake_msg.c
   launcher/intake_nn.c
   launcher/cmd_intake.c
   launcher/cmd_submit.c

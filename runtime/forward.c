@@ -244,6 +244,17 @@ static void group_sum(forward_job *j, float *buf, size_t n)
     j->comm_st = c->comm.allreduce(c->comm.ctx, buf, n);
 }
 
+/* y[i] = x · W_i for layers sharing their input: one backend call when the backend can group them. */
+static void linear_shared_input(const tsr_ops *ops, const tsr_linear *const *L, int n, const float *x, int M,
+                                float *const *y)
+{
+    if (ops->linear_many) {
+        ops->linear_many(L, n, x, M, y);
+        return;
+    }
+    for (int i = 0; i < n; i++) ops->linear(L[i], x, M, y[i]);
+}
+
 static void forward_body(void *arg)
 {
     forward_job *j = arg;
@@ -260,9 +271,9 @@ static void forward_body(void *arg)
         const tsr_layer *ly = &m->layers[l];
         const int kl = l - m->part.layer0; /* the cache holds the part's layers only */
         ops->rmsnorm(c->x, &ly->attn_norm, cfg->norm_eps, T, H, c->h);
-        ops->linear(&ly->q, c->h, T, c->q);
-        ops->linear(&ly->k, c->h, T, c->k);
-        ops->linear(&ly->v, c->h, T, c->v);
+        const tsr_linear *qkv[3] = {&ly->q, &ly->k, &ly->v};
+        float *const qkv_out[3] = {c->q, c->k, c->v};
+        linear_shared_input(ops, qkv, 3, c->h, T, qkv_out);
         ops->rope(b, c->q, nh, d, cfg->rope.dim);
         ops->rope(b, c->k, nkv, d, cfg->rope.dim);
         ops->kv_store(b, c->kv, kl, c->k, c->v);
@@ -273,8 +284,9 @@ static void forward_body(void *arg)
         ops->add(c->x, c->h, (size_t)T * H);
 
         ops->rmsnorm(c->x, &ly->mlp_norm, cfg->norm_eps, T, H, c->h);
-        ops->linear(&ly->gate, c->h, T, c->gate);
-        ops->linear(&ly->up, c->h, T, c->up);
+        const tsr_linear *gate_up[2] = {&ly->gate, &ly->up};
+        float *const gate_up_out[2] = {c->gate, c->up};
+        linear_shared_input(ops, gate_up, 2, c->h, T, gate_up_out);
         ops->silu_mul(c->gate, c->up, (size_t)T * m->local.intermediate, c->gate);
         ops->linear(&ly->down, c->gate, T, c->h);
         group_sum(j, c->h, (size_t)T * H);

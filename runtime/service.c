@@ -8,7 +8,12 @@
  * the sequence is finished in the scheduler, whose final event then reaches the callback like any other.
  *
  * Failure handling: an executor error fails the step's sequences; if it also marks the executor broken (a dead
- * rank), every live request is failed, new submits are refused with TSR_ERR_REMOTE, and /health can say so. */
+ * rank), every live request is failed, new submits are refused with TSR_ERR_REMOTE, and /health can say so.
+ * Nothing between a request's acceptance and its final event needs memory the request did not reserve: a cancel
+ * marks the request on the list of outstanding requests, and events are handled where the scheduler keeps
+ * them (a stop-string match is passed back to the scheduler once the batch of events is handled). Text that
+ * cannot be made (the detokenizer or stop matcher out of memory) ends the request with an error rather than
+ * streaming text with a hole in it. */
 #include "runtime/service.h"
 
 #include "runtime/text/stop_match.h"
@@ -31,10 +36,15 @@ typedef struct request {
     tsr_gen_callback cb;
     void *user;
     int stop_matched;         /* a stop string ended it; later text is dropped */
-    int cancel_asked;
+    int text_failed;          /* the text could not be made (out of memory): the request ends with an error */
+    tsr_finish_reason end_unsent; /* loop thread: an ending (stop string, failed text) the scheduler is not told
+                                     of yet */
+    int cancel_asked;         /* under mu: tsr_service_cancel() asked for it */
+    int cancel_sent;          /* loop thread: the scheduler was told */
     double t_submit, t_first;
     char *error;
     struct request *next;     /* inbox link */
+    struct request *out_prev, *out_next; /* the list of outstanding requests (under mu) */
 } request;
 
 struct tsr_service {
@@ -48,8 +58,8 @@ struct tsr_service {
     pthread_mutex_t mu;
     pthread_cond_t wake, idle;
     request *inbox_head, *inbox_tail;
-    uint64_t *cancels;
-    int n_cancels, cap_cancels;
+    request *out_head;        /* every outstanding request: submitted, final event not yet delivered */
+    int cancels_pending;      /* some outstanding request has cancel_asked without cancel_sent */
     uint64_t next_id;
     long outstanding;         /* submitted, final event not yet delivered */
     int stopping;
@@ -154,24 +164,38 @@ static void emit(request *r, const char *text, size_t len, int32_t token, const 
     r->cb(&ev, r->user);
 }
 
+static void set_error(request *r, const char *msg)
+{
+    if (r->error) return;
+    r->error = strdup(msg && *msg ? msg : "request failed");
+}
+
 /* Delivers a request's final event and forgets it. */
 static void finish_request(tsr_service *s, request *r, tsr_finish_reason reason, int n_generated, int n_cached)
 {
     const char *tail = NULL;
     size_t tail_len = 0;
+    if (r->text_failed) reason = TSR_FINISH_ERROR;
     if (r->detok && !r->stop_matched && reason != TSR_FINISH_ERROR && reason != TSR_FINISH_CANCELLED) {
         /* what the detokenizer and the stop matcher still hold belongs to the text */
         char *piece = NULL;
         size_t plen = 0;
-        if (tsr_detokenizer_flush(r->detok, &piece, &plen) == TSR_OK && plen) {
+        tsr_status st = tsr_detokenizer_flush(r->detok, &piece, &plen);
+        if (st == TSR_OK && plen) {
             const char *out;
             size_t out_len = 0;
             int matched = 0;
-            if (tsr_stop_push(r->stops, piece, plen, &out, &out_len, &matched) == TSR_OK && out_len)
-                emit(r, out, out_len, -1, NULL, TSR_FINISH_NONE, n_generated, n_cached);
-            r->stop_matched = matched;
+            st = tsr_stop_push(r->stops, piece, plen, &out, &out_len, &matched);
+            if (st == TSR_OK && out_len) emit(r, out, out_len, -1, NULL, TSR_FINISH_NONE, n_generated, n_cached);
+            if (st == TSR_OK) r->stop_matched = matched;
         }
-        if (!r->stop_matched && tsr_stop_flush(r->stops, &tail, &tail_len) != TSR_OK) tail_len = 0;
+        if (st == TSR_OK && !r->stop_matched) st = tsr_stop_flush(r->stops, &tail, &tail_len);
+        if (st != TSR_OK) {
+            set_error(r, tsr_last_error());
+            reason = TSR_FINISH_ERROR;
+            tail = NULL;
+            tail_len = 0;
+        }
     }
     if (r->stop_matched) reason = TSR_FINISH_STOP;
     emit(r, tail, tail_len, -1, NULL, reason, n_generated, n_cached);
@@ -181,16 +205,13 @@ static void finish_request(tsr_service *s, request *r, tsr_finish_reason reason,
     if (reason == TSR_FINISH_ERROR) s->stats.requests_failed++;
     if (reason == TSR_FINISH_CANCELLED) s->stats.requests_cancelled++;
     s->stats.tokens_out += (uint64_t)n_generated;
+    if (r->out_prev) r->out_prev->out_next = r->out_next;
+    else s->out_head = r->out_next;
+    if (r->out_next) r->out_next->out_prev = r->out_prev;
     s->outstanding--;
     if (s->outstanding == 0) pthread_cond_broadcast(&s->idle);
     pthread_mutex_unlock(&s->mu);
     request_free(r);
-}
-
-static void set_error(request *r, const char *msg)
-{
-    if (r->error) return;
-    r->error = strdup(msg && *msg ? msg : "request failed");
 }
 
 static void handle_event(tsr_service *s, const tsr_sched_event *ev)
@@ -202,17 +223,21 @@ static void handle_event(tsr_service *s, const tsr_sched_event *ev)
     if (ev->token >= 0) {
         if (r->t_first == 0) r->t_first = tsr_service_now();
         int is_stop_token = ev->finish == TSR_FINISH_STOP;
-        if (r->detok && !r->stop_matched && !is_stop_token) {
+        if (r->detok && !r->stop_matched && !r->text_failed && !is_stop_token) {
             char *piece = NULL;
             size_t plen = 0;
+            int matched = 0;
             tsr_status st = tsr_detokenizer_push(r->detok, ev->token, &piece, &plen);
-            if (st == TSR_OK && plen) {
-                int matched = 0;
-                tsr_stop_push(r->stops, piece, plen, &text, &len, &matched);
-                if (matched) {
-                    r->stop_matched = 1;
-                    if (ev->finish == TSR_FINISH_NONE) tsr_sched_finish(s->sched, ev->id, TSR_FINISH_STOP);
-                }
+            if (st == TSR_OK && plen) st = tsr_stop_push(r->stops, piece, plen, &text, &len, &matched);
+            if (st != TSR_OK) {
+                set_error(r, tsr_last_error());
+                r->text_failed = 1;
+                text = NULL;
+                len = 0;
+                if (ev->finish == TSR_FINISH_NONE) r->end_unsent = TSR_FINISH_ERROR;
+            } else if (matched) {
+                r->stop_matched = 1;
+                if (ev->finish == TSR_FINISH_NONE) r->end_unsent = TSR_FINISH_STOP;
             }
         }
         /* the token is reported on its own; a token that also ends the sequence is followed by the final event */
@@ -224,20 +249,28 @@ static void handle_event(tsr_service *s, const tsr_sched_event *ev)
     }
 }
 
+/* Handles the scheduler's events in place (they stay valid until the next call into the scheduler, and handling
+ * one makes none), then ends the sequences whose text matched a stop string or failed, which queues more
+ * events. */
 static void drain_events(tsr_service *s)
 {
     const tsr_sched_event *evs;
     int n;
-    /* callbacks may cancel, and a stop-string match finishes a sequence: both queue more events */
     while ((n = tsr_sched_drain_events(s->sched, &evs)) > 0) {
-        tsr_sched_event *copy = malloc((size_t)n * sizeof *copy);
-        if (!copy) {
-            for (int i = 0; i < n; i++) handle_event(s, &evs[i]);
-            continue;
+        int ends = 0;
+        for (int i = 0; i < n; i++) {
+            handle_event(s, &evs[i]);
+            request *r = live_get(s, evs[i].id);
+            ends += r && r->end_unsent != TSR_FINISH_NONE;
         }
-        memcpy(copy, evs, (size_t)n * sizeof *copy);
-        for (int i = 0; i < n; i++) handle_event(s, &copy[i]);
-        free(copy);
+        for (size_t j = 0; ends && j < s->live_cap; j++) {
+            request *r = s->live[j];
+            if (!r || r->end_unsent == TSR_FINISH_NONE) continue;
+            tsr_finish_reason why = r->end_unsent;
+            r->end_unsent = TSR_FINISH_NONE;
+            ends--;
+            tsr_sched_finish(s->sched, r->sched_id, why);
+        }
     }
 }
 
@@ -249,14 +282,6 @@ static int take_inbox(tsr_service *s, double now, int *stop_now)
     pthread_mutex_lock(&s->mu);
     request *head = s->inbox_head;
     s->inbox_head = s->inbox_tail = NULL;
-    int n_cancels = s->n_cancels;
-    uint64_t *cancels = NULL;
-    if (n_cancels) {
-        cancels = malloc((size_t)n_cancels * sizeof *cancels);
-        if (cancels) memcpy(cancels, s->cancels, (size_t)n_cancels * sizeof *cancels);
-        else n_cancels = 0;
-    }
-    s->n_cancels = 0;
     int exiting = s->stopping && (s->outstanding == 0 || now >= s->stop_deadline);
     *stop_now = s->stopping && now >= s->stop_deadline;
     pthread_mutex_unlock(&s->mu);
@@ -275,17 +300,23 @@ static int take_inbox(tsr_service *s, double now, int *stop_now)
             r->sched_id = 0;
             set_error(r, tsr_last_error());
             finish_request(s, r, TSR_FINISH_ERROR, 0, 0);
-        } else if (r->cancel_asked) {
+        }
+    }
+    /* cancels of admitted requests go to the scheduler; those of requests still in the inbox wait for them */
+    pthread_mutex_lock(&s->mu);
+    if (s->cancels_pending) {
+        s->cancels_pending = 0;
+        for (request *r = s->out_head; r; r = r->out_next) {
+            if (!r->cancel_asked || r->cancel_sent) continue;
+            if (!r->sched_id) {
+                s->cancels_pending = 1;
+                continue;
+            }
+            r->cancel_sent = 1;
             tsr_sched_cancel(s->sched, r->sched_id);
         }
     }
-    for (int i = 0; i < n_cancels; i++)
-        for (size_t j = 0; j < s->live_cap; j++)
-            if (s->live[j] && s->live[j]->id == cancels[i]) {
-                tsr_sched_cancel(s->sched, s->live[j]->sched_id);
-                break;
-            }
-    free(cancels);
+    pthread_mutex_unlock(&s->mu);
     return exiting;
 }
 
@@ -331,14 +362,14 @@ static void *loop_main(void *arg)
             tsr_sched_get_stats(s->sched, &sched_stats);
             pthread_mutex_lock(&s->mu);
             s->stats.sched = sched_stats;
-            if (!s->inbox_head && !s->n_cancels && !s->stopping) {
+            if (!s->inbox_head && !s->cancels_pending && !s->stopping) {
                 if (tsr_sched_idle(s->sched)) {
                     pthread_cond_wait(&s->wake, &s->mu);
                 } else {
                     /* queued work that cannot run yet (deadlines, a failing plan): look again shortly */
                     wait_ms(s, 10);
                 }
-            } else if (s->stopping && !s->inbox_head && !s->n_cancels) {
+            } else if (s->stopping && !s->inbox_head && !s->cancels_pending) {
                 wait_ms(s, 5);
             }
             pthread_mutex_unlock(&s->mu);
@@ -497,6 +528,9 @@ tsr_status tsr_service_submit(tsr_service *s, const tsr_gen_request *q, tsr_gen_
         if (s->inbox_tail) s->inbox_tail->next = r;
         else s->inbox_head = r;
         s->inbox_tail = r;
+        r->out_next = s->out_head;
+        if (s->out_head) s->out_head->out_prev = r;
+        s->out_head = r;
         s->outstanding++;
         s->stats.requests_total++;
         s->stats.tokens_in += (uint64_t)q->n_prompt;
@@ -510,24 +544,15 @@ tsr_status tsr_service_submit(tsr_service *s, const tsr_gen_request *q, tsr_gen_
 void tsr_service_cancel(tsr_service *s, uint64_t id)
 {
     pthread_mutex_lock(&s->mu);
-    int queued = 0;
-    for (request *r = s->inbox_head; r; r = r->next)
+    for (request *r = s->out_head; r; r = r->out_next)
         if (r->id == id) {
-            r->cancel_asked = 1;
-            queued = 1;
-        }
-    if (!queued) {
-        if (s->n_cancels == s->cap_cancels) {
-            int cap = s->cap_cancels ? s->cap_cancels * 2 : 64;
-            uint64_t *c = realloc(s->cancels, (size_t)cap * sizeof *c);
-            if (c) {
-                s->cancels = c;
-                s->cap_cancels = cap;
+            if (!r->cancel_asked) {
+                r->cancel_asked = 1;
+                s->cancels_pending = 1;
+                pthread_cond_signal(&s->wake);
             }
+            break;
         }
-        if (s->n_cancels < s->cap_cancels) s->cancels[s->n_cancels++] = id;
-    }
-    pthread_cond_signal(&s->wake);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -559,7 +584,6 @@ void tsr_service_stop(tsr_service *s, double grace_s)
     tsr_step_free(&s->step);
     free(s->results);
     free(s->live);
-    free(s->cancels);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->wake);
     pthread_cond_destroy(&s->idle);

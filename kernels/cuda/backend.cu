@@ -544,6 +544,7 @@ static const tsr_ops cuda_ops = {
     tsr_cuda_silu_mul,
     tsr_cuda_add,
     tsr_cuda_gather_rows,
+    tsr_cuda_linear_many,
 };
 
 /* ---- optional per-op profile (TSR_CUDA_PROFILE, see the top of this file). Mode 1 synchronizes around each op

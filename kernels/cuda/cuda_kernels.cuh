@@ -7,6 +7,9 @@
 void tsr_cuda_embed(const tsr_dense *table, const int32_t *ids, int n, float *out);
 void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, int dim, float *out);
 void tsr_cuda_linear(const tsr_linear *L, const float *x, int M, float *y);
+/* y[i] = x · W_i for n layers sharing x (ops.h linear_many): EXL2 decode GEMVs (M <= 8) in one launch, else one by
+ * one. */
+void tsr_cuda_linear_many(const tsr_linear *const *L, int n, const float *x, int M, float *const *y);
 /* Reserves the fp16 slab buffer of the dequantize-and-cuBLAS path (matmul.cu) at model preparation; a no-op when
  * that path is off (TSR_CUDA_DQ_MIN_M=0) or the buffer is already as large. Out of memory is fatal. */
 void tsr_cuda_dq_reserve(size_t bytes);

@@ -134,17 +134,36 @@ __device__ __forceinline__ void dec_chunk(const tsr_linear_dev &L, const tsr_exl
     }
 }
 
+/* One matrix of a decode launch: its blocks are col_blocks × splits of the grid, after those of the parts before. */
+struct dec_part {
+    tsr_linear_dev L;
+    float *y, *partial; /* partial: [splits][M][Npad] when K is split over blocks, else NULL */
+    int cpb, col_blocks, blocks;
+};
+
+/* Up to DEC_MAX_PARTS matrices sharing one input (q/k/v, gate/up) in one launch. */
+#define DEC_MAX_PARTS 3
+struct dec_group {
+    dec_part p[DEC_MAX_PARTS];
+    int n;
+};
+
 template <int MM, int CPL>
-__global__ void __launch_bounds__(DEC_WARPS * 32) exl2_dec_kernel(tsr_linear_dev L, const float *x, int M, int cpb,
-                                                                  float *partial, float *y)
+__global__ void __launch_bounds__(DEC_WARPS * 32) exl2_dec_kernel(const __grid_constant__ dec_group G, const float *x,
+                                                                  int M)
 {
+    int b = blockIdx.x, part = 0;
+    while (part + 1 < G.n && b >= G.p[part].blocks) b -= G.p[part++].blocks;
+    const tsr_linear_dev &L = G.p[part].L;
+    const int cpb = G.p[part].cpb, col_block = b % G.p[part].col_blocks, split = b / G.p[part].col_blocks;
+    float *partial = G.p[part].partial, *y = G.p[part].y;
     __shared__ float red[DEC_WARPS][MM][32 * CPL];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int n_out = blockIdx.x * (32 * CPL) + lane * CPL;
+    const int n_out = col_block * (32 * CPL) + lane * CPL;
     const bool live = n_out < L.Npad;
     /* lanes past the last column decode column 0 (every lane must take part in the shuffles) and write nothing */
     const int n0 = live ? n_out : 0;
-    const int c0 = blockIdx.y * cpb, c1 = min(L.n_chunks, c0 + cpb);
+    const int c0 = split * cpb, c1 = min(L.n_chunks, c0 + cpb);
     float acc[MM][CPL];
 #pragma unroll
     for (int m = 0; m < MM; m++)
@@ -188,7 +207,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) exl2_dec_kernel(tsr_linear_dev
             for (int k = 0; k < DEC_WARPS; k++) t += red[k][m][lane * CPL + c];
             if (!live) continue;
             if (partial)
-                partial[((size_t)blockIdx.y * M + m) * L.Npad + n0 + c] = t;
+                partial[((size_t)split * M + m) * L.Npad + n0 + c] = t;
             else if (n0 + c < L.N)
                 y[(size_t)m * L.N + n0 + c] = t + (L.bias ? __half2float(L.bias[n0 + c]) : 0.0f);
         }
@@ -256,24 +275,89 @@ static void gemv_launch(const tsr_linear_dev *L, const float *x, int M, int cpb,
     exl2_gemv_kernel<MM><<<grid, GEMV_COLS, 0, tsr_cuda_stream()>>>(*L, x, M, cpb, partial);
 }
 
-template <int MM, int CPL>
-static void dec_launch(const tsr_linear_dev *L, const float *x, int M, float *y)
+/* Sums the K-split partials of each part (those with splits > 1) plus bias into y, all parts in one launch. */
+struct red_part {
+    const float *partial;
+    const __half *bias;
+    float *y;
+    int splits, N, Npad;
+    unsigned blocks;
+};
+struct red_group {
+    red_part p[DEC_MAX_PARTS];
+    int n;
+};
+
+__global__ void exl2_reduce_group_kernel(const __grid_constant__ red_group G, int M)
 {
-    /* split K over blocks only as far as needed to give every SM about two blocks */
-    const int col_blocks = (int)tsr_div_up(L->Npad, 32 * CPL);
-    int splits = 1;
-    while (col_blocks * splits < 264 && L->n_chunks / (splits * 2) >= DEC_WARPS) splits *= 2;
-    const int cpb = (L->n_chunks + splits - 1) / splits;
-    splits = (L->n_chunks + cpb - 1) / cpb;
-    float *partial = splits > 1 ? (float *)tsr_cuda_scratch(3, (size_t)splits * M * L->Npad * sizeof(float)) : NULL;
-    dim3 grid(col_blocks, splits);
-    exl2_dec_kernel<MM, CPL><<<grid, DEC_WARPS * 32, 0, tsr_cuda_stream()>>>(*L, x, M, cpb, partial, y);
+    unsigned b = blockIdx.x;
+    int part = 0;
+    while (part + 1 < G.n && b >= G.p[part].blocks) b -= G.p[part++].blocks;
+    const red_part &P = G.p[part];
+    const size_t i = (size_t)b * blockDim.x + threadIdx.x;
+    if (i >= (size_t)M * P.N) return;
+    const int m = (int)(i / P.N), n = (int)(i % P.N);
+    float s = P.bias ? __half2float(P.bias[n]) : 0.0f;
+    for (int k = 0; k < P.splits; k++) s += P.partial[((size_t)k * M + m) * P.Npad + n];
+    P.y[i] = s;
+}
+
+/* The decode GEMV of n matrices with the same input in one launch (plus one reduction launch when any of them
+ * splits K over blocks). Each part's partial sums take their own stretch of scratch slot 3. */
+template <int MM, int CPL>
+static void dec_launch(const tsr_linear_dev *const *Ls, int n, const float *x, int M, float *const *ys)
+{
+    dec_group G = {};
+    red_group R = {};
+    int splits[DEC_MAX_PARTS];
+    size_t scratch = 0, offset[DEC_MAX_PARTS];
+    unsigned blocks = 0;
+    G.n = n;
+    for (int i = 0; i < n; i++) {
+        const tsr_linear_dev *L = Ls[i];
+        /* split K over blocks only as far as needed to give every SM about two blocks */
+        const int col_blocks = (int)tsr_div_up(L->Npad, 32 * CPL);
+        int sp = 1;
+        while (col_blocks * sp < 264 && L->n_chunks / (sp * 2) >= DEC_WARPS) sp *= 2;
+        const int cpb = (L->n_chunks + sp - 1) / sp;
+        splits[i] = sp = (L->n_chunks + cpb - 1) / cpb;
+        offset[i] = scratch;
+        if (sp > 1) scratch += (size_t)sp * M * L->Npad;
+        G.p[i] = dec_part{*L, ys[i], NULL, cpb, col_blocks, col_blocks * sp};
+        blocks += (unsigned)(col_blocks * sp);
+    }
+    float *partial = scratch ? (float *)tsr_cuda_scratch(3, scratch * sizeof(float)) : NULL;
+    unsigned red_blocks = 0;
+    for (int i = 0; i < n; i++) {
+        if (splits[i] <= 1) continue;
+        G.p[i].partial = partial + offset[i];
+        const unsigned rb = tsr_div_up((size_t)M * Ls[i]->N, 256);
+        R.p[R.n++] = red_part{G.p[i].partial, Ls[i]->bias, ys[i], splits[i], Ls[i]->N, Ls[i]->Npad, rb};
+        red_blocks += rb;
+    }
+    exl2_dec_kernel<MM, CPL><<<blocks, DEC_WARPS * 32, 0, tsr_cuda_stream()>>>(G, x, M);
     TSR_CUDA_LAUNCHED();
-    if (splits > 1) {
-        exl2_reduce_kernel<<<tsr_div_up((size_t)M * L->N, 256), 256, 0, tsr_cuda_stream()>>>(partial, splits, M, L->N,
-                                                                                                L->Npad, L->bias, y);
+    if (R.n) {
+        exl2_reduce_group_kernel<<<red_blocks, 256, 0, tsr_cuda_stream()>>>(R, M);
         TSR_CUDA_LAUNCHED();
     }
+}
+
+/* The CUDA-core decode GEMV (M <= 8) for n matrices sharing x, or 0 when it does not apply (the caller then runs
+ * the matrices one by one through tsr_cuda_linear). */
+static int dec_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M, float *const *ys)
+{
+    for (int i = 0; i < n; i++)
+        if (M > 8 || Ls[i]->Npad % 4 || Ls[i]->K != Ls[0]->K) return 0;
+    switch (M) {
+    /* two columns per lane for one or two rows (fewer registers, more warps per SM), four above */
+    case 1: dec_launch<1, 2>(Ls, n, x, M, ys); break;
+    case 2: dec_launch<2, 2>(Ls, n, x, M, ys); break;
+    case 3:
+    case 4: dec_launch<4, 4>(Ls, n, x, M, ys); break;
+    default: dec_launch<8, 4>(Ls, n, x, M, ys); break;
+    }
+    return 1;
 }
 
 int tsr_cuda_exl2_tc_gemv(const tsr_linear_dev *L, const float *x, int M, float *y); /* gemv_tc.cu */
@@ -299,17 +383,7 @@ static void exl2_gemv(const tsr_linear_dev *L, const float *x, int M, float *y)
         TSR_CUDA_LAUNCHED();
         return;
     }
-    if (M <= 8 && L->Npad % 4 == 0) {
-        switch (M) {
-        /* two columns per lane for one or two rows (fewer registers, more warps per SM), four above */
-        case 1: dec_launch<1, 2>(L, x, M, y); break;
-        case 2: dec_launch<2, 2>(L, x, M, y); break;
-        case 3:
-        case 4: dec_launch<4, 4>(L, x, M, y); break;
-        default: dec_launch<8, 4>(L, x, M, y); break;
-        }
-        return;
-    }
+    if (dec_gemv(&L, 1, x, M, &y)) return;
     /* chunks per block: as many as fit (GEMV_CHUNKS) while the grid still gives every SM a few blocks */
     const int vec4 = 0;
     const long col_blocks = (L->Npad + GEMV_COLS * (vec4 ? 4 : 1) - 1) / (GEMV_COLS * (vec4 ? 4 : 1));
@@ -458,7 +532,8 @@ static size_t dq_slab_cols(void)
     return (size_t)v;
 }
 
-static size_t g_dq_bytes; /* the slab buffer (scratch slot 3), sized at model preparation */
+static size_t g_dq_bytes; /* the slab buffer, sized at model preparation: scratch slot 3, which the GEMVs also use for
+                           * their partial sums (each op uses it only while it runs, on the one stream) */
 
 void tsr_cuda_dq_reserve(size_t bytes)
 {
@@ -625,4 +700,18 @@ void tsr_cuda_linear(const tsr_linear *Lh, const float *x, int M, float *y)
         return;
     }
     dense_gemm(L, x, M, y);
+}
+
+void tsr_cuda_linear_many(const tsr_linear *const *Lh, int n, const float *x, int M, float *const *y)
+{
+    static int enabled = -1; /* TSR_CUDA_GROUP=0 runs the matrices one by one (for comparisons) */
+    if (enabled < 0) enabled = !getenv("TSR_CUDA_GROUP") || atoi(getenv("TSR_CUDA_GROUP")) != 0;
+    const tsr_linear_dev *L[DEC_MAX_PARTS];
+    int grouped = enabled && n >= 1 && n <= DEC_MAX_PARTS && M <= 8 && gemv_mode() != 1;
+    for (int i = 0; grouped && i < n; i++) {
+        L[i] = (const tsr_linear_dev *)Lh[i]->dev;
+        grouped = L[i] && L[i]->kind == TSR_LINEAR_EXL2 && !dq_path(L[i], M);
+    }
+    if (grouped && dec_gemv(L, n, x, M, y)) return;
+    for (int i = 0; i < n; i++) tsr_cuda_linear(Lh[i], x, M, y[i]);
 }

@@ -144,11 +144,15 @@ tsr_status tsr_chat_template_render(const tsr_chat_template *t, const json_t *me
     return TSR_OK;
 }
 
-static char *token_string(const json_t *v)
+/* A special token of tokenizer_config.json ("<s>" or {"content": "<s>", ...}): *out receives a malloc'd copy,
+ * or NULL when the entry is absent. */
+static tsr_status token_string(const json_t *v, char **out)
 {
+    *out = NULL;
     if (json_is_object(v)) v = json_object_get(v, "content");
-    if (!json_is_string(v)) return NULL;
-    return strdup(json_string_value(v));
+    if (!json_is_string(v)) return TSR_OK;
+    if (!(*out = strdup(json_string_value(v)))) return tsr_fail(TSR_ERR_NOMEM, "chat template: out of memory");
+    return TSR_OK;
 }
 
 static tsr_status read_text_file(const char *path, char **out)
@@ -251,9 +255,17 @@ tsr_status tsr_chat_template_load_dir(const char *dir, int want_tools, tsr_chat_
         json_decref(cfg);
         return tsr_fail_context(st, "%s", path);
     }
-    if (bos_token) *bos_token = token_string(json_object_get(cfg, "bos_token"));
-    if (eos_token) *eos_token = token_string(json_object_get(cfg, "eos_token"));
+    if (bos_token) st = token_string(json_object_get(cfg, "bos_token"), bos_token);
+    if (st == TSR_OK && eos_token) st = token_string(json_object_get(cfg, "eos_token"), eos_token);
     json_decref(cfg);
+    if (st != TSR_OK) {
+        tsr_chat_template_free(t);
+        if (bos_token) {
+            free(*bos_token);
+            *bos_token = NULL;
+        }
+        return st;
+    }
     *out = t;
     return TSR_OK;
 }

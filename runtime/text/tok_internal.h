@@ -107,6 +107,9 @@ typedef struct {
     tok_regex re;
 } tok_pattern;
 
+/* Frees what a pattern owns (its literal or its regex); the pattern itself is the caller's. */
+void tok_pattern_free(tok_pattern *p);
+
 /* ---- pipeline components ---- */
 typedef enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_LOWER, NORM_STRIP, NORM_PREPEND, NORM_REPLACE } norm_kind;
 typedef struct {

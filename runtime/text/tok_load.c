@@ -185,7 +185,11 @@ static tsr_status add_norm(const ctx *c, json_t *obj, const char *where)
         return tsr_fail(TSR_ERR_UNSUPPORTED, "%s: %s.type: unsupported normalizer type '%s'", c->file, where, type);
     }
     tok_norm *a = realloc(t->norms, (t->n_norms + 1) * sizeof *a);
-    if (!a) return nomem(c);
+    if (!a) {
+        free(n.str);
+        tok_pattern_free(&n.pat);
+        return nomem(c);
+    }
     t->norms = a;
     t->norms[t->n_norms++] = n;
     return TSR_OK;
@@ -199,7 +203,10 @@ static tsr_status push_pretok(const ctx *c, tok_pretok *p)
 {
     tsr_tokenizer *t = c->t;
     tok_pretok *a = realloc(t->pretoks, (t->n_pretoks + 1) * sizeof *a);
-    if (!a) return nomem(c);
+    if (!a) {
+        tok_pattern_free(&p->pat);
+        return nomem(c);
+    }
     t->pretoks = a;
     t->pretoks[t->n_pretoks++] = *p;
     return TSR_OK;
@@ -334,7 +341,10 @@ static tsr_status add_dec(const ctx *c, json_t *obj, const char *where)
             return tsr_fail(TSR_ERR_UNSUPPORTED, "%s: %s: Replace decoder with a Regex pattern is not supported",
                             c->file, where);
         }
-        if (!(d.str = dup_mem(s, len))) return nomem(c);
+        if (!(d.str = dup_mem(s, len))) {
+            tok_pattern_free(&d.pat);
+            return nomem(c);
+        }
         d.str_len = len;
     } else if (!strcmp(type, "ByteFallback")) {
         d.kind = DEC_BYTEFALLBACK;
@@ -359,7 +369,11 @@ static tsr_status add_dec(const ctx *c, json_t *obj, const char *where)
         return tsr_fail(TSR_ERR_UNSUPPORTED, "%s: %s.type: unsupported decoder type '%s'", c->file, where, type);
     }
     tok_dec *a = realloc(t->decs, (t->n_decs + 1) * sizeof *a);
-    if (!a) return nomem(c);
+    if (!a) {
+        free(d.str);
+        tok_pattern_free(&d.pat);
+        return nomem(c);
+    }
     t->decs = a;
     t->decs[t->n_decs++] = d;
     return TSR_OK;

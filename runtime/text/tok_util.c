@@ -407,6 +407,13 @@ void tok_regex_free(tok_regex *re)
     re->code = NULL;
 }
 
+void tok_pattern_free(tok_pattern *p)
+{
+    free(p->lit);
+    p->lit = NULL;
+    tok_regex_free(&p->re);
+}
+
 int tok_regex_find(const tok_regex *re, pcre2_match_data *md, pcre2_match_context *mc, const char *s, size_t n,
                    size_t from, size_t *ms, size_t *me)
 {

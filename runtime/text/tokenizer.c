@@ -9,12 +9,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static void free_pattern(tok_pattern *p)
-{
-    free(p->lit);
-    tok_regex_free(&p->re);
-}
-
 void tsr_tokenizer_free(tsr_tokenizer *t)
 {
     if (!t) return;
@@ -36,16 +30,16 @@ void tsr_tokenizer_free(tsr_tokenizer *t)
     free(t->added);
     for (size_t i = 0; i < t->n_norms; i++) {
         free(t->norms[i].str);
-        free_pattern(&t->norms[i].pat);
+        tok_pattern_free(&t->norms[i].pat);
     }
     free(t->norms);
-    for (size_t i = 0; i < t->n_pretoks; i++) free_pattern(&t->pretoks[i].pat);
+    for (size_t i = 0; i < t->n_pretoks; i++) tok_pattern_free(&t->pretoks[i].pat);
     free(t->pretoks);
     for (size_t i = 0; i < t->n_post; i++) free(t->post[i].ids);
     free(t->post);
     for (size_t i = 0; i < t->n_decs; i++) {
         free(t->decs[i].str);
-        free_pattern(&t->decs[i].pat);
+        tok_pattern_free(&t->decs[i].pat);
     }
     free(t->decs);
     for (size_t i = 0; i < t->n_arenas; i++) free(t->arenas[i]);

@@ -430,6 +430,18 @@ static void test_linear_exl2(void **state)
         snprintf(what, sizeof what, "EXL2 linear M=%d (%s)", M, M <= 8 ? "GEMV" : "dequantized cuBLAS GEMM");
         /* from 9 rows (TSR_CUDA_DQ_MIN_M) the GEMM rounds activations and weights to fp16 */
         expect_close(what, got, want, (size_t)M * L.N, M <= 8 ? 1e-5 : 2e-3);
+        /* the same matrix three times through linear_many: one grouped launch for M <= 8, with its own output
+         * and partial-sum stretch per part */
+        float *dys[3] = {dev_poisoned((size_t)M * L.N), dev_poisoned((size_t)M * L.N), dev_poisoned((size_t)M * L.N)};
+        const tsr_linear *three[3] = {&shell.head, &shell.head, &shell.head};
+        gpu->linear_many(three, 3, dx, M, dys);
+        for (int i = 0; i < 3; i++) {
+            free(got);
+            got = to_host(dys[i], (size_t)M * L.N);
+            snprintf(what, sizeof what, "EXL2 linear_many part %d M=%d", i, M);
+            expect_close(what, got, want, (size_t)M * L.N, M <= 8 ? 1e-5 : 2e-3);
+            gpu->release(dys[i]);
+        }
         free(x), free(want), free(got);
         gpu->release(dx), gpu->release(dy);
     }

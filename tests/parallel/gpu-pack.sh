@@ -64,5 +64,5 @@ mkdir -p "$(dirname "$exclude")"
 grep -qx '/.parbin/' "$exclude" 2>/dev/null || echo '/.parbin/' >> "$exclude"
 grep -qx '/.parpack/' "$exclude" 2>/dev/null || echo '/.parpack/' >> "$exclude"
 rm -rf .parpack && mkdir -p .parpack
-tar -cf - .parbin | xz -9e -T0 > .parpack/parbin.tar.xz
+tar -cf - .parbin | xz -6 -T0 > .parpack/parbin.tar.xz
 du -sh .parpack

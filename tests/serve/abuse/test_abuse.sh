@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# tessera serve under network abuse on loopback (abuse.py drives it): slowloris, streams nobody reads, thousands of
+# idle connections, oversized headers and bodies, malformed JSON, foreign Host and Origin headers. The server runs
+# on the bundled model with small limits (a 3 s connection timeout, hence a 3 s header timeout, a 1 MiB body cap,
+# a 4 KiB stream backlog) and an API key, while a normal client keeps getting the same greedy completion; its
+# memory must stay bounded, its log must not mention the key, and it must exit 0 on SIGTERM at the end.
+#
+#   test_abuse.sh [FIGURES.json]     (TSR_BIN and TSR_MODELS come from CTest)
+set -u
+bin=${TSR_BIN:?TSR_BIN not set}
+model=${TSR_MODELS:?}/tiny-llama-exl2-4.0bpw
+here=$(cd "$(dirname "$0")" && pwd)
+figures=${1:-}
+tmp=$(mktemp -d)
+spid=""
+cleanup() {
+  [ -n "$spid" ] && kill -9 "$spid" 2> /dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*"
+  [ -f "$tmp/server.log" ] && { echo "--- server log"; tail -n 30 "$tmp/server.log"; }
+  exit 1
+}
+
+timeout_s=3
+max_body=1048576
+kv_tokens=32768
+kv_bytes=$((kv_tokens * 2048)) # 4 layers x 2 KV heads x 64 dims x K and V x 2 bytes per token
+
+"$bin" serve --model "$model" --port 0 --conn-timeout "$timeout_s" --max-body "$max_body" \
+  --stream-backlog 4096 --kv-tokens "$kv_tokens" --api-key abuse-test-key-0123456789 --grace 5 \
+  2> "$tmp/server.log" &
+spid=$!
+port=""
+for _ in $(seq 1 300); do
+  port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$tmp/server.log" | head -n 1)
+  [ -n "$port" ] && break
+  kill -0 "$spid" 2> /dev/null || fail "server exited at start"
+  sleep 0.1
+done
+[ -n "$port" ] || fail "no port in the server log"
+for _ in $(seq 1 300); do
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health")" = 200 ] && break
+  kill -0 "$spid" 2> /dev/null || fail "server exited while loading"
+  sleep 0.1
+done
+grep 'limits:' "$tmp/server.log"
+
+python3 "$here/abuse.py" --port "$port" --pid "$spid" --conn-timeout "$timeout_s" --header-timeout "$timeout_s" \
+  --max-body "$max_body" \
+  --kv-bytes "$kv_bytes" ${figures:+--figures "$figures"} || fail "abuse.py"
+
+# no secret or request content in the log, and a clean stop
+grep -qi 'authorization\|bearer\|abuse-test-key' "$tmp/server.log" && fail "the server log mentions credentials"
+kill -TERM "$spid"
+for _ in $(seq 1 100); do kill -0 "$spid" 2> /dev/null || break; sleep 0.1; done
+kill -0 "$spid" 2> /dev/null && fail "server still running 10 s after SIGTERM"
+wait "$spid"
+rc=$?
+spid=""
+[ $rc = 0 ] || fail "server exit code $rc after SIGTERM"
+echo "--- server log"
+cat "$tmp/server.log"
+echo "ok"
