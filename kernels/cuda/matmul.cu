@@ -362,10 +362,11 @@ static int dec_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int 
 
 int tsr_cuda_exl2_tc_gemv(const tsr_linear_dev *L, const float *x, int M, float *y); /* gemv_tc.cu */
 
-/* Which decode GEMV runs (measured on the H200, kernels/cuda/NOTES.md): by default the CUDA-core kernel v6 for
- * M <= 8 (faster there: 10.4 vs 11.6 ms per 8B step at batch 1) and the tensor-core kernel (gemv_tc.cu) for
- * 8 < M <= 32 (48 vs 54 ms at batch 32). TSR_CUDA_GEMV=tc runs the tensor-core kernel for every M <= 32,
- * TSR_CUDA_GEMV=v6 the CUDA-core kernels for every M <= 32 (for comparisons). */
+/* Which decode GEMV runs for the M that reach it (measured on the H200, kernels/cuda/NOTES.md): the CUDA-core
+ * kernel v6 for M <= 8 (faster there: 10.4 vs 11.6 ms per 8B step at batch 1) and the tensor-core kernel
+ * (gemv_tc.cu) for 8 < M <= 32, which by default go to the dequantize-and-cuBLAS path instead (dq_path).
+ * TSR_CUDA_GEMV=tc runs the tensor-core kernel for every M <= 32 that reaches here, TSR_CUDA_GEMV=v6 the
+ * CUDA-core kernels (for comparisons). */
 static int gemv_mode(void)
 {
     static int mode = -1; /* 0 auto, 1 tc, 2 v6 */
