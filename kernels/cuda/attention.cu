@@ -41,6 +41,25 @@ __device__ __forceinline__ void split_range(int lo, int p, int split, int n_spli
     *t1 = min(p + 1, *t0 + per);
 }
 
+/* A warp's result for its (row, head, split): the normalized output when the context is not split, else the
+ * partial (max, sum) and unnormalized output that attn_merge_kernel combines. */
+template <int DPL>
+__device__ __forceinline__ void store_result(const float *acc, float mx, float sum, size_t item, size_t warp, int lane,
+                                             int d, int n_splits, float *out, float2 *part_ml, float *part_acc)
+{
+    if (n_splits == 1) {
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        float *o = out + item * d + lane * DPL;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) o[i] = acc[i] * inv;
+        return;
+    }
+    if (lane == 0) part_ml[warp] = make_float2(mx, sum);
+    float *pa = part_acc + warp * d + lane * DPL;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) pa[i] = acc[i];
+}
+
 template <int DPL, typename T>
 __global__ void attn_kernel(tsr_batch_layout b, tsr_attn_args a, const T *kc, const T *vc, int page_size,
                             const float *q, float *out, float2 *part_ml, float *part_acc, int n_splits)
@@ -112,17 +131,7 @@ __global__ void attn_kernel(tsr_batch_layout b, tsr_attn_args a, const T *kc, co
             for (int i = 0; i < DPL; i++) acc[i] += w * kv_v[u][i];
         }
     }
-    if (n_splits == 1) {
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        float *o = out + item * d + lane * DPL;
-#pragma unroll
-        for (int i = 0; i < DPL; i++) o[i] = acc[i] * inv;
-        return;
-    }
-    if (lane == 0) part_ml[warp] = make_float2(mx, sum);
-    float *pa = part_acc + warp * d + lane * DPL;
-#pragma unroll
-    for (int i = 0; i < DPL; i++) pa[i] = acc[i];
+    store_result<DPL>(acc, mx, sum, item, warp, lane, d, n_splits, out, part_ml, part_acc);
 }
 
 __global__ void attn_merge_kernel(size_t items, int d, int n_splits, const float2 *part_ml, const float *part_acc, float *out)
@@ -294,17 +303,7 @@ __global__ void attn_q_kernel(tsr_batch_layout b, tsr_attn_args a, kvq_view c, i
     warp_rotate(sm, d, lane);
 #pragma unroll
     for (int i = 0; i < DPL; i++) acc[i] = sm[lane * DPL + i] * (1.0f / 32.0f) + accx[i];
-    if (n_splits == 1) {
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        float *o = out + item * d + lane * DPL;
-#pragma unroll
-        for (int i = 0; i < DPL; i++) o[i] = acc[i] * inv;
-        return;
-    }
-    if (lane == 0) part_ml[warp] = make_float2(mx, sum);
-    float *pa = part_acc + warp * d + lane * DPL;
-#pragma unroll
-    for (int i = 0; i < DPL; i++) pa[i] = acc[i];
+    store_result<DPL>(acc, mx, sum, item, warp, lane, d, n_splits, out, part_ml, part_acc);
 }
 
 template <int DPL, int KB, int VB>

@@ -258,16 +258,6 @@ __global__ void __launch_bounds__(GEMV_COLS) exl2_gemv_kernel(tsr_linear_dev L, 
         if (m < M) partial[((size_t)blockIdx.y * M + m) * L.Npad + n] = acc[m];
 }
 
-__global__ void exl2_reduce_kernel(const float *partial, int splits, int M, int N, int Npad, const __half *bias, float *y)
-{
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)M * N) return;
-    const int m = (int)(i / N), n = (int)(i % N);
-    float s = bias ? __half2float(bias[n]) : 0.0f;
-    for (int k = 0; k < splits; k++) s += partial[((size_t)k * M + m) * Npad + n];
-    y[i] = s;
-}
-
 template <int MM>
 static void gemv_launch(const tsr_linear_dev *L, const float *x, int M, int cpb, float *partial, int splits)
 {
@@ -300,6 +290,17 @@ __global__ void exl2_reduce_group_kernel(const __grid_constant__ red_group G, in
     float s = P.bias ? __half2float(P.bias[n]) : 0.0f;
     for (int k = 0; k < P.splits; k++) s += P.partial[((size_t)k * M + m) * P.Npad + n];
     P.y[i] = s;
+}
+
+/* The K-split partials of one matrix plus its bias into y. */
+static void reduce_launch(const float *partial, int splits, const tsr_linear_dev *L, int M, float *y)
+{
+    red_group R = {};
+    const unsigned blocks = tsr_div_up((size_t)M * L->N, 256);
+    R.p[0] = red_part{partial, L->bias, y, splits, L->N, L->Npad, blocks};
+    R.n = 1;
+    exl2_reduce_group_kernel<<<blocks, 256, 0, tsr_cuda_stream()>>>(R, M);
+    TSR_CUDA_LAUNCHED();
 }
 
 /* The decode GEMV of n matrices with the same input in one launch (plus one reduction launch when any of them
@@ -400,9 +401,7 @@ static void exl2_gemv(const tsr_linear_dev *L, const float *x, int M, float *y)
         gemv_launch<32>(L, x, M, cpb, partial, splits);
     }
     TSR_CUDA_LAUNCHED();
-    exl2_reduce_kernel<<<tsr_div_up((size_t)M * L->N, 256), 256, 0, tsr_cuda_stream()>>>(partial, splits, M, L->N, L->Npad,
-                                                                                            L->bias, y);
-    TSR_CUDA_LAUNCHED();
+    reduce_launch(partial, splits, L, M, y);
 }
 
 /* ---- EXL2 tensor-core GEMM ---- */
