@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One device call for decode-GEMV work (kernels/cuda/matmul.cu): the GPU test suite, then the 8B-geometry EXL2
+# 4.0 bpw model (tessera synth) through `tessera bench` at batch 1 and 8 under each variant in TSR_GEMV_VARIANTS
+# ("name:ENV=V,ENV=V ..."), a full batch 1..64 bench with the defaults, and the per-op device profile of a
+# batch-1 step. TSR_GEMV_GPTQ=1 adds a GPTQ 8B bench; TSR_GEMV_TESTS=0 skips the tests. Pack first with tests/parallel/gpu-pack.sh and carry `.parpack`; logs go to $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+SECONDS=0
+. tests/parallel/gpu-env.sh
+export TSR_FIXTURES=$root/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$root/models
+if [ "${TSR_GEMV_TESTS:-1}" = 1 ]; then
+  timeout 200 "$P/bin/test_cuda" > "$out/test_cuda.log" 2>&1
+  echo "test_cuda exit $? (at $SECONDS s)"; grep -E "PASSED|FAILED|ERROR|mismatch|max " "$out/test_cuda.log" | head -30
+fi
+m8=/tmp/llama8b-4.0
+"$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 \
+  --bpw 4.0 --shard-size 2048 --threads 16 --out $m8 > /dev/null
+echo "synth done at $SECONDS s"
+for v in ${TSR_GEMV_VARIANTS:-default:}; do
+  name=${v%%:*}; envs=${v#*:}
+  echo "--- $name ($envs)"
+  env ${envs//,/ } timeout 90 "$bin" bench --model $m8 --device cuda --batch 1,8 --prompt-len 512 --gen 64 2>&1 | tail -2
+done
+if [ "${TSR_GEMV_GPTQ:-0}" = 1 ]; then
+  g8=/tmp/llama8b-gptq
+  "$bin" synth --format gptq --group-size 128 --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 \
+    --intermediate 14336 --vocab 128256 --seed 1 --threads 16 --out $g8 > /dev/null
+  echo "--- GPTQ 4-bit g128"
+  timeout 90 "$bin" bench --model $g8 --device cuda --batch 1,8,32 --prompt-len 512 --gen 64 2>&1 | tail -3
+  rm -rf $g8
+fi
+echo "--- defaults, batch 1..64 (at $SECONDS s)"
+timeout 120 "$bin" bench --model $m8 --device cuda --batch 1,8,32,64 --prompt-len 512 --gen 64 \
+  --json "$out/bench-8b.json" 2>&1 | tee "$out/bench-8b.txt" | tail -6
+echo "--- per-op profile, batch 1"
+TSR_CUDA_PROFILE=2 timeout 60 "$bin" bench --model $m8 --device cuda --batch 1 --prompt-len 512 --gen 16 \
+  > "$out/profile-8b.txt" 2>&1
+grep -A30 "decode" "$out/profile-8b.txt" | head -40
+echo "=== done after $SECONDS s"

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# ncu on the decode GEMV of an 8B-geometry model (tessera synth; TSR_NCU_FORMAT=gptq for 4-bit GPTQ g128, else
+# EXL2 4.0 bpw): launch-level throughput, occupancy and warp stall reasons of TSR_NCU_COUNT kernels of
+# TSR_NCU_KERNEL after the first TSR_NCU_SKIP. Pack with tests/parallel/gpu-pack.sh, carry .parpack; logs to $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+. tests/parallel/gpu-env.sh
+m=/tmp/llama8b-ncu
+if [ "${TSR_NCU_FORMAT:-exl2}" = gptq ]; then
+  "$bin" synth --format gptq --group-size 128 --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 \
+    --intermediate 14336 --vocab 128256 --seed 1 --threads 16 --out $m > /dev/null
+else
+  "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 \
+    --bpw 4.0 --shard-size 2048 --threads 16 --out $m > /dev/null
+fi
+NCU=$(ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1); NCU=${NCU:-ncu}
+timeout 400 $NCU --clock-control none --kernel-name "regex:${TSR_NCU_KERNEL:-frag_gemv}" --launch-skip "${TSR_NCU_SKIP:-4}" \
+  --launch-count "${TSR_NCU_COUNT:-2}" --section SpeedOfLight --section Occupancy --section SchedulerStats \
+  --section WarpStateStats --section InstructionStats --print-details all \
+  "$bin" bench --model $m --device cuda --batch 1 --prompt-len 64 --gen 4 > "$out/ncu.txt" 2>&1
+echo "ncu exit $?"
+grep -E "^  [a-z_].*\(|Duration|DRAM Throughput|Compute \(SM\)|Issued Warp|Eligible Warps|Warp Cycles Per Issued|Stall|stall|Executed Instructions  |Issued Instructions  " "$out/ncu.txt" | head -90
