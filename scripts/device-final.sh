@@ -8,7 +8,7 @@
 #      and without a 600-token shared prefix
 #   4. 8B-geometry GPTQ (4-bit, groups of 128): tessera bench at batch 1 and 32
 #   5. 8B split over two GPUs by layers and by tensors (gpu-check bench)
-#   6. kernel variants on the 8B model: where the dequantize + cuBLAS path starts (2 or 33 rows against the
+#   6. kernel variants on the 8B model: where the dequantize + cuBLAS path starts (1 or 5 rows against the
 #      default 9), a 2048-token prefill with and without the tensor-core attention, and the per-op device profile
 #      of a batch-1 step
 #   7. where a tensor-split batch-1 step goes: the per-op device profile of the 8B model on one GPU and on each
@@ -73,7 +73,7 @@ fi
 if step "8B kernel variants" 200; then
   [ -f $m8/config.json ] || "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 \
     --intermediate 14336 --vocab 128256 --bpw 4.0 --shard-size 2048 --out $m8 > /dev/null
-  for v in 2 33; do
+  for v in 1 5; do
     echo "--- TSR_CUDA_DQ_MIN_M=$v"
     TSR_CUDA_DQ_MIN_M=$v timeout 60 "$bin" bench --model $m8 --device cuda --batch 4,8,16 --prompt-len 512 --gen 32 \
       --json "$out/bench-8b-dq$v.json" 2>&1 | tail -3

@@ -4,8 +4,8 @@
 # by environment variables, all in one call. Logs go to $OUT (tests.log, bench.log, profile.log).
 # Usage: scripts/device-perf.sh [tests] [bench] [profile] [ncu] [full]   (default: tests bench profile)
 #   full: the BENCHMARKS.md command (batch 1,8,32, prompt 512, gen 128) with the default variant.
-# Variants: TSR_CUDA_GEMV=v6 / tc (one decode GEMV for every M <= 32; default: v6 up to 8 rows, tc above),
-# TSR_CUDA_PDL=0 (no programmatic dependent launch),
+# Variants: TSR_CUDA_GROUP=0 (q/k/v and gate/up as separate GEMV launches), TSR_CUDA_GEMV_BLOCKS=N (the decode
+# GEMV's block target), TSR_CUDA_PDL=0 (no programmatic dependent launch),
 # TSR_CUDA_PINNED=0 (pageable copies). TSR_PERF_VARIANTS overrides the list of "name:ENV=V,ENV=V" items.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,7 +44,7 @@ if has bench || has profile || has full || has ncu; then
     --bpw 4.0 --out /tmp/llama8b-4.0 > "$out/synth.txt" 2>&1
   echo "synth: $(( $(date +%s) - t0 )) s: $(tail -1 "$out/synth.txt")"
 fi
-variants=${TSR_PERF_VARIANTS:-"v6:TSR_CUDA_GEMV=v6 tc:TSR_CUDA_GEMV=tc auto-nopdl:TSR_CUDA_PDL=0 auto:"}
+variants=${TSR_PERF_VARIANTS:-"group0:TSR_CUDA_GROUP=0 nopdl:TSR_CUDA_PDL=0 auto:"}
 profiles=${TSR_PERF_PROFILES:-"auto:"}
 if has bench; then
   for v in $variants; do

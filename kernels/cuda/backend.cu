@@ -1,9 +1,8 @@
 /* CUDA backend core: device selection, stream and cuBLAS handle, memory, weight upload, and the ops table.
  *
- * prepare_model walks every linear layer and dense tensor of a tsr_model and uploads it once: EXL2 layers keep
- * their packed q_weight and q_scale exactly as stored, plus small derived tables (the permutation, each group's
- * fp16-rounded scale multiplier, and a list of 32-row chunks that tells kernels where each slice of rows starts
- * and which width and group it has). Dense weights stay in their dtype. Mirrors are recorded in the model's
+ * prepare_model walks every linear layer and dense tensor of a tsr_model and uploads it once: EXL2 and GPTQ
+ * layers have their codes rearranged into tensor-core fragment order (exl2_pack.cu) and keep their scale tables
+ * as stored, plus each group's fp16-rounded scale multiplier. Dense weights stay in their dtype. Mirrors are recorded in the model's
  * tsr_dense.dev / tsr_linear.dev fields and freed by release_model. Small host↔device copies (the per-step batch
  * layout, the logits) go through pinned staging buffers, so they are true asynchronous DMA instead of the driver's
  * synchronous pageable path. Profiling (TSR_CUDA_PROFILE): 1 = each op synchronized and timed on the host; 2 = each
@@ -12,6 +11,7 @@
  * the device time of each replayed decode-step graph. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
+#include "kernels/cuda/exl2_pack.cuh"
 
 extern "C" {
 #include "runtime/half.h"
@@ -387,22 +387,12 @@ static tsr_status upload_linear(tsr_linear *L, tsr_dense *embed)
     }
     const tsr_qmatrix *q = &L->q;
     d->Npad = q->N;
-    std::vector<float> scale_m(q->G);
-    std::vector<tsr_exl2_chunk> chunks;
-    for (int g = 0; g < q->G; g++) {
-        const tsr_qgroup *gr = &q->groups[g];
-        scale_m[g] = gr->scale_m;
-        for (int j = 0; j < gr->rows; j += 32) {
-            tsr_exl2_chunk c;
-            c.qrow = gr->qrow0 + j * gr->bits / 32;
-            c.row0 = gr->row0 + j;
-            c.rows = gr->rows - j < 32 ? gr->rows - j : 32;
-            c.group = g | (gr->bits << 24);
-            chunks.push_back(c);
-        }
-    }
-    d->n_chunks = (int)chunks.size();
-    d->q_weight = (const uint32_t *)upload(q->q_weight, (size_t)q->Q * q->N * 4);
+    TSR_TRY(tsr_cuda_exl2_pack(q, d, cuda_alloc));
+    /* EXL2 column scales take 16 values per group: h((code + 1)^2 · scale_m), rounded as ExLlamaV2 does */
+    std::vector<uint16_t> s_table((size_t)q->G * 16);
+    for (int g = 0; g < q->G; g++)
+        for (int c = 0; c < 16; c++)
+            s_table[(size_t)g * 16 + c] = tsr_float_to_half((float)((c + 1) * (c + 1)) * q->groups[g].scale_m);
     int scales_ok = 1;
     if (q->kind == TSR_QMATRIX_GPTQ) {
         /* GPTQ: fp16 scales per (group, column) (fp32 files rounded to fp16, as on the CPU) and the zero codes */
@@ -418,11 +408,9 @@ static tsr_status upload_linear(tsr_linear *L, tsr_dense *embed)
         d->q_scale = (const uint32_t *)upload(q->q_scale, (size_t)q->G * (q->N / 8) * 4);
         scales_ok = d->q_scale != NULL;
     }
-    d->scale_m = (const float *)upload(scale_m.data(), scale_m.size() * sizeof(float));
-    d->perm = (const int32_t *)upload(q->perm, (size_t)q->K * sizeof(int32_t));
-    d->chunks = (const tsr_exl2_chunk *)upload(chunks.data(), chunks.size() * sizeof(tsr_exl2_chunk));
+    d->s_table = (const __half *)upload(s_table.data(), s_table.size() * 2);
     if (q->bias) d->bias = (const __half *)upload(q->bias, (size_t)q->N * 2);
-    if (!d->q_weight || !scales_ok || !d->scale_m || !d->perm || !d->chunks || (q->bias && !d->bias))
+    if (!scales_ok || !d->s_table || (q->bias && !d->bias))
         return tsr_fail(TSR_ERR_NOMEM, "out of device memory uploading EXL2 weights");
     return TSR_OK;
 }
@@ -432,13 +420,13 @@ static void release_linear(tsr_linear *L)
     tsr_linear_dev *d = (tsr_linear_dev *)L->dev;
     if (!d) return;
     if (d->kind == TSR_LINEAR_EXL2) {
-        cuda_release((void *)d->q_weight);
+        cuda_release((void *)d->fw);
+        cuda_release((void *)d->units);
+        cuda_release((void *)d->uperm);
         cuda_release((void *)d->q_scale);
         cuda_release((void *)d->g_scales);
         cuda_release((void *)d->g_zeros);
-        cuda_release((void *)d->scale_m);
-        cuda_release((void *)d->perm);
-        cuda_release((void *)d->chunks);
+        cuda_release((void *)d->s_table);
         cuda_release((void *)d->bias);
     }
     free(d);
@@ -508,14 +496,15 @@ static tsr_status cuda_prepare_model(struct tsr_model *m)
             tsr_linear *all[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->up, &ly->down};
             for (int i = 0; i < 7; i++) {
                 const tsr_linear_dev *d = (const tsr_linear_dev *)all[i]->dev;
-                if (d && d->kind == TSR_LINEAR_EXL2 && (size_t)d->K * d->Npad * 2 > dq) dq = (size_t)d->K * d->Npad * 2;
+                const size_t bytes = d && d->kind == TSR_LINEAR_EXL2 ? (size_t)32 * d->n_units * d->Npad * 2 : 0;
+                if (bytes > dq) dq = bytes;
             }
         }
         /* the head runs in slabs of that buffer; a model whose head is its only quantized matrix gets up to
          * 128 MiB for it */
         const tsr_linear_dev *h = (const tsr_linear_dev *)m->head.dev;
         if (h && h->kind == TSR_LINEAR_EXL2) {
-            size_t head = (size_t)h->K * h->Npad * 2, cap = (size_t)128 << 20;
+            size_t head = (size_t)32 * h->n_units * h->Npad * 2, cap = (size_t)128 << 20;
             if ((head < cap ? head : cap) > dq) dq = head < cap ? head : cap;
         }
         if (dq) tsr_cuda_dq_reserve(dq);

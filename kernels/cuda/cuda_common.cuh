@@ -30,25 +30,17 @@ void *tsr_cuda_scratch(int slot, size_t bytes);
 }
 #endif
 
-/* One 32-row (or shorter) slice of an EXL2 matrix in stored order: everything a kernel needs to decode it. */
-struct tsr_exl2_chunk {
-    int qrow;   /* first packed row of q_weight */
-    int row0;   /* first stored row (index into perm) */
-    int rows;   /* rows in the chunk, <= 32 */
-    int group;  /* group index (scale row) | bits << 24 */
-};
-
 /* Device mirror of a linear layer (tsr_linear.dev). */
 struct tsr_linear_dev {
     int kind;               /* TSR_LINEAR_DENSE or TSR_LINEAR_EXL2 */
-    int K, N, Npad;         /* N: columns produced; Npad: stored columns (EXL2) */
-    /* EXL2 */
-    const uint32_t *q_weight;
-    const uint32_t *q_scale;
-    const float *scale_m;   /* [G] */
-    const int32_t *perm;    /* [K] */
-    const tsr_exl2_chunk *chunks;
-    int n_chunks;
+    int K, N, Npad;         /* N: columns produced; Npad: stored columns (EXL2), a multiple of 32 */
+    /* EXL2 and GPTQ: codes in fragment order (exl2_frag.cuh) */
+    const uint32_t *fw;     /* packed words */
+    const uint2 *units;     /* [n_units]: {first word, group | bits << 24} of each 32-row unit */
+    const int32_t *uperm;   /* [32 n_units]: original input row of each unit row, -1 for padding */
+    int n_units;            /* Kp = 32 n_units rows in unit order */
+    const uint32_t *q_scale;/* [G][Npad/8] 4-bit scale codes (EXL2) */
+    const __half *s_table;  /* [G][16]: EXL2 column scale of each scale code, h((code + 1)^2 · scale_m) */
     const __half *bias;     /* [Npad] or NULL */
     /* GPTQ mode: per-(group, column) fp16 scales and 4-bit zero codes replace EXL2's scale codes and offset */
     int gptq;

@@ -10,8 +10,8 @@ void tsr_cuda_linear(const tsr_linear *L, const float *x, int M, float *y);
 /* y[i] = x · W_i for n layers sharing x (ops.h linear_many): EXL2 decode GEMVs (M <= 8) in one launch, else one by
  * one. */
 void tsr_cuda_linear_many(const tsr_linear *const *L, int n, const float *x, int M, float *const *y);
-/* Reserves the fp16 slab buffer of the dequantize-and-cuBLAS path (matmul.cu) at model preparation; a no-op when
- * that path is off (TSR_CUDA_DQ_MIN_M=0) or the buffer is already as large. Out of memory is fatal. */
+/* Reserves, at model preparation, the fp16 slab buffer of the dequantize-and-cuBLAS path (matmul.cu); grows
+ * only. Out of memory is fatal. */
 void tsr_cuda_dq_reserve(size_t bytes);
 void tsr_cuda_rope(const tsr_batch_layout *b, float *x, int n_heads, int head_dim, int rot_dim);
 void tsr_cuda_kv_store(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v);

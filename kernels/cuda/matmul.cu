@@ -1,268 +1,396 @@
 /* Matrix multiplication on the GPU for every linear layer: y[M][N] = x[M][K] · W + bias.
  *
- * EXL2, decode (M <= 8): the CUDA-core GEMV streams the packed weights once. Each thread owns one output column; a
- * block covers 128 columns and a range of 32-row chunks; the chunk's b packed words per column are read
- * coalesced across the warp, unpacked in registers (widths are compile-time per chunk via a switch), scaled by the
- * fp16-rounded group scale, and multiplied with the permuted activations staged in shared memory. Blocks of
- * different chunk ranges write partial sums that a second kernel adds up with the bias (deterministic).
- * EXL2, prefill and batches above 8 rows (TSR_CUDA_DQ_MIN_M, default 9): the activations are first gathered
- * through the permutation into stored row order as fp16; then column slabs of the matrix are dequantized to fp16
- * into one buffer reserved at model preparation (the largest layer matrix) and multiplied by cuBLAS (fp16
- * operands, fp32 accumulation), as ExLlamaV2 does above 50 rows: the extra fp16 write and read cost far less
- * than the tile kernels here lose (kernels/cuda/NOTES.md has the figures). With TSR_CUDA_DQ_MIN_M=0 (or 33),
- * 9 to 32 rows take the tensor-core GEMV of gemv_tc.cu and larger M a WMMA GEMM that dequantizes each 32-row
- * chunk of a 64-column tile into shared memory.
- * GPTQ matrices (4-bit groups with per-column fp16 scales and zero points) run through the same two kernels.
+ * EXL2 and GPTQ, decode (M <= 8, below TSR_CUDA_DQ_MIN_M): a tensor-core GEMV over the fragment layout of
+ * exl2_frag.cuh. A block of 8 warps covers 128 columns and a range of 32-row units; the block first gathers its
+ * activations through the permutation into shared memory, already split into fp16 hi + lo halves in the B-operand
+ * order of mma.m16n8k16 (so the products are exact to ~2^-22 like fp32), and each warp then streams 64 columns of
+ * one quarter of the units: b words per lane per 32 × 32 block, decoded with one shift and mask per two codes,
+ * the zero point subtracted in fp16 (exact), two mma's (hi, lo) per 16 × 16 tile into fp32 accumulators that are
+ * scaled once per group. Warps of a block add up in shared memory; when K is split over blocks to fill the chip,
+ * a second kernel adds the blocks' partial sums and the bias (deterministic). Up to three matrices with the same
+ * input (q/k/v, gate/up) run as one launch.
+ * EXL2 and GPTQ, prefill and batches from TSR_CUDA_DQ_MIN_M (default 9) rows: the activations are gathered
+ * through the permutation as fp16; column slabs of the matrix are dequantized to fp16 into one buffer reserved at
+ * model preparation (the largest layer matrix) and multiplied by cuBLAS (fp16 operands, fp32 accumulation), as
+ * ExLlamaV2 does above 50 rows. kernels/cuda/NOTES.md has the figures.
  * Dense weights: a warp-per-column GEMV for M <= 8, cuBLAS (GemmEx, fp32 accumulation) above. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
+#include "kernels/cuda/exl2_frag.cuh"
+#include "kernels/cuda/launch.cuh"
 
 #include <cuda_bf16.h>
-#include <mma.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define GEMV_COLS 128
-#define GEMV_CHUNKS 4
-#define GEMV_MAX_M 32
+/* ---- decode GEMV over the fragment layout ---- */
 
-/* Scale of (group g, column n), and the amount to add to an offset code (code − 2^(b−1)) to get code − zero:
- * 0 for EXL2; 2^(b−1) − zero for GPTQ. */
-__device__ __forceinline__ void group_params(const tsr_linear_dev &L, int g, int bits, int n, float *S, float *zoff)
-{
-    if (L.gptq) {
-        *S = __half2float(L.g_scales[(size_t)g * L.Npad + n]);
-        int zero = (int)((L.g_zeros[(size_t)g * (L.Npad / 8) + n / 8] >> (4 * (n % 8))) & 0xfu) + L.zero_add;
-        *zoff = (float)((1 << (bits - 1)) - zero);
-        return;
-    }
-    uint32_t code = (L.q_scale[(size_t)g * (L.Npad / 8) + n / 8] >> (4 * (n % 8))) & 0xfu;
-    *S = __half2float(__float2half_rn((float)((code + 1) * (code + 1)) * L.scale_m[g]));
-    *zoff = 0.0f;
-}
+#define FG_WARPS 8         /* per block: 2 column groups of 64 × FG_WK slices of the block's units */
+#define FG_WK 4
+#define FG_COLS 128        /* columns per block */
+#define FG_MAX_PARTS 3     /* matrices per launch */
+#define FG_STAGE_MAX 32768 /* bytes of staged activations per block */
+#define FG_WARP_UNITS 64   /* unit records per warp, copied to shared memory */
 
-/* Codes (offset by −2^(B−1)) of rows 0..31 from a chunk's packed words already in registers. */
-template <int B> __device__ __forceinline__ void decode_words(const uint32_t *w, int *codes)
-{
-#pragma unroll
-    for (int j = 0; j < 32; j++) {
-        const int bit = j * B, t = bit >> 5, sh = bit & 31;
-        uint32_t v = w[t] >> sh;
-        if (sh + B > 32) v |= w[t + 1] << (32 - sh);
-        codes[j] = (int)(v & ((1u << B) - 1u)) - (1 << (B - 1));
-    }
-}
-
-/* Codes of rows 0..31 of a chunk in column n (rows beyond the chunk decode from zero words). */
-template <int B> __device__ __forceinline__ void decode32(const uint32_t *qw, size_t Npad, int qrow, int rows, int n, int *codes)
-{
-    uint32_t w[B];
-    const int n_words = (rows * B + 31) / 32;
-#pragma unroll
-    for (int t = 0; t < B; t++) w[t] = t < n_words ? qw[(size_t)(qrow + t) * Npad + n] : 0u;
-    decode_words<B>(w, codes);
-}
-
-__device__ __forceinline__ void decode_any(int bits, const uint32_t *qw, size_t Npad, int qrow, int rows, int n, int *codes)
-{
-    switch (bits) {
-    case 2: decode32<2>(qw, Npad, qrow, rows, n, codes); break;
-    case 3: decode32<3>(qw, Npad, qrow, rows, n, codes); break;
-    case 4: decode32<4>(qw, Npad, qrow, rows, n, codes); break;
-    case 5: decode32<5>(qw, Npad, qrow, rows, n, codes); break;
-    case 6: decode32<6>(qw, Npad, qrow, rows, n, codes); break;
-    default: decode32<8>(qw, Npad, qrow, rows, n, codes); break;
-    }
-}
-
-/* ---- decode GEMV (M <= 8): warps split K inside a block ----
- * A block of DEC_WARPS warps owns 32·CPL adjacent columns (each lane CPL = 2 or 4 of them, read with one 8- or
- * 16-byte load per packed row, so a warp reads 256 or 512 contiguous bytes per row). Warp w takes chunks c0+w, c0+w+DEC_WARPS, ... of the
- * block's range; each lane gathers one activation of the chunk through the permutation and the warp shares them
- * with shuffles. The warps' sums meet in shared memory; the block writes y (plus bias) directly, or a partial sum
- * when K is split over several blocks to fill the chip. */
-#define DEC_WARPS 8
-
-/* CPL (columns per lane) consecutive packed words of one row: one 8- or 16-byte load. */
-template <int CPL> __device__ __forceinline__ void load_cols(const uint32_t *p, uint32_t *w)
-{
-    if (CPL == 4) {
-        const uint4 v = __ldg((const uint4 *)p);
-        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-    } else {
-        const uint2 v = __ldg((const uint2 *)p);
-        w[0] = v.x, w[1] = v.y;
-    }
-}
-
-template <int B, int MM, int CPL>
-__device__ __forceinline__ void dec_chunk(const tsr_linear_dev &L, const tsr_exl2_chunk &ch, int n0, const float *xv,
-                                          const float *S, const float *zoff, float (*acc)[CPL])
-{
-    uint32_t w[B][CPL];
-    const int n_words = (ch.rows * B + 31) / 32;
-#pragma unroll
-    for (int t = 0; t < B; t++) {
-        if (t < n_words) {
-            load_cols<CPL>(L.q_weight + (size_t)(ch.qrow + t) * L.Npad + n0, w[t]);
-        } else {
-#pragma unroll
-            for (int c = 0; c < CPL; c++) w[t][c] = 0u;
-        }
-    }
-    /* code → float without a conversion instruction: the bits 0x4B000000 | code are the float 2^23 + code, and
-     * subtracting 2^23 + 2^(B-1) − zoff leaves the exact signed value, which the fp16-rounded scale multiplies */
-    float bias[CPL];
-#pragma unroll
-    for (int c = 0; c < CPL; c++) bias[c] = 8388608.0f + (float)(1 << (B - 1)) - zoff[c];
-#pragma unroll
-    for (int j = 0; j < 32; j++) {
-        const int bit = j * B, t = bit >> 5, sh = bit & 31;
-        float wv[CPL];
-#pragma unroll
-        for (int c = 0; c < CPL; c++) {
-            uint32_t v = w[t][c] >> sh;
-            if (sh + B > 32) v |= w[t + 1][c] << (32 - sh);
-            wv[c] = (__uint_as_float(0x4B000000u | (v & ((1u << B) - 1u))) - bias[c]) * S[c];
-        }
-#pragma unroll
-        for (int m = 0; m < MM; m++) {
-            const float xj = __shfl_sync(0xffffffffu, xv[m], j); /* rows beyond the chunk carry x = 0 */
-#pragma unroll
-            for (int c = 0; c < CPL; c++) acc[m][c] = fmaf(wv[c], xj, acc[m][c]);
-        }
-    }
-}
-
-/* One matrix of a decode launch: its blocks are col_blocks × splits of the grid, after those of the parts before. */
-struct dec_part {
+/* One matrix of a launch: its blocks are col_blocks × splits of the grid, after those of the parts before. */
+struct fg_part {
     tsr_linear_dev L;
     float *y, *partial; /* partial: [splits][M][Npad] when K is split over blocks, else NULL */
-    int cpb, col_blocks, blocks;
+    int ub;             /* units per block */
+    int col_blocks, blocks;
 };
-
-/* Up to DEC_MAX_PARTS matrices sharing one input (q/k/v, gate/up) in one launch. */
-#define DEC_MAX_PARTS 3
-struct dec_group {
-    dec_part p[DEC_MAX_PARTS];
+struct fg_group {
+    fg_part p[FG_MAX_PARTS];
     int n;
 };
 
-template <int MM, int CPL>
-__global__ void __launch_bounds__(DEC_WARPS * 32) exl2_dec_kernel(const __grid_constant__ dec_group G, const float *x,
-                                                                  int M)
+/* The per-warp ring of weight steps in shared memory (cp.async). A step is NU units of one width (two of at most
+ * 4 bits, else one) for the warp's two column blocks, followed by one header entry per unit with its group's
+ * scale data. FG_RING - 1 steps are in flight while the warp decodes the oldest. The loop is compiled once per
+ * width and runs over a run of equal-width units (the converter orders groups by width, so a warp sees 2-3
+ * runs); the ring drains at the end of a run. */
+#define FG_RING 4
+#define FG_SLOT_WORDS 512 /* 2 units × 2 column blocks × 32 lanes × 4 words, or 1 × 2 × 32 × 8 */
+#define FG_HDR_WORDS 40   /* per unit: codes (2 × 4 words), then EXL2's 16-entry scale table (8 words) or GPTQ's
+                           * fp16 scales (2 × 16 words) */
+#define FG_STEP_WORDS (FG_SLOT_WORDS + 2 * FG_HDR_WORDS)
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
 {
-    int b = blockIdx.x, part = 0;
-    while (part + 1 < G.n && b >= G.p[part].blocks) b -= G.p[part++].blocks;
-    const tsr_linear_dev &L = G.p[part].L;
-    const int cpb = G.p[part].cpb, col_block = b % G.p[part].col_blocks, split = b / G.p[part].col_blocks;
-    float *partial = G.p[part].partial, *y = G.p[part].y;
-    __shared__ float red[DEC_WARPS][MM][32 * CPL];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int n_out = col_block * (32 * CPL) + lane * CPL;
-    const bool live = n_out < L.Npad;
-    /* lanes past the last column decode column 0 (every lane must take part in the shuffles) and write nothing */
-    const int n0 = live ? n_out : 0;
-    const int c0 = split * cpb, c1 = min(L.n_chunks, c0 + cpb);
-    float acc[MM][CPL];
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+/* tot += S · acc for the 4 tiles (2 column blocks × 2 column tiles) of a warp at the end of a group; ONE: only
+ * token 0 (C column 0) is live. */
+template <bool ONE>
+__device__ __forceinline__ void fg_flush(float (&acc)[4][4], float (&tot)[4][4], const frag_scales (&sc)[2])
+{
 #pragma unroll
-    for (int m = 0; m < MM; m++)
-#pragma unroll
-        for (int c = 0; c < CPL; c++) acc[m][c] = 0.0f;
-    int last_group = -1;
-    float S[CPL], zoff[CPL];
-#pragma unroll
-    for (int c = 0; c < CPL; c++) S[c] = zoff[c] = 0.0f;
-    for (int ci = c0 + warp; ci < c1; ci += DEC_WARPS) {
-        const tsr_exl2_chunk ch = L.chunks[ci];
-        const int g = ch.group & 0xffffff, bits = ch.group >> 24;
-        float xv[MM];
-        const int row = lane < ch.rows ? L.perm[ch.row0 + lane] : 0;
-#pragma unroll
-        for (int m = 0; m < MM; m++) xv[m] = lane < ch.rows && m < M ? x[(size_t)m * L.K + row] : 0.0f;
-        if (g != last_group) {
-#pragma unroll
-            for (int k = 0; k < CPL; k++) group_params(L, g, bits, n0 + k, &S[k], &zoff[k]);
-            last_group = g;
+    for (int t = 0; t < 4; t++) {
+        const float s0 = sc[t >> 1].s[2 * (t & 1)], s1 = sc[t >> 1].s[2 * (t & 1) + 1];
+        tot[t][0] = fmaf(s0, acc[t][0], tot[t][0]);
+        tot[t][2] = fmaf(s1, acc[t][2], tot[t][2]);
+        if (!ONE) {
+            tot[t][1] = fmaf(s0, acc[t][1], tot[t][1]);
+            tot[t][3] = fmaf(s1, acc[t][3], tot[t][3]);
         }
-        switch (bits) {
-        case 2: dec_chunk<2, MM, CPL>(L, ch, n0, xv, S, zoff, acc); break;
-        case 3: dec_chunk<3, MM, CPL>(L, ch, n0, xv, S, zoff, acc); break;
-        case 4: dec_chunk<4, MM, CPL>(L, ch, n0, xv, S, zoff, acc); break;
-        case 5: dec_chunk<5, MM, CPL>(L, ch, n0, xv, S, zoff, acc); break;
-        case 6: dec_chunk<6, MM, CPL>(L, ch, n0, xv, S, zoff, acc); break;
-        default: dec_chunk<8, MM, CPL>(L, ch, n0, xv, S, zoff, acc); break;
-        }
-    }
 #pragma unroll
-    for (int m = 0; m < MM; m++)
-#pragma unroll
-        for (int c = 0; c < CPL; c++) red[warp][m][lane * CPL + c] = acc[m][c];
-    __syncthreads();
-    /* warp w sums rows m = w, w + DEC_WARPS, ... over the warps */
-    for (int m = warp; m < MM && m < M; m += DEC_WARPS) {
-#pragma unroll
-        for (int c = 0; c < CPL; c++) {
-            float t = 0.0f;
-            for (int k = 0; k < DEC_WARPS; k++) t += red[k][m][lane * CPL + c];
-            if (!live) continue;
-            if (partial)
-                partial[((size_t)split * M + m) * L.Npad + n0 + c] = t;
-            else if (n0 + c < L.N)
-                y[(size_t)m * L.N + n0 + c] = t + (L.bias ? __half2float(L.bias[n0 + c]) : 0.0f);
-        }
+        for (int i = 0; i < 4; i++) acc[t][i] = 0.0f;
     }
 }
 
-template <int MM>
-__global__ void __launch_bounds__(GEMV_COLS) exl2_gemv_kernel(tsr_linear_dev L, const float *x, int M, int cpb,
-                                                              float *partial)
+/* Everything a warp's run loop needs besides the accumulators. Each lane copies at most one 16-byte piece of a
+ * unit's header: from hsrc + group · hstride to word hdst of the entry (when hon). */
+struct fg_warp {
+    const uint2 *meta;  /* the warp's unit records in shared memory (index: unit - wa) */
+    uint32_t *ring;
+    const uint4 *stage; /* the block's staged activations */
+    const uint32_t *fw;
+    const char *hsrc;
+    size_t hstride;
+    int hdst;
+    bool hon;
+    int wa, u0, M, lane, cb0;
+    bool live[2];
+};
+
+/* The header piece lane `lane` copies (see fg_warp and FG_HDR_WORDS). */
+__device__ __forceinline__ void fg_header_role(const tsr_linear_dev &L, fg_warp &W)
 {
-    __shared__ float xs[MM][GEMV_CHUNKS * 32];
-    const int n = blockIdx.x * GEMV_COLS + threadIdx.x;
-    const int c0 = blockIdx.y * cpb, c1 = min(L.n_chunks, c0 + cpb);
-    const int rowbase = L.chunks[c0].row0;
-    const int nrows = L.chunks[c1 - 1].row0 + L.chunks[c1 - 1].rows - rowbase;
-    for (int i = threadIdx.x; i < MM * nrows; i += GEMV_COLS) {
-        const int m = i / nrows, r = i % nrows;
-        xs[m][r] = m < M ? x[(size_t)m * L.K + L.perm[rowbase + r]] : 0.0f;
+    const int lane = W.lane;
+    W.hon = false;
+    W.hsrc = NULL;
+    W.hstride = 0;
+    W.hdst = 0;
+    if (lane < 2) { /* scale codes (EXL2) or zero codes (GPTQ) of column block cb0 + lane */
+        W.hon = lane == 0 ? W.live[0] : W.live[1];
+        W.hsrc = (const char *)((L.gptq ? L.g_zeros : L.q_scale) + 4 * (W.cb0 + lane));
+        W.hstride = (size_t)(L.Npad / 8) * 4;
+        W.hdst = 4 * lane;
+    } else if (!L.gptq && lane < 4) { /* the group's 16-entry scale table, two halves */
+        W.hon = true;
+        W.hsrc = (const char *)(L.s_table + 8 * (lane - 2));
+        W.hstride = 16 * sizeof(__half);
+        W.hdst = 8 + 4 * (lane - 2);
+    } else if (L.gptq && lane >= 8 && lane < 16) { /* 4 × 16 bytes of fp16 scales per column block */
+        const int c = (lane - 8) >> 2, q = (lane - 8) & 3;
+        W.hon = c == 0 ? W.live[0] : W.live[1];
+        W.hsrc = (const char *)(L.g_scales + 32 * (W.cb0 + c) + 8 * q);
+        W.hstride = (size_t)L.Npad * sizeof(__half);
+        W.hdst = 8 + 16 * c + 4 * q;
     }
-    __syncthreads();
-    if (n >= L.Npad) return;
-    float acc[MM];
+}
+
+/* Copies step `st` of the run [ra, rb) into ring slot `si`. */
+template <int B>
+__device__ __forceinline__ void fg_issue(const fg_warp &W, int ra, int rb, int st, int si)
+{
+    constexpr int NU = B <= 4 ? 2 : 1, piece = 32 * B /* words per (unit, column block) */;
+    uint32_t *slot = W.ring + si * FG_STEP_WORDS;
 #pragma unroll
-    for (int m = 0; m < MM; m++) acc[m] = 0.0f;
-    int last_group = -1;
-    float S = 0.0f, zoff = 0.0f;
-    int codes[32];
-    for (int c = c0; c < c1; c++) {
-        const tsr_exl2_chunk ch = L.chunks[c];
-        const int g = ch.group & 0xffffff, bits = ch.group >> 24;
-        if (g != last_group) {
-            group_params(L, g, bits, n, &S, &zoff);
-            last_group = g;
-        }
-        decode_any(bits, L.q_weight, L.Npad, ch.qrow, ch.rows, n, codes);
-        const int r0 = ch.row0 - rowbase;
+    for (int uu = 0; uu < NU; uu++) {
+        const int i = ra + st * NU + uu;
+        if (i >= rb) break;
+        const uint2 m = W.meta[i - W.wa];
 #pragma unroll
-        for (int j = 0; j < 32; j++) {
-            if (j < ch.rows) {
-                const float w = ((float)codes[j] + zoff) * S;
+        for (int c = 0; c < 2; c++) {
+            if (!W.live[c]) continue;
+            const uint32_t *src = W.fw + (m.x + (uint32_t)((W.cb0 + c) * piece));
+            uint32_t *dst = slot + (uu * 2 + c) * piece;
 #pragma unroll
-                for (int m = 0; m < MM; m++) acc[m] += w * xs[m][r0 + j];
+            for (int k = 0; k < (piece + 127) / 128; k++) {
+                const int o = k * 128 + W.lane * 4;
+                if (o < piece) cp_async16(dst + o, src + o);
             }
         }
+        if (W.hon)
+            cp_async16(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS + W.hdst, W.hsrc + (size_t)(m.y & 0xffffffu) * W.hstride);
     }
-#pragma unroll
-    for (int m = 0; m < MM; m++)
-        if (m < M) partial[((size_t)blockIdx.y * M + m) * L.Npad + n] = acc[m];
 }
 
-template <int MM>
-static void gemv_launch(const tsr_linear_dev *L, const float *x, int M, int cpb, float *partial, int splits)
+/* Scales and zero points of a group from its header entry (column mapping as in frag_group_params). */
+template <int B, bool GPTQ>
+__device__ __forceinline__ void fg_group_from_hdr(const uint32_t *hdr, int zero_add, int g, frag_scales (&sc)[2])
 {
-    dim3 grid(tsr_div_up(L->Npad, GEMV_COLS), splits);
-    exl2_gemv_kernel<MM><<<grid, GEMV_COLS, 0, tsr_cuda_stream()>>>(*L, x, M, cpb, partial);
+#pragma unroll
+    for (int c = 0; c < 2; c++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int code = (int)((hdr[4 * c + j] >> (4 * g)) & 0xfu);
+            if (GPTQ) {
+                const float zero = (float)(code + zero_add);
+                sc[c].s[j] = __half2float(((const __half *)(hdr + 8 + 16 * c))[8 * j + g]);
+                sc[c].zc[j][0] = __float2half2_rn(-(1024.0f + zero));
+                sc[c].zc[j][1] = __float2half2_rn(-(64.0f + zero));
+            } else {
+                sc[c].s[j] = __half2float(((const __half *)(hdr + 8))[code]);
+            }
+        }
+}
+
+/* One 16-row step KS of a unit: the four tiles' A operands (column block c, column tile ct: tile 2 c + ct,
+ * fragment 2 ct + KS), then their hi and lo mma's, interleaved across tiles so that no two adjacent mma's share
+ * an accumulator. bf: the staged B operands (hi, hi, lo, lo). */
+template <int B, bool GPTQ, int KS>
+__device__ __forceinline__ void fg_ks(const uint32_t (&w)[2][B], uint4 bf, const frag_scales (&sc)[2], float (&acc)[4][4])
+{
+    uint32_t a[4][4];
+    frag_a<B, GPTQ, KS>(w[0], sc[0], a[0]);
+    frag_a<B, GPTQ, 2 + KS>(w[0], sc[0], a[1]);
+    frag_a<B, GPTQ, KS>(w[1], sc[1], a[2]);
+    frag_a<B, GPTQ, 2 + KS>(w[1], sc[1], a[3]);
+#pragma unroll
+    for (int t = 0; t < 4; t++) mma_16816(acc[t], a[t], bf.x, bf.y);
+#pragma unroll
+    for (int t = 0; t < 4; t++) mma_16816(acc[t], a[t], bf.z, bf.w);
+}
+
+/* Decodes one unit of width B from its slot: the lane's words, the staged B operands, and per 16-row step the
+ * four tiles' A operands followed by their hi and lo mma's, interleaved across tiles so that no two adjacent
+ * mma's share an accumulator. */
+template <int B, bool GPTQ>
+__device__ __forceinline__ void fg_unit(const uint32_t *words, const uint4 *stage, int ul, int M, int lane,
+                                        const frag_scales (&sc)[2], float (&acc)[4][4])
+{
+    constexpr int na = frag_na(B), nb = frag_nb(B);
+    uint32_t w[2][B];
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        const uint32_t *p = words + c * 32 * B;
+        if constexpr (na == 4) {
+            const uint4 v = *(const uint4 *)(p + lane * 4);
+            w[c][0] = v.x, w[c][1] = v.y, w[c][2] = v.z, w[c][3] = v.w;
+        } else {
+            const uint2 v = *(const uint2 *)(p + lane * 2);
+            w[c][0] = v.x, w[c][1] = v.y;
+        }
+        if constexpr (nb == 4) {
+            const uint4 v = *(const uint4 *)(p + 32 * na + lane * 4);
+            w[c][4] = v.x, w[c][5] = v.y, w[c][6] = v.z, w[c][7] = v.w;
+        } else if constexpr (nb == 2) {
+            const uint2 v = *(const uint2 *)(p + 32 * na + lane * 2);
+            w[c][na] = v.x, w[c][na + 1] = v.y;
+        } else if constexpr (nb == 1) {
+            w[c][na] = p[32 * na + lane];
+        }
+    }
+    const int tok = lane >> 2;
+    fg_ks<B, GPTQ, 0>(w, tok < M ? stage[(ul * 2 * M + tok) * 4 + (lane & 3)] : make_uint4(0, 0, 0, 0), sc, acc);
+    fg_ks<B, GPTQ, 1>(w, tok < M ? stage[((ul * 2 + 1) * M + tok) * 4 + (lane & 3)] : make_uint4(0, 0, 0, 0), sc, acc);
+}
+
+/* The first FG_RING - 1 steps of the run [ra, rb) of width B (see fg_run). */
+/* The first FG_RING - 1 steps of the run [ra, rb) of width B, into slots 0, 1, ... (see fg_run). */
+template <int B> __device__ __forceinline__ void fg_prologue(const fg_warp &W, int ra, int rb)
+{
+    constexpr int NU = B <= 4 ? 2 : 1;
+    const int steps = (rb - ra + NU - 1) / NU;
+#pragma unroll
+    for (int s = 0; s < FG_RING - 1; s++) {
+        if (s < steps) fg_issue<B>(W, ra, rb, s, s);
+        cp_async_commit();
+    }
+}
+
+__device__ __forceinline__ void fg_prologue_any(int bits, const fg_warp &W, int ra, int rb)
+{
+    switch (bits) {
+    case 2: fg_prologue<2>(W, ra, rb); break;
+    case 3: fg_prologue<3>(W, ra, rb); break;
+    case 4: fg_prologue<4>(W, ra, rb); break;
+    case 5: fg_prologue<5>(W, ra, rb); break;
+    case 6: fg_prologue<6>(W, ra, rb); break;
+    default: fg_prologue<8>(W, ra, rb); break;
+    }
+}
+
+/* The warp's units [ra, rb) (all of width B) through the ring, FG_RING - 1 steps in flight; the ring starts at
+ * slot 0 and drains at the end (a warp sees 2-3 runs). `issued`: the prologue is already in flight. */
+template <int B, bool GPTQ, bool ONE>
+__device__ __forceinline__ void fg_run(const tsr_linear_dev &L, const fg_warp &W, int ra, int rb, bool issued, int &cur,
+                                    frag_scales (&sc)[2], float (&acc)[4][4], float (&tot)[4][4])
+{
+    constexpr int NU = B <= 4 ? 2 : 1;
+    const int steps = (rb - ra + NU - 1) / NU, g = W.lane >> 2;
+    if (!issued) fg_prologue<B>(W, ra, rb);
+    for (int st = 0; st < steps; st++) {
+        cp_async_wait<FG_RING - 2>();
+        __syncwarp();
+        if (st + FG_RING - 1 < steps) fg_issue<B>(W, ra, rb, st + FG_RING - 1, (st + FG_RING - 1) % FG_RING);
+        cp_async_commit();
+        const uint32_t *slot = W.ring + (st % FG_RING) * FG_STEP_WORDS;
+#pragma unroll
+        for (int uu = 0; uu < NU; uu++) {
+            const int i = ra + st * NU + uu;
+            if (i >= rb) break;
+            const int grp = (int)(W.meta[i - W.wa].y & 0xffffffu);
+            if (grp != cur) {
+                if (cur >= 0) fg_flush<ONE>(acc, tot, sc);
+                fg_group_from_hdr<B, GPTQ>(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS, L.zero_add, g, sc);
+                cur = grp;
+            }
+            fg_unit<B, GPTQ>(slot + uu * 2 * 32 * B, W.stage, i - W.u0, W.M, W.lane, sc, acc);
+        }
+    }
+    cp_async_wait<0>();
+    __syncwarp();
+}
+
+/* Activations of units [u0, u0 + nu) as staged B operands: entry ((unit · 2 + ks) · M + token) · 4 + quad holds
+ * the hi halves of rows c, c+1 and c+8, c+9 (c = 2 quad) of the 16-row step, then the lo halves. */
+__device__ __forceinline__ void fg_stage(const tsr_linear_dev &L, const float *x, int M, int u0, int nu, uint4 *stage)
+{
+    const int entries = nu * 2 * M * 4;
+    for (int i = threadIdx.x; i < entries; i += blockDim.x) {
+        const int q = i & 3, tok = (i >> 2) % M, uk = (i >> 2) / M;
+        const int k = u0 * 32 + uk * 16 + 2 * q;
+        const int off[4] = {0, 1, 8, 9};
+        __half hi[4], lo[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int src = L.uperm[k + off[j]];
+            const float v = src >= 0 ? x[(size_t)tok * L.K + src] : 0.0f;
+            hi[j] = __float2half_rn(v);
+            lo[j] = __float2half_rn(v - __half2float(hi[j]));
+        }
+        stage[i] = make_uint4(h2_bits(__halves2half2(hi[0], hi[1])), h2_bits(__halves2half2(hi[2], hi[3])),
+                              h2_bits(__halves2half2(lo[0], lo[1])), h2_bits(__halves2half2(lo[2], lo[3])));
+    }
+}
+
+template <bool ONE, bool GPTQ>
+__global__ void __launch_bounds__(FG_WARPS * 32, 2) frag_gemv_kernel(const __grid_constant__ fg_group G, const float *x,
+                                                                      int M, int stage_words)
+{
+    extern __shared__ uint4 fg_smem[];
+    int b = blockIdx.x, part = 0;
+    while (part + 1 < G.n && b >= G.p[part].blocks) b -= G.p[part++].blocks;
+    const fg_part &P = G.p[part];
+    const tsr_linear_dev &L = P.L;
+    const int colb = b % P.col_blocks, split = b / P.col_blocks;
+    const int u0 = split * P.ub, u1 = min(L.n_units, u0 + P.ub), nu = u1 - u0;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wc = warp & 1, wk = warp >> 1;
+    const int ncb = L.Npad / 32;
+    const int per = (nu + FG_WK - 1) / FG_WK, wa = u0 + wk * per, n = max(0, min(u1, wa + per) - wa);
+    uint32_t *wsm = (uint32_t *)fg_smem + stage_words + warp * (FG_RING * FG_STEP_WORDS + 2 * FG_WARP_UNITS);
+    fg_warp W;
+    W.meta = (const uint2 *)wsm;
+    W.ring = wsm + 2 * FG_WARP_UNITS;
+    W.stage = fg_smem;
+    W.wa = wa, W.u0 = u0, W.M = M, W.lane = lane, W.cb0 = (colb * 4 + wc * 2);
+    W.live[0] = W.cb0 < ncb, W.live[1] = W.cb0 + 1 < ncb;
+    W.fw = L.fw;
+    fg_header_role(L, W);
+    for (int i = lane; i < n; i += 32) ((uint2 *)wsm)[i] = L.units[wa + i];
+    __syncwarp();
+    /* the weights are constant: the first run's first steps go out before waiting for the kernel that writes x
+     * (programmatic dependent launch) and while the block stages x */
+    int rb0 = n > 0 ? 1 : 0;
+    const int bits0 = n > 0 ? (GPTQ ? 4 : (int)(W.meta[0].y >> 24)) : 0;
+    while (rb0 < n && (int)(W.meta[rb0].y >> 24) == (int)(W.meta[0].y >> 24)) rb0++;
+    if (n > 0) fg_prologue_any(bits0, W, wa, wa + rb0);
+    tsr_pdl_wait();
+    fg_stage(L, x, M, u0, nu, fg_smem);
+    __syncthreads();
+
+    float acc[4][4], tot[4][4];
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[t][i] = tot[t][i] = 0.0f;
+    frag_scales sc[2] = {};
+    int cur = -1;
+    for (int ra = 0; ra < n;) {
+        const int bits = (int)(W.meta[ra].y >> 24);
+        int rb = ra + 1;
+        while (rb < n && (int)(W.meta[rb].y >> 24) == bits) rb++;
+        const bool issued = ra == 0;
+        if (GPTQ) {
+            fg_run<4, true, ONE>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot);
+        } else {
+            switch (bits) {
+            case 2: fg_run<2, false, ONE>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot); break;
+            case 3: fg_run<3, false, ONE>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot); break;
+            case 4: fg_run<4, false, ONE>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot); break;
+            case 5: fg_run<5, false, ONE>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot); break;
+            case 6: fg_run<6, false, ONE>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot); break;
+            default: fg_run<8, false, ONE>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot); break;
+            }
+        }
+        ra = rb;
+    }
+    tsr_pdl_trigger();
+    if (cur >= 0) fg_flush<ONE>(acc, tot, sc);
+
+    /* the FG_WK slices of each column group meet in shared memory (the staging area is free again) */
+    __syncthreads();
+    float *red = (float *)fg_smem;
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) red[(warp * 16 + t * 4 + i) * 32 + lane] = tot[t][i];
+    __syncthreads();
+    if (wk != 0) return;
+    const int g = lane >> 2;
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const int cb = W.cb0 + (t >> 1);
+        if (cb >= ncb) continue;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int m = 2 * (lane & 3) + (i & 1), nn = 32 * cb + 16 * (t & 1) + g + 8 * (i >> 1);
+            if (m >= M) continue;
+            float v = 0.0f;
+            for (int k = 0; k < FG_WK; k++) v += red[((k * 2 + wc) * 16 + t * 4 + i) * 32 + lane];
+            if (P.partial)
+                P.partial[((size_t)split * M + m) * L.Npad + nn] = v;
+            else if (nn < L.N)
+                P.y[(size_t)m * L.N + nn] = v + (L.bias ? __half2float(L.bias[nn]) : 0.0f);
+        }
+    }
 }
 
 /* Sums the K-split partials of each part (those with splits > 1) plus bias into y, all parts in one launch. */
@@ -274,12 +402,14 @@ struct red_part {
     unsigned blocks;
 };
 struct red_group {
-    red_part p[DEC_MAX_PARTS];
+    red_part p[FG_MAX_PARTS];
     int n;
 };
 
 __global__ void exl2_reduce_group_kernel(const __grid_constant__ red_group G, int M)
 {
+    tsr_pdl_wait();
+    tsr_pdl_trigger();
     unsigned b = blockIdx.x;
     int part = 0;
     while (part + 1 < G.n && b >= G.p[part].blocks) b -= G.p[part++].blocks;
@@ -292,40 +422,58 @@ __global__ void exl2_reduce_group_kernel(const __grid_constant__ red_group G, in
     P.y[i] = s;
 }
 
-/* The K-split partials of one matrix plus its bias into y. */
-static void reduce_launch(const float *partial, int splits, const tsr_linear_dev *L, int M, float *y)
+/* Units per block and K splits of one matrix: split K only as far as needed to give the chip about `target`
+ * blocks, keeping at least two units per warp and the staged activations within FG_STAGE_MAX. */
+static void fg_plan(const tsr_linear_dev *L, int M, int target, int *ub, int *splits)
 {
-    red_group R = {};
-    const unsigned blocks = tsr_div_up((size_t)M * L->N, 256);
-    R.p[0] = red_part{partial, L->bias, y, splits, L->N, L->Npad, blocks};
-    R.n = 1;
-    exl2_reduce_group_kernel<<<blocks, 256, 0, tsr_cuda_stream()>>>(R, M);
-    TSR_CUDA_LAUNCHED();
+    const int col_blocks = (int)tsr_div_up(L->Npad, FG_COLS);
+    const int ub_max = min(FG_STAGE_MAX / (128 * M), FG_WARP_UNITS * FG_WK);
+    int sp = 1;
+    while (col_blocks * sp < target && L->n_units / (sp * 2) >= 2 * FG_WK) sp *= 2;
+    int u = (L->n_units + sp - 1) / sp;
+    if (u > ub_max) u = ub_max;
+    *ub = u;
+    *splits = (L->n_units + u - 1) / u;
 }
 
-/* The decode GEMV of n matrices with the same input in one launch (plus one reduction launch when any of them
- * splits K over blocks). Each part's partial sums take their own stretch of scratch slot 3. */
-template <int MM, int CPL>
-static void dec_launch(const tsr_linear_dev *const *Ls, int n, const float *x, int M, float *const *ys)
+/* The block target: TSR_CUDA_GEMV_BLOCKS, else one wave (two blocks per SM: registers and shared memory allow two). */
+static int fg_target(void)
 {
-    dec_group G = {};
+    static int t = -1;
+    if (t < 0) {
+        const char *e = getenv("TSR_CUDA_GEMV_BLOCKS");
+        int dev = 0, sms = 132;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+            cudaGetLastError();
+            sms = 132;
+        }
+        t = e && atoi(e) > 0 ? atoi(e) : 2 * sms;
+    }
+    return t;
+}
+
+/* The decode GEMV of n matrices with the same input and K in one launch (plus one reduction launch when any of
+ * them splits K over blocks). Each part's partial sums take their own stretch of scratch slot 3. */
+static void fg_launch(const tsr_linear_dev *const *Ls, int n, const float *x, int M, float *const *ys)
+{
+    fg_group G = {};
     red_group R = {};
-    int splits[DEC_MAX_PARTS];
-    size_t scratch = 0, offset[DEC_MAX_PARTS];
+    int splits[FG_MAX_PARTS];
+    size_t scratch = 0, offset[FG_MAX_PARTS];
     unsigned blocks = 0;
+    int ub_max = 0;
     G.n = n;
     for (int i = 0; i < n; i++) {
         const tsr_linear_dev *L = Ls[i];
-        /* split K over blocks only as far as needed to give every SM about two blocks */
-        const int col_blocks = (int)tsr_div_up(L->Npad, 32 * CPL);
-        int sp = 1;
-        while (col_blocks * sp < 264 && L->n_chunks / (sp * 2) >= DEC_WARPS) sp *= 2;
-        const int cpb = (L->n_chunks + sp - 1) / sp;
-        splits[i] = sp = (L->n_chunks + cpb - 1) / cpb;
+        const int col_blocks = (int)tsr_div_up(L->Npad, FG_COLS);
+        int ub, sp;
+        fg_plan(L, M, fg_target() / n, &ub, &sp);
+        splits[i] = sp;
         offset[i] = scratch;
         if (sp > 1) scratch += (size_t)sp * M * L->Npad;
-        G.p[i] = dec_part{*L, ys[i], NULL, cpb, col_blocks, col_blocks * sp};
+        G.p[i] = fg_part{*L, ys[i], NULL, ub, col_blocks, col_blocks * sp};
         blocks += (unsigned)(col_blocks * sp);
+        if (ub > ub_max) ub_max = ub;
     }
     float *partial = scratch ? (float *)tsr_cuda_scratch(3, scratch * sizeof(float)) : NULL;
     unsigned red_blocks = 0;
@@ -336,185 +484,109 @@ static void dec_launch(const tsr_linear_dev *const *Ls, int n, const float *x, i
         R.p[R.n++] = red_part{G.p[i].partial, Ls[i]->bias, ys[i], splits[i], Ls[i]->N, Ls[i]->Npad, rb};
         red_blocks += rb;
     }
-    exl2_dec_kernel<MM, CPL><<<blocks, DEC_WARPS * 32, 0, tsr_cuda_stream()>>>(G, x, M);
-    TSR_CUDA_LAUNCHED();
-    if (R.n) {
-        exl2_reduce_group_kernel<<<red_blocks, 256, 0, tsr_cuda_stream()>>>(R, M);
-        TSR_CUDA_LAUNCHED();
-    }
-}
-
-/* The CUDA-core decode GEMV (M <= 8) for n matrices sharing x, or 0 when it does not apply (the caller then runs
- * the matrices one by one through tsr_cuda_linear). */
-static int dec_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M, float *const *ys)
-{
-    for (int i = 0; i < n; i++)
-        if (M > 8 || Ls[i]->Npad % 4 || Ls[i]->K != Ls[0]->K) return 0;
-    switch (M) {
-    /* two columns per lane for one or two rows (fewer registers, more warps per SM), four above */
-    case 1: dec_launch<1, 2>(Ls, n, x, M, ys); break;
-    case 2: dec_launch<2, 2>(Ls, n, x, M, ys); break;
-    case 3:
-    case 4: dec_launch<4, 4>(Ls, n, x, M, ys); break;
-    default: dec_launch<8, 4>(Ls, n, x, M, ys); break;
-    }
-    return 1;
-}
-
-int tsr_cuda_exl2_tc_gemv(const tsr_linear_dev *L, const float *x, int M, float *y); /* gemv_tc.cu */
-
-/* Which decode GEMV runs for the M that reach it (measured on the H200, kernels/cuda/NOTES.md): the CUDA-core
- * kernel v6 for M <= 8 (faster there: 10.4 vs 11.6 ms per 8B step at batch 1) and the tensor-core kernel
- * (gemv_tc.cu) for 8 < M <= 32, which by default go to the dequantize-and-cuBLAS path instead (dq_path).
- * TSR_CUDA_GEMV=tc runs the tensor-core kernel for every M <= 32 that reaches here, TSR_CUDA_GEMV=v6 the
- * CUDA-core kernels (for comparisons). */
-static int gemv_mode(void)
-{
-    static int mode = -1; /* 0 auto, 1 tc, 2 v6 */
-    if (mode < 0) {
-        const char *v = getenv("TSR_CUDA_GEMV");
-        mode = v && !strcmp(v, "tc") ? 1 : v && !strcmp(v, "v6") ? 2 : 0;
-    }
-    return mode;
-}
-
-static void exl2_gemv(const tsr_linear_dev *L, const float *x, int M, float *y)
-{
-    const int mode = gemv_mode();
-    if ((mode == 1 || (mode == 0 && M > 8)) && tsr_cuda_exl2_tc_gemv(L, x, M, y)) {
-        TSR_CUDA_LAUNCHED();
-        return;
-    }
-    if (dec_gemv(&L, 1, x, M, &y)) return;
-    /* chunks per block: as many as fit (GEMV_CHUNKS) while the grid still gives every SM a few blocks */
-    const int vec4 = 0;
-    const long col_blocks = (L->Npad + GEMV_COLS * (vec4 ? 4 : 1) - 1) / (GEMV_COLS * (vec4 ? 4 : 1));
-    int cpb = GEMV_CHUNKS;
-    while (cpb > 1 && col_blocks * ((L->n_chunks + cpb - 1) / cpb) < 528) cpb /= 2;
-    const int splits = (L->n_chunks + cpb - 1) / cpb;
-    float *partial = (float *)tsr_cuda_scratch(3, (size_t)splits * M * L->Npad * sizeof(float));
-    if (M <= 8) {
-        gemv_launch<8>(L, x, M, cpb, partial, splits);
-    } else if (M <= 16) {
-        gemv_launch<16>(L, x, M, cpb, partial, splits);
-    } else {
-        gemv_launch<32>(L, x, M, cpb, partial, splits);
-    }
-    TSR_CUDA_LAUNCHED();
-    reduce_launch(partial, splits, L, M, y);
-}
-
-/* ---- EXL2 tensor-core GEMM ---- */
-
-#define BM 64
-#define BN 64
-#define BK 32
-
-using namespace nvcuda;
-
-/* xp[m][i] = h(x[m][perm[i]]): the activations in stored row order, as fp16, so GEMM tiles load contiguously. */
-__global__ void permute_half_kernel(const float *x, const int32_t *perm, int M, int K, __half *xp)
-{
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)M * K) return;
-    size_t m = i / K;
-    xp[i] = __float2half_rn(x[m * K + perm[i % K]]);
-}
-
-__global__ void __launch_bounds__(128) exl2_gemm_kernel(tsr_linear_dev L, const __half *xp, int M, float *y)
-{
-    __shared__ __align__(32) __half As[BM][BK + 16];
-    __shared__ __align__(32) __half Bs[BK][BN + 16];
-    __shared__ __align__(32) float Cs[BM][BN + 8];
-    const int tid = threadIdx.x, warp = tid >> 5;
-    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
-    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-
-    const int bcol = tid & (BN - 1), bhalf = tid >> 6; /* B tile: column, and which 16 rows */
-    const int n = n0 + bcol;
-    int last_group = -1;
-    float S = 0.0f, zoff = 0.0f;
-    int codes[32];
-    for (int c = 0; c < L.n_chunks; c++) {
-        const tsr_exl2_chunk ch = L.chunks[c];
-        /* A: activations gathered through the permutation, as fp16 */
-        for (int i = tid; i < BM * BK; i += 128) {
-            const int m = i / BK, j = i % BK;
-            As[m][j] = m0 + m < M && j < ch.rows ? xp[(size_t)(m0 + m) * L.K + ch.row0 + j] : __float2half_rn(0.0f);
+    /* shared memory: the staged activations, then per warp its unit records and its ring; the final reduction
+     * reuses the start */
+    const int stage_words = ub_max * 32 * M;
+    const size_t warp_words = (size_t)FG_RING * FG_STEP_WORDS + 2 * FG_WARP_UNITS;
+    size_t smem = ((size_t)stage_words + FG_WARPS * warp_words) * 4;
+    if (smem < (size_t)FG_WARPS * 16 * 32 * sizeof(float)) smem = (size_t)FG_WARPS * 16 * 32 * sizeof(float);
+    const bool gptq = Ls[0]->gptq != 0;
+    void (*kern)(const fg_group, const float *, int, int) =
+        M == 1 ? (gptq ? frag_gemv_kernel<true, true> : frag_gemv_kernel<true, false>)
+               : (gptq ? frag_gemv_kernel<false, true> : frag_gemv_kernel<false, false>);
+    static void (*opted[4])(const fg_group, const float *, int, int);
+    for (int i = 0; i < 4; i++) {
+        if (opted[i] == kern) break;
+        if (!opted[i]) {
+            TSR_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)(FG_STAGE_MAX + FG_WARPS * warp_words * 4)));
+            opted[i] = kern;
+            break;
         }
-        /* B: the chunk's weights for this tile's columns, dequantized to fp16 */
-        const int g = ch.group & 0xffffff, bits = ch.group >> 24;
-        if (n < L.Npad) {
-            if (g != last_group) {
-                group_params(L, g, bits, n, &S, &zoff);
-                last_group = g;
-            }
-            decode_any(bits, L.q_weight, L.Npad, ch.qrow, ch.rows, n, codes);
-        }
-#pragma unroll
-        for (int j = 0; j < 32; j++)
-            if ((j >> 4) == bhalf) Bs[j][bcol] = __float2half_rn(n < L.Npad && j < ch.rows ? ((float)codes[j] + zoff) * S : 0.0f);
-        __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(a[i], &As[wm + 16 * i][kk], BK + 16);
-#pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(b[j], &Bs[kk][wn + 16 * j], BN + 16);
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
-        }
-        __syncthreads();
     }
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(&Cs[wm + 16 * i][wn + 16 * j], acc[i][j], BN + 8, wmma::mem_row_major);
-    __syncthreads();
-    for (int i = tid; i < BM * BN; i += 128) {
-        const int m = i / BN, nn = i % BN;
-        if (m0 + m < M && n0 + nn < L.N)
-            y[(size_t)(m0 + m) * L.N + n0 + nn] = Cs[m][nn] + (L.bias ? __half2float(L.bias[n0 + nn]) : 0.0f);
-    }
+    tsr_launch_smem(kern, dim3(blocks), dim3(FG_WARPS * 32), smem, G, x, M, stage_words);
+    if (R.n) tsr_launch(exl2_reduce_group_kernel, dim3(red_blocks), dim3(256), R, M);
 }
 
 /* ---- EXL2 through cuBLAS: dequantize column slabs to fp16, then one dense GEMM per slab ---- */
 
-/* dq[r][j] = W[r][n0 + j] for the slab's w columns, rows in stored order (the same fp16 values the tile GEMM
- * builds in shared memory); one thread per (column, 32-row chunk). */
-__global__ void exl2_dequant_kernel(tsr_linear_dev L, int n0, int w, __half *dq)
+/* xp[m][k] = h(x[m][uperm[k]]): the activations in unit row order as fp16 (0 on padding rows). */
+__global__ void permute_half_kernel(const float *x, const int32_t *uperm, int M, int K, int Kp, __half *xp)
 {
-    const int j = blockIdx.x * blockDim.x + threadIdx.x, n = n0 + j;
-    if (j >= w || n >= L.Npad) return;
-    const tsr_exl2_chunk ch = L.chunks[blockIdx.y];
-    const int g = ch.group & 0xffffff, bits = ch.group >> 24;
-    float S, zoff;
-    int codes[32];
-    group_params(L, g, bits, n, &S, &zoff);
-    decode_any(bits, L.q_weight, L.Npad, ch.qrow, ch.rows, n, codes);
-#pragma unroll
-    for (int r = 0; r < 32; r++)
-        if (r < ch.rows) dq[(size_t)(ch.row0 + r) * w + j] = __float2half_rn(((float)codes[r] + zoff) * S);
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)M * Kp) return;
+    const size_t m = i / Kp;
+    const int src = uperm[i % Kp];
+    xp[i] = __float2half_rn(src >= 0 ? x[m * K + src] : 0.0f);
 }
 
-/* The smallest M that takes this path (TSR_CUDA_DQ_MIN_M; 0 turns it off), read once. */
+/* dq[k][j] = W[k][32 cb0 + j] in unit row order for the slab's columns; one warp per (unit, column block): the
+ * lane's fragment values go through a shared tile so the rows are written whole. */
+template <int B, bool GPTQ, int F>
+__device__ __forceinline__ void frag_dequant_f(const uint32_t (&w)[B], const frag_scales &sc, int lane, __half (*tile)[34])
+{
+    const int g = lane >> 2, c = 2 * (lane & 3), ct = F >> 1, ks = F & 1;
+    uint32_t a[4];
+    frag_a<B, GPTQ, F>(w, sc, a);
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const float2 v = __half22float2(bits_h2(a[r]));
+        const int h = r & 1, n = 16 * ct + g + 8 * h, k = 16 * ks + c + 8 * (r >> 1);
+        const float s = sc.s[2 * ct + h];
+        tile[k][n] = __float2half_rn(v.x * s);
+        tile[k + 1][n] = __float2half_rn(v.y * s);
+    }
+}
+
+template <int B, bool GPTQ>
+__device__ __forceinline__ void frag_dequant_tile(const uint32_t *fw, size_t base, const frag_scales &sc, int lane,
+                                                  __half (*tile)[34])
+{
+    uint32_t w[B];
+    frag_load<B>(fw, base, lane, w);
+    frag_dequant_f<B, GPTQ, 0>(w, sc, lane, tile);
+    frag_dequant_f<B, GPTQ, 1>(w, sc, lane, tile);
+    frag_dequant_f<B, GPTQ, 2>(w, sc, lane, tile);
+    frag_dequant_f<B, GPTQ, 3>(w, sc, lane, tile);
+}
+
+__global__ void __launch_bounds__(128) frag_dequant_kernel(tsr_linear_dev L, int cb0, int wcb, __half *dq)
+{
+    __shared__ __half tile[4][32][34];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, j = blockIdx.x * 4 + warp, cb = cb0 + j;
+    if (j >= wcb || cb >= L.Npad / 32) return;
+    const int u = blockIdx.y;
+    const uint2 meta = L.units[u];
+    const int grp = (int)(meta.y & 0xffffffu), bits = (int)(meta.y >> 24);
+    frag_scales sc;
+    frag_group_params(L, grp, cb, lane >> 2, &sc);
+    const size_t base = meta.x + (size_t)cb * 32 * bits;
+    if (L.gptq) {
+        frag_dequant_tile<4, true>(L.fw, base, sc, lane, tile[warp]);
+    } else {
+        switch (bits) {
+        case 2: frag_dequant_tile<2, false>(L.fw, base, sc, lane, tile[warp]); break;
+        case 3: frag_dequant_tile<3, false>(L.fw, base, sc, lane, tile[warp]); break;
+        case 4: frag_dequant_tile<4, false>(L.fw, base, sc, lane, tile[warp]); break;
+        case 5: frag_dequant_tile<5, false>(L.fw, base, sc, lane, tile[warp]); break;
+        case 6: frag_dequant_tile<6, false>(L.fw, base, sc, lane, tile[warp]); break;
+        default: frag_dequant_tile<8, false>(L.fw, base, sc, lane, tile[warp]); break;
+        }
+    }
+    __syncwarp();
+    const size_t ldw = (size_t)wcb * 32;
+#pragma unroll 4
+    for (int k = 0; k < 32; k++) dq[((size_t)u * 32 + k) * ldw + (size_t)j * 32 + lane] = tile[warp][k][lane];
+}
+
+/* The smallest M that takes this path (TSR_CUDA_DQ_MIN_M, 1 to 9: the GEMV serves at most 8 rows), read once. */
 static int dq_min_m(void)
 {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("TSR_CUDA_DQ_MIN_M");
         v = e ? atoi(e) : 9;
-        if (v < 0) v = 0;
+        if (v < 1 || v > 9) v = 9;
     }
     return v;
 }
@@ -537,34 +609,32 @@ static size_t g_dq_bytes; /* the slab buffer, sized at model preparation: scratc
 
 void tsr_cuda_dq_reserve(size_t bytes)
 {
-    if (dq_min_m() == 0 || bytes <= g_dq_bytes) return;
+    if (bytes <= g_dq_bytes) return;
     tsr_cuda_scratch(3, bytes);
     g_dq_bytes = bytes;
 }
 
-/* Whether M rows of L go through the dequantize-and-cuBLAS path: M large enough and a buffer that holds at least
- * a 128-column slab of L. */
-static int dq_path(const tsr_linear_dev *L, int M)
-{
-    return dq_min_m() && M >= dq_min_m() && g_dq_bytes >= (size_t)L->K * 128 * sizeof(__half);
-}
+/* Whether M rows of L go through the dequantize-and-cuBLAS path rather than the GEMV. */
+static int dq_path(int M) { return M >= dq_min_m(); }
 
-/* y = xp · W through cuBLAS, xp being the activations already in stored row order (fp16). */
+/* y = xp · W through cuBLAS, xp being the activations in unit row order (fp16, Kp = 32 units rows). */
 static void exl2_dq_gemm(const tsr_linear_dev *L, const __half *xp, int M, float *y)
 {
     const float alpha = 1.0f, beta = 0.0f;
-    size_t slab = g_dq_bytes / ((size_t)L->K * sizeof(__half));
+    const int Kp = 32 * L->n_units;
+    size_t slab = g_dq_bytes / ((size_t)Kp * sizeof(__half));
     slab -= slab % 128;
     if (dq_slab_cols() && slab > dq_slab_cols()) slab = dq_slab_cols();
     if (slab > (size_t)L->Npad) slab = L->Npad;
+    if (slab < 32) tsr_cuda_fatal(__FILE__, __LINE__, "dequantize buffer not reserved for this matrix");
     __half *dq = (__half *)tsr_cuda_scratch(3, g_dq_bytes);
     for (int n0 = 0; n0 < L->N; n0 += (int)slab) {
         const int w = (int)slab, cols = L->N - n0 < w ? L->N - n0 : w;
-        dim3 grid(tsr_div_up(w, 128), L->n_chunks);
-        exl2_dequant_kernel<<<grid, 128, 0, tsr_cuda_stream()>>>(*L, n0, w, dq);
+        dim3 grid(tsr_div_up(w / 32, 4), L->n_units);
+        frag_dequant_kernel<<<grid, 128, 0, tsr_cuda_stream()>>>(*L, n0 / 32, w / 32, dq);
         TSR_CUDA_LAUNCHED();
-        cublasStatus_t st = cublasGemmEx(tsr_cuda_blas(), CUBLAS_OP_N, CUBLAS_OP_N, cols, M, L->K, &alpha, dq, CUDA_R_16F,
-                                         w, xp, CUDA_R_16F, L->K, &beta, y + n0, CUDA_R_32F, L->N, CUBLAS_COMPUTE_32F,
+        cublasStatus_t st = cublasGemmEx(tsr_cuda_blas(), CUBLAS_OP_N, CUBLAS_OP_N, cols, M, Kp, &alpha, dq, CUDA_R_16F,
+                                         w, xp, CUDA_R_16F, Kp, &beta, y + n0, CUDA_R_32F, L->N, CUBLAS_COMPUTE_32F,
                                          CUBLAS_GEMM_DEFAULT);
         if (st != CUBLAS_STATUS_SUCCESS) tsr_cuda_fatal(__FILE__, __LINE__, "cublasGemmEx failed");
     }
@@ -663,25 +733,18 @@ void tsr_cuda_linear(const tsr_linear *Lh, const float *x, int M, float *y)
     if (M <= 0) return;
     if (!L) tsr_cuda_fatal(__FILE__, __LINE__, "linear layer used before prepare_model");
     if (L->kind == TSR_LINEAR_EXL2) {
-        const int dq = dq_path(L, M);
-        if (M <= GEMV_MAX_M && !dq) {
-            exl2_gemv(L, x, M, y);
-        } else {
-            __half *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * L->K * sizeof(__half));
-            permute_half_kernel<<<tsr_div_up((size_t)M * L->K, 256), 256, 0, tsr_cuda_stream()>>>(x, L->perm, M, L->K, xp);
+        if (!dq_path(M)) {
+            fg_launch(&L, 1, x, M, &y);
+            return;
+        }
+        const int Kp = 32 * L->n_units;
+        __half *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * Kp * sizeof(__half));
+        permute_half_kernel<<<tsr_div_up((size_t)M * Kp, 256), 256, 0, tsr_cuda_stream()>>>(x, L->uperm, M, L->K, Kp, xp);
+        TSR_CUDA_LAUNCHED();
+        exl2_dq_gemm(L, xp, M, y);
+        if (L->bias) {
+            add_bias_kernel<<<tsr_div_up((size_t)M * L->N, 256), 256, 0, tsr_cuda_stream()>>>(y, M, L->N, L->bias, TSR_F16);
             TSR_CUDA_LAUNCHED();
-            if (dq) {
-                exl2_dq_gemm(L, xp, M, y);
-                if (L->bias) {
-                    add_bias_kernel<<<tsr_div_up((size_t)M * L->N, 256), 256, 0, tsr_cuda_stream()>>>(y, M, L->N, L->bias,
-                                                                                                      TSR_F16);
-                    TSR_CUDA_LAUNCHED();
-                }
-            } else {
-                dim3 grid(tsr_div_up(L->N, BN), tsr_div_up(M, BM));
-                exl2_gemm_kernel<<<grid, 128, 0, tsr_cuda_stream()>>>(*L, xp, M, y);
-                TSR_CUDA_LAUNCHED();
-            }
         }
         return;
     }
@@ -706,12 +769,15 @@ void tsr_cuda_linear_many(const tsr_linear *const *Lh, int n, const float *x, in
 {
     static int enabled = -1; /* TSR_CUDA_GROUP=0 runs the matrices one by one (for comparisons) */
     if (enabled < 0) enabled = !getenv("TSR_CUDA_GROUP") || atoi(getenv("TSR_CUDA_GROUP")) != 0;
-    const tsr_linear_dev *L[DEC_MAX_PARTS];
-    int grouped = enabled && n >= 1 && n <= DEC_MAX_PARTS && M <= 8 && gemv_mode() != 1;
+    const tsr_linear_dev *L[FG_MAX_PARTS];
+    int grouped = enabled && n >= 1 && n <= FG_MAX_PARTS && !dq_path(M);
     for (int i = 0; grouped && i < n; i++) {
         L[i] = (const tsr_linear_dev *)Lh[i]->dev;
-        grouped = L[i] && L[i]->kind == TSR_LINEAR_EXL2 && !dq_path(L[i], M);
+        grouped = L[i] && L[i]->kind == TSR_LINEAR_EXL2 && L[i]->K == L[0]->K && L[i]->gptq == L[0]->gptq;
     }
-    if (grouped && dec_gemv(L, n, x, M, y)) return;
+    if (grouped) {
+        fg_launch(L, n, x, M, y);
+        return;
+    }
     for (int i = 0; i < n; i++) tsr_cuda_linear(Lh[i], x, M, y[i]);
 }

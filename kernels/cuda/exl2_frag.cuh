@@ -1,0 +1,153 @@
+/* The device layout of EXL2 and GPTQ matrices: packed codes in the register order of tensor-core fragments.
+ *
+ * At model preparation (exl2_pack.cu) every quantized matrix is cut into units of 32 stored rows (the rows of a
+ * unit share one group, hence one width and one scale row; a group's last unit may hold fewer real rows and is
+ * padded, its padding rows carrying activation 0) and column blocks of 32. The b-bit codes of one (unit, column
+ * block), 1024 of them, are stored as b 32-bit words per lane of a warp, arranged so that the lane's words decode
+ * straight into its A operands of four mma.m16n8k16 instructions: two 16-column tiles (ct) × two 16-row steps (ks).
+ *
+ * Lane l (g = l / 4, c = 2 (l % 4)) holds 16 half2 registers p = 4 f + r for fragment f = 2 ct + ks, register r:
+ * its two elements are A-row g + 8 (r & 1) (that is, column 32 cb + 16 ct + g + 8 (r & 1)) and A-columns (stored
+ * rows of the unit) 16 ks + c + 8 (r >> 1) + e, e = 0 for the low half, 1 for the high half. A code splits into a
+ * low plane of lb bits and a high plane of hb = b − lb bits (b: 2 → 2+0, 3 → 2+1, 4 → 4+0, 5 → 4+1, 6 → 4+2,
+ * 8 → 8+0). Low plane: register p sits in word p / (16 / lb) at bit lb · (p % (16 / lb)), its high element 16 bits
+ * further up; high plane likewise in the words after the low plane's lb words. So one shift and mask per plane
+ * yields both elements of a register, and OR-ing in the exponent 0x6400 makes each the fp16 value 1024 + code.
+ *
+ * Memory order: unit by unit (units[u].x is its first word), then column block (32 · b words each), then for
+ * each lane its first nA = min(b, 4) words (b = 3: 2) contiguous, followed by the other b − nA words of all
+ * lanes: every load of a warp is one contiguous 256-, 512- or 128-byte piece. */
+#ifndef TSR_CUDA_EXL2_FRAG_CUH
+#define TSR_CUDA_EXL2_FRAG_CUH
+
+#include "kernels/cuda/cuda_common.cuh"
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+/* Low-plane bits of a width; the rest is the high plane. */
+__host__ __device__ constexpr int frag_lb(int b) { return b == 8 ? 8 : b >= 4 ? 4 : 2; }
+/* Words per lane loaded first (one vector load), and after them. */
+__host__ __device__ constexpr int frag_na(int b) { return b >= 4 ? 4 : 2; }
+__host__ __device__ constexpr int frag_nb(int b) { return b - frag_na(b); }
+
+/* The b words of one lane for (unit base word `base`, column block cb): a vector load of the first nA words, and
+ * of the rest. Streamed once, so they bypass L1. */
+template <int B> __device__ __forceinline__ void frag_load(const uint32_t *fw, size_t base, int lane, uint32_t (&w)[B])
+{
+    const uint32_t *a = fw + base + (size_t)lane * frag_na(B);
+    if constexpr (frag_na(B) == 4) {
+        const uint4 v = __ldcs((const uint4 *)a);
+        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else {
+        const uint2 v = __ldcs((const uint2 *)a);
+        w[0] = v.x, w[1] = v.y;
+    }
+    const uint32_t *b = fw + base + 32 * frag_na(B) + (size_t)lane * frag_nb(B);
+    if constexpr (frag_nb(B) == 4) {
+        const uint4 v = __ldcs((const uint4 *)b);
+        w[4] = v.x, w[5] = v.y, w[6] = v.z, w[7] = v.w;
+    } else if constexpr (frag_nb(B) == 2) {
+        const uint2 v = __ldcs((const uint2 *)b);
+        w[frag_na(B)] = v.x, w[frag_na(B) + 1] = v.y;
+    } else if constexpr (frag_nb(B) == 1) {
+        w[frag_na(B)] = __ldcs(b);
+    }
+}
+
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *(uint32_t *)&h; }
+__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *(__half2 *)&u; }
+
+/* (a & MASK) | 0x64006400 in one LOP3 (C would split it in two: one immediate per instruction). */
+template <uint32_t MASK> __device__ __forceinline__ uint32_t and_exp(uint32_t a)
+{
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(d) : "r"(a), "n"(MASK), "n"(0x64006400u));
+    return d;
+}
+
+/* Scales and zero points of one column block for a lane: s[j] for columns 32 cb + 8 j + g (j = 2 ct + h); GPTQ
+ * also keeps, per column, the two fp16 constants that subtract its zero point from a code masked at bit 0 or 4:
+ * zc[j][0] = −(1024 + zero), zc[j][1] = −(64 + zero). */
+struct frag_scales {
+    float s[4];
+    __half2 zc[4][2];
+};
+
+/* Where register p of a plane of FB-bit fields sits: word, and bit position after an optional shift by 8 that
+ * keeps (field << position) below 1024, so that 0x6400 | (field << position) is the fp16 value
+ * 1024 + field · 2^position exactly. */
+template <int FB, int P> struct frag_field {
+    static constexpr int per = 16 / FB, word = P / per, pos = FB * (P % per), shift = pos + FB > 10 ? 8 : 0,
+                         at = pos - shift;
+    static constexpr uint32_t mask = (((1u << FB) - 1u) * 0x10001u) << at;
+};
+
+/* Register P (A-row h = P & 1) of the lane's words as code − zero in fp16, exact: the field(s) masked in place and
+ * scaled back by FMA with constants that also remove the 1024 offsets and the zero point (all exact in fp16). */
+template <int B, bool GPTQ, int P>
+__device__ __forceinline__ uint32_t frag_reg(const uint32_t (&w)[B], const __half2 (&zc)[2])
+{
+    constexpr int lb = frag_lb(B), hb = B - lb;
+    using L = frag_field<lb, P>;
+    const uint32_t rl = and_exp<L::mask>(L::shift ? w[L::word] >> 8 : w[L::word]);
+    const __half2 sl = __float2half2_rn(1.0f / (float)(1 << L::at));
+    if constexpr (hb == 0) {
+        const __half2 c = GPTQ ? zc[L::at ? 1 : 0]
+                               : __float2half2_rn(-(1024.0f / (float)(1 << L::at) + (float)(1 << (B - 1))));
+        return h2_bits(__hfma2(bits_h2(rl), sl, c));
+    } else {
+        using H = frag_field<hb, P>;
+        const uint32_t rh = and_exp<H::mask>(H::shift ? w[lb + H::word] >> 8 : w[lb + H::word]);
+        constexpr float sh = (float)(1 << lb) / (float)(1 << H::at);
+        const __half2 c = __float2half2_rn(-(1024.0f * sh + 1024.0f / (float)(1 << L::at) + (float)(1 << (B - 1))));
+        const __half2 r1 = __hfma2(bits_h2(rh), __float2half2_rn(sh), c); /* hi · 2^lb − offsets − zero */
+        return h2_bits(__hfma2(bits_h2(rl), sl, r1));
+    }
+}
+
+/* The A operand (4 registers) of fragment F = 2 ct + ks: codes minus the zero point, exact in fp16. */
+template <int B, bool GPTQ, int F>
+__device__ __forceinline__ void frag_a(const uint32_t (&w)[B], const frag_scales &sc, uint32_t (&a)[4])
+{
+    constexpr int j0 = 2 * (F >> 1); /* column index j of A-row g; A-row g + 8 is j0 + 1 */
+    a[0] = frag_reg<B, GPTQ, 4 * F + 0>(w, sc.zc[j0]);
+    a[1] = frag_reg<B, GPTQ, 4 * F + 1>(w, sc.zc[j0 + 1]);
+    a[2] = frag_reg<B, GPTQ, 4 * F + 2>(w, sc.zc[j0]);
+    a[3] = frag_reg<B, GPTQ, 4 * F + 3>(w, sc.zc[j0 + 1]);
+}
+
+/* d += a · b on the tensor cores: m16n8k16, fp16 operands, fp32 accumulation. */
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Scales (fp16-rounded, as ExLlamaV2 evaluates them) and zero points of group grp for the four columns a lane
+ * owns in column block cb: columns 32 cb + 8 j + g, j = 2 ct + h. EXL2: 4-bit scale codes, 8 per word, so the
+ * four columns sit in nibble g of four consecutive words, and the group's 16-entry scale table; GPTQ: the zero
+ * codes laid out the same, and the fp16 scales. */
+__device__ __forceinline__ void frag_group_params(const tsr_linear_dev &L, int grp, int cb, int g, frag_scales *out)
+{
+    const uint32_t *codes = L.gptq ? L.g_zeros : L.q_scale;
+    const uint4 q = __ldg((const uint4 *)(codes + (size_t)grp * (L.Npad / 8) + 4 * cb));
+    const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int code = (int)((wq[j] >> (4 * g)) & 0xfu);
+        if (L.gptq) {
+            const float zero = (float)(code + L.zero_add);
+            out->s[j] = __half2float(L.g_scales[(size_t)grp * L.Npad + 32 * cb + 8 * j + g]);
+            out->zc[j][0] = __float2half2_rn(-(1024.0f + zero));
+            out->zc[j][1] = __float2half2_rn(-(64.0f + zero));
+        } else {
+            out->s[j] = __half2float(L.s_table[(size_t)grp * 16 + code]);
+            out->zc[j][0] = out->zc[j][1] = __float2half2_rn(0.0f);
+        }
+    }
+}
+
+#endif

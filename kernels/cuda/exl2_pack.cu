@@ -1,0 +1,100 @@
+/* Uploads an EXL2 or GPTQ matrix in the fragment layout of exl2_frag.cuh.
+ *
+ * The host cuts the groups into 32-row units and lists, per unit, its first word in the new layout, its group and
+ * width, and the original input row of each of its rows (the stored-row permutation, padded with −1). The packed
+ * file words go to the device once, into a temporary buffer; a kernel with one thread per (unit, column block,
+ * lane) reads that lane's 32 codes from the column bit streams and writes them in fragment order; the temporary
+ * buffer is then freed. The scale tables (EXL2 scale codes, GPTQ scales and zero codes) keep their file layout. */
+#include "kernels/cuda/exl2_frag.cuh"
+#include "kernels/cuda/exl2_pack.cuh"
+
+extern "C" {
+#include "runtime/half.h"
+}
+
+#include <vector>
+
+/* What the repacking kernel needs of a unit: its group's first packed row, the unit's first row within the
+ * group, its real rows and its width. */
+struct pack_unit {
+    int qrow0, jrow, rows, bits;
+};
+
+__global__ void frag_pack_kernel(const uint32_t *qw, int Npad, const pack_unit *pu, const uint2 *units, uint32_t *fw)
+{
+    const int ncb = Npad / 32;
+    const int t = blockIdx.x * blockDim.x + threadIdx.x, cb = t / 32, lane = t % 32;
+    if (cb >= ncb) return;
+    const int u = blockIdx.y;
+    const pack_unit U = pu[u];
+    const int B = U.bits, lb = frag_lb(B), hb = B - lb, g = lane / 4, c = 2 * (lane % 4);
+    uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int i = 0; i < 32; i++) {
+        const int p = i / 2, e = i % 2, f = p / 4, r = p % 4, ct = f / 2, ks = f % 2;
+        const int n = 32 * cb + 16 * ct + g + 8 * (r & 1), k = 16 * ks + c + 8 * (r >> 1) + e;
+        uint32_t code = 0;
+        if (k < U.rows) {
+            const int bit = (U.jrow + k) * B, row = U.qrow0 + bit / 32, sh = bit % 32;
+            uint32_t v = qw[(size_t)row * Npad + n] >> sh;
+            if (sh + B > 32) v |= qw[(size_t)(row + 1) * Npad + n] << (32 - sh);
+            code = v & ((1u << B) - 1u);
+        }
+        const int per = 16 / lb;
+        w[p / per] |= (code & ((1u << lb) - 1u)) << (lb * (p % per) + 16 * e);
+        if (hb) {
+            const int perh = 16 / hb;
+            w[lb + p / perh] |= (code >> lb) << (hb * (p % perh) + 16 * e);
+        }
+    }
+    const size_t base = units[u].x + (size_t)cb * 32 * B;
+    const int na = frag_na(B), nb = frag_nb(B);
+    for (int j = 0; j < na; j++) fw[base + (size_t)lane * na + j] = w[j];
+    for (int j = 0; j < nb; j++) fw[base + 32 * na + (size_t)lane * nb + j] = w[na + j];
+}
+
+tsr_status tsr_cuda_exl2_pack(const tsr_qmatrix *q, tsr_linear_dev *d, void *(*dev_alloc)(size_t))
+{
+    const int ncb = q->N / 32;
+    std::vector<uint2> units;
+    std::vector<pack_unit> pu;
+    std::vector<int32_t> uperm;
+    size_t words = 0;
+    for (int g = 0; g < q->G; g++) {
+        const tsr_qgroup *gr = &q->groups[g];
+        for (int j = 0; j < gr->rows; j += 32) {
+            const int rows = gr->rows - j < 32 ? gr->rows - j : 32;
+            units.push_back(make_uint2((unsigned)words, (unsigned)g | (unsigned)gr->bits << 24));
+            pu.push_back(pack_unit{gr->qrow0, j, rows, gr->bits});
+            for (int k = 0; k < 32; k++) uperm.push_back(k < rows ? q->perm[gr->row0 + j + k] : -1);
+            words += (size_t)32 * gr->bits * ncb;
+        }
+    }
+    if (words >= ((size_t)1 << 32))
+        return tsr_fail(TSR_ERR_FORMAT, "quantized matrix too large for the device layout (%zu words)", words);
+    d->n_units = (int)units.size();
+    d->fw = (const uint32_t *)dev_alloc(words * 4);
+    d->units = (const uint2 *)dev_alloc(units.size() * sizeof(uint2));
+    d->uperm = (const int32_t *)dev_alloc(uperm.size() * sizeof(int32_t));
+    if (!d->fw || !d->units || !d->uperm) return tsr_fail(TSR_ERR_NOMEM, "out of device memory uploading weights");
+    cudaStream_t s = tsr_cuda_stream();
+    TSR_CUDA_CHECK(cudaMemcpyAsync((void *)d->units, units.data(), units.size() * sizeof(uint2), cudaMemcpyHostToDevice, s));
+    TSR_CUDA_CHECK(cudaMemcpyAsync((void *)d->uperm, uperm.data(), uperm.size() * 4, cudaMemcpyHostToDevice, s));
+    /* the file words and the unit list, only while the kernel runs */
+    void *qw = NULL, *pud = NULL;
+    const size_t qbytes = (size_t)q->Q * q->N * 4;
+    if (cudaMalloc(&qw, qbytes) != cudaSuccess || cudaMalloc(&pud, pu.size() * sizeof(pack_unit)) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(qw);
+        return tsr_fail(TSR_ERR_NOMEM, "out of device memory repacking weights (%zu bytes)", qbytes);
+    }
+    TSR_CUDA_CHECK(cudaMemcpyAsync(qw, q->q_weight, qbytes, cudaMemcpyHostToDevice, s));
+    TSR_CUDA_CHECK(cudaMemcpyAsync(pud, pu.data(), pu.size() * sizeof(pack_unit), cudaMemcpyHostToDevice, s));
+    dim3 grid(tsr_div_up((size_t)ncb * 32, 128), (unsigned)units.size());
+    frag_pack_kernel<<<grid, 128, 0, s>>>((const uint32_t *)qw, q->N, (const pack_unit *)pud, (const uint2 *)d->units,
+                                          (uint32_t *)d->fw);
+    TSR_CUDA_LAUNCHED();
+    TSR_CUDA_CHECK(cudaStreamSynchronize(s));
+    TSR_CUDA_CHECK(cudaFree(qw));
+    TSR_CUDA_CHECK(cudaFree(pud));
+    return TSR_OK;
+}

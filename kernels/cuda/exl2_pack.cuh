@@ -1,0 +1,17 @@
+/* Upload of quantized matrices in the fragment layout (exl2_pack.cu; the layout is described in exl2_frag.cuh). */
+#ifndef TSR_CUDA_EXL2_PACK_CUH
+#define TSR_CUDA_EXL2_PACK_CUH
+
+#include "kernels/cuda/cuda_common.cuh"
+
+extern "C" {
+#include "runtime/exl2.h"
+}
+
+/* Fills d->fw, d->units, d->uperm and d->n_units from q (EXL2 or GPTQ), allocating with dev_alloc (the backend's
+ * accounted allocator; the caller frees those three). A temporary buffer of q's packed size is held while the
+ * repacking kernel runs. Returns TSR_ERR_NOMEM when device memory runs out; the device work is synchronized
+ * before returning. */
+tsr_status tsr_cuda_exl2_pack(const tsr_qmatrix *q, tsr_linear_dev *d, void *(*dev_alloc)(size_t));
+
+#endif
