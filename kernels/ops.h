@@ -80,6 +80,9 @@ typedef struct tsr_ops {
     /* Optional (NULL: callers run linear once per layer): y[i][M][L[i]->N] = x · W_i for n <= 3 layers that share
      * their input x and K (q/k/v, gate/up), which a backend may run as one launch. */
     void (*linear_many)(const tsr_linear *const *L, int n, const float *x, int M, float *const *y);
+    /* Optional (NULL: callers run add, then rmsnorm): x += y, then out[r] = x[r] / rms(x[r]) * w per row, as one
+     * pass over the residual stream (the add before each RMSNorm). out may alias y. */
+    void (*add_rmsnorm)(float *x, const float *y, const tsr_dense *w, float eps, int rows, int dim, float *out);
 } tsr_ops;
 
 /* The CPU reference backend. */

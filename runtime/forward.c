@@ -255,6 +255,17 @@ static void linear_shared_input(const tsr_ops *ops, const tsr_linear *const *L, 
     for (int i = 0; i < n; i++) ops->linear(L[i], x, M, y[i]);
 }
 
+/* x += h, then h = rmsnorm(x) · w: one pass when the backend fuses them. */
+static void add_then_norm(const tsr_ops *ops, float *x, float *h, const tsr_dense *w, float eps, int T, int H)
+{
+    if (ops->add_rmsnorm) {
+        ops->add_rmsnorm(x, h, w, eps, T, H, h);
+        return;
+    }
+    ops->add(x, h, (size_t)T * H);
+    ops->rmsnorm(x, w, eps, T, H, h);
+}
+
 static void forward_body(void *arg)
 {
     forward_job *j = arg;
@@ -267,10 +278,11 @@ static void forward_body(void *arg)
 
     if (m->part.embed) ops->embed(&m->embed, c->dev.tokens, T, c->x);
     const float scale = 1.0f / sqrtf((float)d);
+    int normed = 0; /* c->h already holds this layer's attention-norm input (fused into the previous add) */
     for (int l = m->part.layer0; l < m->part.layer1; l++) {
         const tsr_layer *ly = &m->layers[l];
         const int kl = l - m->part.layer0; /* the cache holds the part's layers only */
-        ops->rmsnorm(c->x, &ly->attn_norm, cfg->norm_eps, T, H, c->h);
+        if (!normed) ops->rmsnorm(c->x, &ly->attn_norm, cfg->norm_eps, T, H, c->h);
         const tsr_linear *qkv[3] = {&ly->q, &ly->k, &ly->v};
         float *const qkv_out[3] = {c->q, c->k, c->v};
         linear_shared_input(ops, qkv, 3, c->h, T, qkv_out);
@@ -281,16 +293,20 @@ static void forward_body(void *arg)
         ops->attention(b, &args, c->kv, c->q, c->attn);
         ops->linear(&ly->o, c->attn, T, c->h);
         group_sum(j, c->h, (size_t)T * H);
-        ops->add(c->x, c->h, (size_t)T * H);
+        add_then_norm(ops, c->x, c->h, &ly->mlp_norm, cfg->norm_eps, T, H);
 
-        ops->rmsnorm(c->x, &ly->mlp_norm, cfg->norm_eps, T, H, c->h);
         const tsr_linear *gate_up[2] = {&ly->gate, &ly->up};
         float *const gate_up_out[2] = {c->gate, c->up};
         linear_shared_input(ops, gate_up, 2, c->h, T, gate_up_out);
         ops->silu_mul(c->gate, c->up, (size_t)T * m->local.intermediate, c->gate);
         ops->linear(&ly->down, c->gate, T, c->h);
         group_sum(j, c->h, (size_t)T * H);
-        ops->add(c->x, c->h, (size_t)T * H);
+        /* within the part, the next layer's attention norm rides on this add when the backend fuses them */
+        normed = l + 1 < m->part.layer1 && ops->add_rmsnorm;
+        if (normed)
+            ops->add_rmsnorm(c->x, c->h, &m->layers[l + 1].attn_norm, cfg->norm_eps, T, H, c->h);
+        else
+            ops->add(c->x, c->h, (size_t)T * H);
     }
     if (j->n_out == 0 || !m->part.head) return;
     ops->gather_rows(c->x, c->dev.out_index, j->n_out, H, c->out_rows);

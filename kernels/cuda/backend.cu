@@ -2,8 +2,8 @@
  *
  * prepare_model walks every linear layer and dense tensor of a tsr_model and uploads it once: EXL2 and GPTQ
  * layers have their codes rearranged into tensor-core fragment order (exl2_pack.cu) and keep their scale tables
- * as stored, plus each group's fp16-rounded scale multiplier. Dense weights stay in their dtype. Mirrors are recorded in the model's
- * tsr_dense.dev / tsr_linear.dev fields and freed by release_model. Small host↔device copies (the per-step batch
+ * as stored, plus (EXL2) a 16-entry fp16 table of column scales per group. Dense weights stay in their dtype.
+ * Mirrors are recorded in the model's tsr_dense.dev / tsr_linear.dev fields and freed by release_model. Small host↔device copies (the per-step batch
  * layout, the logits) go through pinned staging buffers, so they are true asynchronous DMA instead of the driver's
  * synchronous pageable path. Profiling (TSR_CUDA_PROFILE): 1 = each op synchronized and timed on the host; 2 = each
  * op bracketed by device events while a spin kernel keeps the GPU ahead of the host, so the figures are device
@@ -534,6 +534,7 @@ static const tsr_ops cuda_ops = {
     tsr_cuda_add,
     tsr_cuda_gather_rows,
     tsr_cuda_linear_many,
+    tsr_cuda_add_rmsnorm,
 };
 
 /* ---- optional per-op profile (TSR_CUDA_PROFILE, see the top of this file). Mode 1 synchronizes around each op

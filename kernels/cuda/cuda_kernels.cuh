@@ -6,6 +6,8 @@
 
 void tsr_cuda_embed(const tsr_dense *table, const int32_t *ids, int n, float *out);
 void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, int dim, float *out);
+/* x += y, then out = rmsnorm(x) · w (ops.h add_rmsnorm); out may alias y. */
+void tsr_cuda_add_rmsnorm(float *x, const float *y, const tsr_dense *w, float eps, int rows, int dim, float *out);
 void tsr_cuda_linear(const tsr_linear *L, const float *x, int M, float *y);
 /* y[i] = x · W_i for n layers sharing x (ops.h linear_many): EXL2 decode GEMVs (M <= 8) in one launch, else one by
  * one. */

@@ -65,6 +65,41 @@ void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, i
     TSR_CUDA_LAUNCHED();
 }
 
+__global__ void add_rmsnorm_kernel(float *x, const float *y, const void *w, int dtype, float eps, int dim, float *out)
+{
+    tsr_pdl_wait();
+    tsr_pdl_trigger();
+    float *xr = x + (size_t)blockIdx.x * dim;
+    const float *yr = y + (size_t)blockIdx.x * dim;
+    float *o = out + (size_t)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = xr[i] + yr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    __shared__ float part[32];
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads(); /* also orders every read of y before the writes of out, which may alias it */
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    const float inv = rsqrtf(part[0] / dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = load_elem(w, dtype, i) * (xr[i] * inv);
+}
+
+void tsr_cuda_add_rmsnorm(float *x, const float *y, const tsr_dense *w, float eps, int rows, int dim, float *out)
+{
+    if (rows <= 0) return;
+    int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
+    tsr_launch(add_rmsnorm_kernel, dim3(rows), dim3(threads), x, y, w->dev, w->dtype, eps, dim, out);
+    TSR_CUDA_LAUNCHED();
+}
+
 __global__ void rope_kernel(tsr_batch_layout b, float *x, int n_heads, int head_dim, int half)
 {
     tsr_pdl_wait();

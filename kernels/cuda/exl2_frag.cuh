@@ -11,8 +11,9 @@
  * rows of the unit) 16 ks + c + 8 (r >> 1) + e, e = 0 for the low half, 1 for the high half. A code splits into a
  * low plane of lb bits and a high plane of hb = b − lb bits (b: 2 → 2+0, 3 → 2+1, 4 → 4+0, 5 → 4+1, 6 → 4+2,
  * 8 → 8+0). Low plane: register p sits in word p / (16 / lb) at bit lb · (p % (16 / lb)), its high element 16 bits
- * further up; high plane likewise in the words after the low plane's lb words. So one shift and mask per plane
- * yields both elements of a register, and OR-ing in the exponent 0x6400 makes each the fp16 value 1024 + code.
+ * further up; high plane likewise in the words after the low plane's lb words. Decoding masks a field in place
+ * (after a shift by 8 for fields above bit 9) and ORs in the exponent 0x6400, which makes both halves the fp16
+ * value 1024 + field · 2^position; one HFMA2 per plane scales that back and removes the offsets (frag_reg).
  *
  * Memory order: unit by unit (units[u].x is its first word), then column block (32 · b words each), then for
  * each lane its first nA = min(b, 4) words (b = 3: 2) contiguous, followed by the other b − nA words of all
@@ -120,10 +121,10 @@ __device__ __forceinline__ void frag_a(const uint32_t (&w)[B], const frag_scales
 /* d += a · b on the tensor cores: m16n8k16, fp16 operands, fp32 accumulation. */
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    /* not volatile: the compiler may interleave independent mma's */
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 /* Scales (fp16-rounded, as ExLlamaV2 evaluates them) and zero points of group grp for the four columns a lane

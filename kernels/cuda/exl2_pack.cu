@@ -8,10 +8,6 @@
 #include "kernels/cuda/exl2_frag.cuh"
 #include "kernels/cuda/exl2_pack.cuh"
 
-extern "C" {
-#include "runtime/half.h"
-}
-
 #include <vector>
 
 /* What the repacking kernel needs of a unit: its group's first packed row, the unit's first row within the

@@ -120,6 +120,19 @@ static void test_elementwise(void **state)
     expect_close("gather_rows", got, gathered, (size_t)3 * dim, 0);
     free(got), free(gathered);
 
+    /* add_rmsnorm: x += y, then out = rmsnorm(x), with out aliasing y as the forward pass uses it */
+    float *dy2 = dev_copy(y, (size_t)rows * dim * 4), *normed = malloc((size_t)rows * dim * sizeof(float));
+    cpu->add(want, y, (size_t)rows * dim);
+    cpu->rmsnorm(want, &w, 1e-5f, rows, dim, normed);
+    gpu->add_rmsnorm(dx, dy2, &wd, 1e-5f, rows, dim, dy2);
+    got = to_host(dx, (size_t)rows * dim);
+    expect_close("add_rmsnorm: the sum", got, want, (size_t)rows * dim, 0);
+    free(got);
+    got = to_host(dy2, (size_t)rows * dim);
+    expect_close("add_rmsnorm: the norm", got, normed, (size_t)rows * dim, 1e-6);
+    free(got), free(normed);
+    gpu->release(dy2);
+
     /* embed, all table dtypes */
     const int vocab = 50;
     int32_t ids[5] = {49, 0, 7, 7, 31};
