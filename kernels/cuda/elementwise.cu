@@ -34,6 +34,23 @@ void tsr_cuda_embed(const tsr_dense *table, const int32_t *ids, int n, float *ou
     TSR_CUDA_LAUNCHED();
 }
 
+/* The sum of every thread's v over the block, returned to all threads. The first barrier also orders every read
+ * the threads made before the call ahead of writes they make after it. */
+__device__ __forceinline__ float block_sum(float v)
+{
+    __shared__ float part[32];
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float t = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+        for (int off = 16; off > 0; off >>= 1) t += __shfl_xor_sync(0xffffffffu, t, off);
+        if (threadIdx.x == 0) part[0] = t;
+    }
+    __syncthreads();
+    return part[0];
+}
+
 __global__ void rmsnorm_kernel(const float *x, const void *w, int dtype, float eps, int dim, float *out)
 {
     tsr_pdl_wait();
@@ -42,17 +59,7 @@ __global__ void rmsnorm_kernel(const float *x, const void *w, int dtype, float e
     float *o = out + (size_t)blockIdx.x * dim;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
-    __shared__ float part[32];
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
-        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (threadIdx.x == 0) part[0] = v;
-    }
-    __syncthreads();
-    const float inv = rsqrtf(part[0] / dim + eps);
+    const float inv = rsqrtf(block_sum(ss) / dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = load_elem(w, dtype, i) * (xr[i] * inv);
 }
 
@@ -78,17 +85,8 @@ __global__ void add_rmsnorm_kernel(float *x, const float *y, const void *w, int 
         xr[i] = v;
         ss += v * v;
     }
-    __shared__ float part[32];
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads(); /* also orders every read of y before the writes of out, which may alias it */
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
-        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (threadIdx.x == 0) part[0] = v;
-    }
-    __syncthreads();
-    const float inv = rsqrtf(part[0] / dim + eps);
+    /* block_sum's barrier puts every read of y before the writes of out, which may alias it */
+    const float inv = rsqrtf(block_sum(ss) / dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = load_elem(w, dtype, i) * (xr[i] * inv);
 }
 
