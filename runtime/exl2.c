@@ -131,6 +131,11 @@ float tsr_qmatrix_scale(const tsr_qmatrix *m, int g, int n)
         return tsr_half_to_float(((const uint16_t *)m->g_scales)[i]);
     }
     uint32_t code = (m->q_scale[(size_t)g * (m->N / 8) + n / 8] >> (4 * (n % 8))) & 0xfu;
+    return tsr_qmatrix_code_scale(m, g, code);
+}
+
+float tsr_qmatrix_code_scale(const tsr_qmatrix *m, int g, uint32_t code)
+{
     float q = (float)((code + 1) * (code + 1));
     return tsr_round_half(q * m->groups[g].scale_m);
 }

@@ -56,6 +56,10 @@ void tsr_qmatrix_free(tsr_qmatrix *m);
 /* Column scale of group g, column n, as ExLlamaV2 evaluates it in fp16 (GPTQ: scales[g][n] as fp16). */
 float tsr_qmatrix_scale(const tsr_qmatrix *m, int g, int n);
 
+/* EXL2 only: the column scale that scale code `code` (0..15) stands for in group g, h((code + 1)^2 · scale_m), as
+ * tsr_qmatrix_scale evaluates it (the CUDA backend tabulates it per group). */
+float tsr_qmatrix_code_scale(const tsr_qmatrix *m, int g, uint32_t code);
+
 /* Zero point of group g, column n: the code that dequantizes to 0 (EXL2: 2^(bits-1); GPTQ: qzeros code + zero_add). */
 int tsr_qmatrix_zero(const tsr_qmatrix *m, int g, int n);
 

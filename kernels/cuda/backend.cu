@@ -1,13 +1,13 @@
 /* CUDA backend core: device selection, stream and cuBLAS handle, memory, weight upload, and the ops table.
  *
- * prepare_model walks every linear layer and dense tensor of a tsr_model and uploads it once: EXL2 and GPTQ
- * layers have their codes rearranged into tensor-core fragment order (exl2_pack.cu) and keep their scale tables
- * as stored, plus (EXL2) a 16-entry fp16 table of column scales per group. Dense weights stay in their dtype.
- * Mirrors are recorded in the model's tsr_dense.dev / tsr_linear.dev fields and freed by release_model. Small host↔device copies (the per-step batch
- * layout, the logits) go through pinned staging buffers, so they are true asynchronous DMA instead of the driver's
- * synchronous pageable path. Profiling (TSR_CUDA_PROFILE): 1 = each op synchronized and timed on the host; 2 = each
- * op bracketed by device events while a spin kernel keeps the GPU ahead of the host, so the figures are device
- * time per op class without launch gaps (decode steps and prefill reported apart). TSR_CUDA_STEPTIME=1 reports
+ * prepare_model walks every linear layer and dense tensor of a tsr_model and uploads it once: EXL2 and GPTQ layers
+ * have their codes rearranged into tensor-core fragment order (exl2_pack.cu) and keep their scale tables as stored,
+ * plus (EXL2) a 16-entry fp16 table of column scales per group. Dense weights stay in their dtype. Mirrors are
+ * recorded in the model's tsr_dense.dev / tsr_linear.dev fields and freed by release_model. Small host↔device copies
+ * (the per-step batch layout, the logits) go through pinned staging buffers, so they are true asynchronous DMA instead
+ * of the driver's synchronous pageable path. Profiling (TSR_CUDA_PROFILE): 1 = each op synchronized and timed on the
+ * host; 2 = each op bracketed by device events while a spin kernel keeps the GPU ahead of the host, so the figures are
+ * device time per op class without launch gaps (decode steps and prefill reported apart). TSR_CUDA_STEPTIME=1 reports
  * the device time of each replayed decode-step graph. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
@@ -388,11 +388,12 @@ static tsr_status upload_linear(tsr_linear *L, tsr_dense *embed)
     const tsr_qmatrix *q = &L->q;
     d->Npad = q->N;
     TSR_TRY(tsr_cuda_exl2_pack(q, d, cuda_alloc));
-    /* EXL2 column scales take 16 values per group: h((code + 1)^2 · scale_m), rounded as ExLlamaV2 does */
+    /* EXL2 column scales take 16 values per group, one per scale code (already fp16 values) */
     std::vector<uint16_t> s_table((size_t)q->G * 16);
-    for (int g = 0; g < q->G; g++)
-        for (int c = 0; c < 16; c++)
-            s_table[(size_t)g * 16 + c] = tsr_float_to_half((float)((c + 1) * (c + 1)) * q->groups[g].scale_m);
+    if (q->kind == TSR_QMATRIX_EXL2)
+        for (int g = 0; g < q->G; g++)
+            for (uint32_t c = 0; c < 16; c++)
+                s_table[(size_t)g * 16 + c] = tsr_float_to_half(tsr_qmatrix_code_scale(q, g, c));
     int scales_ok = 1;
     if (q->kind == TSR_QMATRIX_GPTQ) {
         /* GPTQ: fp16 scales per (group, column) (fp32 files rounded to fp16, as on the CPU) and the zero codes */
