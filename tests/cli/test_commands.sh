@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
 # The tessera command end to end on the bundled model: generate (ids and text, greedy equal to ExLlamaV2's first
 # tokens), logits, inspect, and the exit codes and messages for bad input (usage 2, runtime 1, never a crash).
-set -u
-bin=${TSR_BIN:?TSR_BIN not set}
-model=${TSR_MODELS:?}/tiny-llama-exl2-4.0bpw
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/../common/prelude.sh"
 
 # greedy ids after prompt 0 match the first ExLlamaV2 greedy tokens of the fixture
 ids=$("$bin" generate --model "$model" --ids 0,1392,1329,263,680 --max-tokens 10 --print-ids) || fail "generate --ids"

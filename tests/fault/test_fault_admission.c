@@ -22,7 +22,7 @@
 
 #include "launcher/openai.h"
 #include "runtime/engine.h"
-#include "tests/common/fixtures.h"
+#include "tests/common/oai_model.h"
 #include "tests/fault/fail_alloc.h"
 #include "tests/fault/fault_sweep.h"
 
@@ -37,12 +37,7 @@ static long max_runs(void)
     return env && atol(env) > 0 ? atol(env) : 4000;
 }
 
-static char model_dir[4096];
-static tsr_tokenizer *tok;
-static tsr_chat_template *tpl;
-static char *bos, *eos;
-static int32_t eos_id;
-static tsr_oai_model oai_model;
+static tsr_test_oai oai; /* the bundled model's tokenizer and chat template, stopping at its eos token */
 
 static const char completions_body[] =
     "{\"model\":\"tiny\",\"prompt\":[\"Once upon a time\",\"The quick brown fox\"],\"n\":2,\"max_tokens\":4,"
@@ -59,7 +54,7 @@ static tsr_status parse(tsr_oai_kind kind, const char *body, tsr_oai_request **r
 {
     tsr_oai_error err;
     memset(&err, 0, sizeof err);
-    tsr_status st = tsr_oai_parse_bytes(kind, body, strlen(body), &oai_model, rq, &err);
+    tsr_status st = tsr_oai_parse_bytes(kind, body, strlen(body), &oai.model, rq, &err);
     if (st != TSR_OK) {
         assert_null(*rq);
         assert_true(err.status >= 400);
@@ -74,7 +69,7 @@ static tsr_status parse(tsr_oai_kind kind, const char *body, tsr_oai_request **r
 static tsr_status respond(const tsr_oai_request *rq)
 {
     tsr_oai_result *res = NULL;
-    tsr_status st = tsr_oai_result_new(rq, &oai_model, "cmpl-fault", 1, &res);
+    tsr_status st = tsr_oai_result_new(rq, &oai.model, "cmpl-fault", 1, &res);
     for (int c = 0; st == TSR_OK && c < rq->n_choices; c++) {
         tsr_step_result sr = {.token = 5, .logprob = -0.5f, .n_top = 2, .top_ids = {5, 6}, .top_logprobs = {-0.5f, -1}};
         tsr_gen_event ev = {.id = (uint64_t)c + 1, .text = "abc", .text_len = 3, .token = 5, .result = &sr,
@@ -358,7 +353,7 @@ static tsr_status service_op(void *ctx)
 {
     tsr_executor *x = ctx;
     tsr_service *svc = NULL;
-    TSR_TRY(tsr_service_start(x, tok, NULL, &svc));
+    TSR_TRY(tsr_service_start(x, oai.tok, NULL, &svc));
     pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
     svc_watch w[2] = {{.mu = &mu, .cv = &cv, .svc = svc}, {.mu = &mu, .cv = &cv, .svc = svc, .cancel_first = 1}};
@@ -395,7 +390,7 @@ static void test_service(void **state)
     tsr_engine_opts eo = {.kv_tokens = 512, .max_tokens = 64};
     tsr_engine *e = NULL;
     tsr_executor *x = NULL;
-    assert_int_equal(tsr_engine_open(model_dir, &eo, &e), TSR_OK);
+    assert_int_equal(tsr_engine_open(oai.dir, &eo, &e), TSR_OK);
     assert_int_equal(tsr_executor_local(e, &x), TSR_OK);
     fault_sweep("service.submit", service_op, x, max_runs(), NULL);
     x->close(x);
@@ -407,22 +402,13 @@ static void test_service(void **state)
 static int setup(void **state)
 {
     (void)state;
-    if (!tsr_fixture_model(model_dir, sizeof model_dir, "tiny-llama-exl2-4.0bpw")) return -1;
-    if (tsr_tokenizer_load(model_dir, &tok) != TSR_OK) return -1;
-    if (tsr_chat_template_load_dir(model_dir, 0, &tpl, &bos, &eos) != TSR_OK) return -1;
-    eos_id = eos ? tsr_tokenizer_token_id(tok, eos) : 2;
-    oai_model = (tsr_oai_model){.name = "tiny", .tok = tok, .tpl = tpl, .bos_token = bos, .eos_token = eos,
-                                .eos_ids = &eos_id, .n_eos = 1, .vocab = 2048, .max_context = 512, .created = 1};
-    return 0;
+    return tsr_test_oai_open(&oai, "tiny-llama-exl2-4.0bpw", NULL, 0, 512);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    tsr_chat_template_free(tpl);
-    tsr_tokenizer_free(tok);
-    free(bos);
-    free(eos);
+    tsr_test_oai_close(&oai);
     return 0;
 }
 

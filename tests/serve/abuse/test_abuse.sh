@@ -6,23 +6,9 @@
 # memory must stay bounded, its log must not mention the key, and it must exit 0 on SIGTERM at the end.
 #
 #   test_abuse.sh [FIGURES.json]     (TSR_BIN and TSR_MODELS come from CTest)
-set -u
-bin=${TSR_BIN:?TSR_BIN not set}
-model=${TSR_MODELS:?}/tiny-llama-exl2-4.0bpw
-here=$(cd "$(dirname "$0")" && pwd)
+. "$(dirname "$0")/../../common/prelude.sh"
 figures=${1:-}
-tmp=$(mktemp -d)
-spid=""
-cleanup() {
-  [ -n "$spid" ] && kill -9 "$spid" 2> /dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  [ -f "$tmp/server.log" ] && { echo "--- server log"; tail -n 30 "$tmp/server.log"; }
-  exit 1
-}
+on_fail() { tail_logs 30 "$tmp/server.log"; }
 
 timeout_s=3
 max_body=1048576
@@ -33,19 +19,8 @@ kv_bytes=$((kv_tokens * 2048)) # 4 layers x 2 KV heads x 64 dims x K and V x 2 b
   --stream-backlog 4096 --kv-tokens "$kv_tokens" --api-key abuse-test-key-0123456789 --grace 5 \
   2> "$tmp/server.log" &
 spid=$!
-port=""
-for _ in $(seq 1 300); do
-  port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$tmp/server.log" | head -n 1)
-  [ -n "$port" ] && break
-  kill -0 "$spid" 2> /dev/null || fail "server exited at start"
-  sleep 0.1
-done
-[ -n "$port" ] || fail "no port in the server log"
-for _ in $(seq 1 300); do
-  [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health")" = 200 ] && break
-  kill -0 "$spid" 2> /dev/null || fail "server exited while loading"
-  sleep 0.1
-done
+pids+=("$spid")
+await_server "$tmp/server.log" "$spid" || fail "server exited at start"
 grep 'limits:' "$tmp/server.log"
 
 python3 "$here/abuse.py" --port "$port" --pid "$spid" --conn-timeout "$timeout_s" --header-timeout "$timeout_s" \
@@ -59,7 +34,7 @@ for _ in $(seq 1 100); do kill -0 "$spid" 2> /dev/null || break; sleep 0.1; done
 kill -0 "$spid" 2> /dev/null && fail "server still running 10 s after SIGTERM"
 wait "$spid"
 rc=$?
-spid=""
+pids=() # reaped: nothing left for the exit trap to kill
 [ $rc = 0 ] || fail "server exit code $rc after SIGTERM"
 echo "--- server log"
 cat "$tmp/server.log"

@@ -4,12 +4,7 @@
 # (invalid JSON, unknown url, missing body, wrong method, a non-string custom_id) and a duplicate custom_id. The
 # output must have one line per input line, OpenAI's batch output shape, and the right codes; the command's exit
 # codes follow the usual rules.
-set -u
-bin=${TSR_BIN:?TSR_BIN not set}
-model=${TSR_MODELS:?}/tiny-llama-exl2-4.0bpw
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/../../common/prelude.sh"
 
 cat > "$tmp/in.jsonl" <<'EOF'
 {"custom_id": "c1", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}}

@@ -6,12 +6,7 @@
 #  2. 12 chat requests sharing a ~600-token system prompt: the stats line shows prefix-cache hits covering most of
 #     the shared prompt, and fewer tokens prefilled than prompt tokens submitted; the texts equal those of runs
 #     without the prefix cache.
-set -u
-bin=${TSR_BIN:?TSR_BIN not set}
-model=${TSR_MODELS:?}/tiny-llama-exl2-4.0bpw
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/../../common/prelude.sh"
 stat_of() { sed -n "s/^tessera batch: stats .* $1=\([0-9.]*\).*/\1/p" "$2"; }
 
 python3 - "$tmp/in.jsonl" "$tmp/prompts.txt" <<'EOF'

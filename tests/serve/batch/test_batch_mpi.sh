@@ -3,16 +3,9 @@
 # split); the output must equal a one-process run's (greedy and seeded texts, n > 1, error lines).
 #
 #   test_batch_mpi.sh MPIEXEC
-set -u
+. "$(dirname "$0")/../../common/prelude.sh"
 mpiexec=$1
-bin=${TSR_BIN:?TSR_BIN not set}
-model=${TSR_MODELS:?}/tiny-llama-exl2-4.0bpw
-command -v "$mpiexec" > /dev/null || { echo "no $mpiexec: skipped"; exit 77; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+mpi_env "$mpiexec"
 
 cat > "$tmp/in.jsonl" <<'JSONL'
 {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}}

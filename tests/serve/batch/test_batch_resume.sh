@@ -4,12 +4,7 @@
 # one), a rerun with the same output completes exactly the missing requests: every custom_id ends up with exactly
 # one result line (the duplicate with exactly one duplicate error, each bad line with exactly one error line), and
 # greedy results equal those of an uninterrupted run.
-set -u
-bin=${TSR_BIN:?TSR_BIN not set}
-model=${TSR_MODELS:?}/tiny-llama-exl2-4.0bpw
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/../../common/prelude.sh"
 run() { "$bin" batch --model "$model" --input "$tmp/in.jsonl" --kv-tokens 8192 --max-running 8 "$@"; }
 
 python3 - "$tmp/in.jsonl" <<'EOF'

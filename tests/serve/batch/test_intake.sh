@@ -3,19 +3,12 @@
 # `tessera submit` for completions and chat, streamed and not, the message sequence (accepted, chunks, exactly
 # one done), request errors, cancellation, and a client killed mid-stream whose request the intake must cancel.
 # Finally SIGTERM stops the intake with exit 0 and its stats line counts the vanished client.
-set -u
-bin=${TSR_BIN:?TSR_BIN not set}
-model=${TSR_MODELS:?}/tiny-llama-exl2-4.0bpw
-tmp=$(mktemp -d)
+. "$(dirname "$0")/../../common/prelude.sh"
 addr="ipc://$tmp/intake.ipc"
 pid=
-cleanup() {
-    [ -n "$pid" ] && kill "$pid" 2> /dev/null && wait "$pid" 2> /dev/null
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+on_exit() { [ -n "$pid" ] && kill "$pid" 2> /dev/null && wait "$pid" 2> /dev/null; }
+on_fail() { [ -f "$tmp/intake.err" ] && sed 's/^/  intake: /' "$tmp/intake.err"; }
 export TMPDIR=$tmp # the clients' reply sockets (a killed client cannot remove its own)
-fail() { echo "FAIL: $*"; [ -f "$tmp/intake.err" ] && sed 's/^/  intake: /' "$tmp/intake.err"; exit 1; }
 
 start_intake() { # ADDR: starts `tessera intake` in the background and waits until it listens
     "$bin" intake --model "$model" --listen "$1" --kv-tokens 8192 --client-timeout 5 --send-timeout 1 \

@@ -7,24 +7,10 @@
 #   a queue limit (429 with Retry-After); SIGTERM with a stream in flight (it ends, the server exits 0);
 #   the official openai package (test_openai_client.py): completions, chat, streaming, usage, errors, concurrency.
 # Exits 77 (skipped) only when the openai package cannot be installed (no network), after the curl checks pass.
-set -u
-bin=${TSR_BIN:?TSR_BIN not set}
-model=${TSR_MODELS:?}/tiny-llama-exl2-4.0bpw
-here=$(cd "$(dirname "$0")" && pwd)
+. "$(dirname "$0")/../../common/prelude.sh"
 root=$(cd "$here/../../.." && pwd)
-tmp=$(mktemp -d)
 key=test-key-123
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in "$tmp"/server*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 20 "$f"; }; done
-  exit 1
-}
+on_fail() { tail_logs 20 "$tmp"/server*.log; }
 tool() { python3 "$here/sse_tool.py" "$@"; }
 
 # start_server LOG ARGS...: starts tessera serve on a free port; sets $port and $spid once /health is 200
@@ -34,21 +20,7 @@ start_server() {
   "$bin" serve --model "$model" --port 0 "$@" 2> "$log" &
   spid=$!
   pids+=("$spid")
-  port=""
-  for _ in $(seq 1 300); do
-    port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$log" | head -n 1)
-    [ -n "$port" ] && break
-    kill -0 "$spid" 2>/dev/null || fail "server exited at start"
-    sleep 0.1
-  done
-  [ -n "$port" ] || fail "no port in the server log"
-  for _ in $(seq 1 300); do
-    code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health")
-    [ "$code" = 200 ] && return 0
-    [ "$code" = 503 ] || [ "$code" = 000 ] || fail "/health while loading answered $code"
-    sleep 0.1
-  done
-  fail "server not ready"
+  await_server "$log" "$spid" || fail "server exited at start"
 }
 
 # req METHOD PATH [BODY-FILE] [extra curl args...]: prints the status code, body in $tmp/body, headers in $tmp/hdr

@@ -6,26 +6,10 @@
 #
 #   test_http_mpi.sh MPIEXEC
 # Exits 77 when mpirun is missing or when this build's tessera refuses to run serve over several ranks.
-set -u
+. "$(dirname "$0")/../../common/prelude.sh"
 mpiexec=$1
-bin=${TSR_BIN:?TSR_BIN not set}
-model=${TSR_MODELS:?}/tiny-llama-exl2-4.0bpw
-here=$(cd "$(dirname "$0")" && pwd)
-command -v "$mpiexec" > /dev/null || { echo "no $mpiexec: skipped"; exit 77; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 20 "$f"; }; done
-  exit 1
-}
+mpi_env "$mpiexec"
+on_fail() { tail_logs 20 "$tmp"/*.log; }
 tool() { python3 "$here/sse_tool.py" "$@"; }
 body='{"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}'
 
@@ -37,16 +21,7 @@ start() {
   "$@" --model "$model" --port 0 --grace 5 --quiet-ranks 2> "$log" &
   pid=$!
   pids+=("$pid")
-  port=""
-  for _ in $(seq 1 600); do
-    [ -z "$port" ] && port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$log" | head -n 1)
-    if [ -n "$port" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health")" = 200 ]; then
-      return 0
-    fi
-    kill -0 "$pid" 2> /dev/null || return 1
-    sleep 0.1
-  done
-  fail "server not ready: $*"
+  await_server "$log" "$pid"
 }
 
 # the one-process reference

@@ -3,6 +3,7 @@
  * the expected OpenAI-style errors, and fabricated service events the expected response bodies and stream
  * chunks. */
 #include "launcher/openai.h"
+#include "tests/common/oai_model.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,39 +15,26 @@
 
 #include <cmocka.h>
 
-static tsr_tokenizer *tok;
-static tsr_chat_template *tpl;
-static char *bos, *eos;
 static const int32_t eos_ids[] = {1, 4};
-static tsr_oai_model model;
+static tsr_test_oai oai;
 
 static int setup(void **state)
 {
     (void)state;
-    const char *models = getenv("TSR_MODELS");
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/tiny-llama-exl2-4.0bpw", models ? models : "models");
-    if (tsr_tokenizer_load(dir, &tok) != TSR_OK) return -1;
-    if (tsr_chat_template_load_dir(dir, 0, &tpl, &bos, &eos) != TSR_OK) return -1;
-    model = (tsr_oai_model){.name = "tiny", .tok = tok, .tpl = tpl, .bos_token = bos, .eos_token = eos,
-                            .eos_ids = eos_ids, .n_eos = 2, .vocab = 2048, .max_context = 128, .created = 1};
-    return 0;
+    return tsr_test_oai_open(&oai, "tiny-llama-exl2-4.0bpw", eos_ids, 2, 128);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    tsr_chat_template_free(tpl);
-    tsr_tokenizer_free(tok);
-    free(bos);
-    free(eos);
+    tsr_test_oai_close(&oai);
     return 0;
 }
 
 static tsr_status parse(tsr_oai_kind kind, const char *body, tsr_oai_request **rq, tsr_oai_error *err)
 {
     memset(err, 0, sizeof *err);
-    return tsr_oai_parse_bytes(kind, body, strlen(body), &model, rq, err);
+    return tsr_oai_parse_bytes(kind, body, strlen(body), &oai.model, rq, err);
 }
 
 /* Parses a request that must fail; checks status, param and (when given) a piece of the message. */
@@ -85,7 +73,7 @@ static void test_completions_fields(void **state)
                      TSR_OK);
     size_t n_ids = 0;
     int32_t *ids = NULL;
-    assert_int_equal(tsr_tokenizer_encode(tok, "Once upon a time", 16, 1, &ids, &n_ids), TSR_OK);
+    assert_int_equal(tsr_tokenizer_encode(oai.tok, "Once upon a time", 16, 1, &ids, &n_ids), TSR_OK);
     assert_int_equal(rq->n_prompts, 1);
     assert_int_equal(rq->prompts[0].n_ids, (int)n_ids);
     assert_memory_equal(rq->prompts[0].ids, ids, n_ids * sizeof *ids);
@@ -180,10 +168,10 @@ static void test_chat_prompt(void **state)
                               "\"Hello\"}]",
                               0, NULL);
     char *text = NULL;
-    assert_int_equal(tsr_chat_template_render(tpl, msgs, NULL, 1, bos, eos, NULL, &text), TSR_OK);
+    assert_int_equal(tsr_chat_template_render(oai.tpl, msgs, NULL, 1, oai.bos, oai.eos, NULL, &text), TSR_OK);
     int32_t *ids = NULL;
     size_t n = 0;
-    assert_int_equal(tsr_tokenizer_encode(tok, text, strlen(text), 0, &ids, &n), TSR_OK);
+    assert_int_equal(tsr_tokenizer_encode(oai.tok, text, strlen(text), 0, &ids, &n), TSR_OK);
     assert_int_equal(rq->prompts[0].n_ids, (int)n);
     assert_memory_equal(rq->prompts[0].ids, ids, n * sizeof *ids);
     assert_int_equal(rq->params.max_tokens, 4);
@@ -285,7 +273,7 @@ static void test_response_completions(void **state)
                      TSR_OK);
     int np = rq->prompts[0].n_ids;
     tsr_oai_result *r;
-    assert_int_equal(tsr_oai_result_new(rq, &model, "cmpl-1", 42, &r), TSR_OK);
+    assert_int_equal(tsr_oai_result_new(rq, &oai.model, "cmpl-1", 42, &r), TSR_OK);
     tsr_step_result res = {.token = 300, .logprob = -0.5f, .n_top = 1, .top_ids = {300}, .top_logprobs = {-0.5f}};
     tsr_gen_event ev = event(" there", 300, &res, TSR_FINISH_NONE, np, 1);
     assert_int_equal(tsr_oai_result_add(r, 0, &ev, NULL), TSR_OK);
@@ -337,7 +325,7 @@ static void test_stream_chat(void **state)
                            &rq, &err),
                      TSR_OK);
     tsr_oai_result *r;
-    assert_int_equal(tsr_oai_result_new(rq, &model, "chatcmpl-1", 1, &r), TSR_OK);
+    assert_int_equal(tsr_oai_result_new(rq, &oai.model, "chatcmpl-1", 1, &r), TSR_OK);
     json_t *open = tsr_oai_stream_open(r);
     assert_int_equal(json_array_size(open), 1);
     json_t *first = json_array_get(open, 0);
@@ -389,7 +377,7 @@ static void test_response_chat_error_and_echo(void **state)
     assert_int_equal(parse(TSR_OAI_COMPLETIONS, "{\"prompt\":\"Hi\",\"echo\":true,\"max_tokens\":2}", &rq, &err),
                      TSR_OK);
     tsr_oai_result *r;
-    assert_int_equal(tsr_oai_result_new(rq, &model, "cmpl-2", 1, &r), TSR_OK);
+    assert_int_equal(tsr_oai_result_new(rq, &oai.model, "cmpl-2", 1, &r), TSR_OK);
     tsr_gen_event ev = event("!", 5, NULL, TSR_FINISH_NONE, 2, 1);
     assert_int_equal(tsr_oai_result_add(r, 0, &ev, NULL), TSR_OK);
     ev = event("", -1, NULL, TSR_FINISH_ERROR, 2, 1);
@@ -403,7 +391,7 @@ static void test_response_chat_error_and_echo(void **state)
     tsr_oai_result_free(r);
     tsr_oai_request_free(rq);
 
-    json_t *models = tsr_oai_models_json(&model);
+    json_t *models = tsr_oai_models_json(&oai.model);
     assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(models, "data"), 0), "id")),
                         "tiny");
     json_decref(models);
