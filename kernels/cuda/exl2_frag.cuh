@@ -22,6 +22,7 @@
 #define TSR_CUDA_EXL2_FRAG_CUH
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/mma.cuh"
 
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -118,13 +119,24 @@ __device__ __forceinline__ void frag_a(const uint32_t (&w)[B], const frag_scales
     a[3] = frag_reg<B, GPTQ, 4 * F + 3>(w, sc.zc[j0 + 1]);
 }
 
-/* d += a · b on the tensor cores: m16n8k16, fp16 operands, fp32 accumulation. */
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+/* Scales and zero points of one column block: nibble g of code word j is column 8 j + g's code; tab: GPTQ, the
+ * block's 32 fp16 scales, EXL2, the group's 16-entry scale table (frag_group_params and the GEMV's ring header). */
+__device__ __forceinline__ void frag_scales_decode(const uint32_t *wq, const __half *tab, bool gptq, int zero_add,
+                                                   int g, frag_scales &out)
 {
-    /* not volatile: the compiler may interleave independent mma's */
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int code = (int)((wq[j] >> (4 * g)) & 0xfu);
+        if (gptq) {
+            const float zero = (float)(code + zero_add);
+            out.s[j] = __half2float(tab[8 * j + g]);
+            out.zc[j][0] = __float2half2_rn(-(1024.0f + zero));
+            out.zc[j][1] = __float2half2_rn(-(64.0f + zero));
+        } else {
+            out.s[j] = __half2float(tab[code]);
+            out.zc[j][0] = out.zc[j][1] = __float2half2_rn(0.0f);
+        }
+    }
 }
 
 /* Scales (fp16-rounded, as ExLlamaV2 evaluates them) and zero points of group grp for the four columns a lane
@@ -136,19 +148,8 @@ __device__ __forceinline__ void frag_group_params(const tsr_linear_dev &L, int g
     const uint32_t *codes = L.gptq ? L.g_zeros : L.q_scale;
     const uint4 q = __ldg((const uint4 *)(codes + (size_t)grp * (L.Npad / 8) + 4 * cb));
     const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const int code = (int)((wq[j] >> (4 * g)) & 0xfu);
-        if (L.gptq) {
-            const float zero = (float)(code + L.zero_add);
-            out->s[j] = __half2float(L.g_scales[(size_t)grp * L.Npad + 32 * cb + 8 * j + g]);
-            out->zc[j][0] = __float2half2_rn(-(1024.0f + zero));
-            out->zc[j][1] = __float2half2_rn(-(64.0f + zero));
-        } else {
-            out->s[j] = __half2float(L.s_table[(size_t)grp * 16 + code]);
-            out->zc[j][0] = out->zc[j][1] = __float2half2_rn(0.0f);
-        }
-    }
+    const __half *tab = L.gptq ? L.g_scales + (size_t)grp * L.Npad + 32 * cb : L.s_table + (size_t)grp * 16;
+    frag_scales_decode(wq, tab, L.gptq, L.zero_add, g, *out);
 }
 
 #endif

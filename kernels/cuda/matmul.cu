@@ -4,11 +4,11 @@
  * exl2_frag.cuh. A block of 8 warps covers 128 columns and a range of 32-row units; the block first gathers its
  * activations through the permutation into shared memory, already split into fp16 hi + lo halves in the B-operand
  * order of mma.m16n8k16 (so the products are exact to ~2^-22 like fp32), and each warp then streams 64 columns of
- * one quarter of the units: b words per lane per 32 × 32 block, decoded with one shift and mask per two codes,
- * the zero point subtracted in fp16 (exact), two mma's (hi, lo) per 16 × 16 tile into fp32 accumulators that are
- * scaled once per group. Warps of a block add up in shared memory; when K is split over blocks to fill the chip,
- * a second kernel adds the blocks' partial sums and the bias (deterministic). Up to three matrices with the same
- * input (q/k/v, gate/up) run as one launch.
+ * one quarter of the units: b words per lane per 32 × 32 block, each pair of codes masked in place into an fp16
+ * pattern (one LOP3) and scaled back with the zero point subtracted by one HFMA2 (exact), two mma's (hi, lo) per
+ * 16 × 16 tile into fp32 accumulators that are scaled once per group. Warps of a block add up in shared memory;
+ * when K is split over blocks to fill the chip, a second kernel adds the blocks' partial sums and the bias
+ * (deterministic). Up to three matrices with the same input (q/k/v, gate/up) run as one launch.
  * EXL2 and GPTQ, prefill and batches from TSR_CUDA_DQ_MIN_M (default 9) rows: the activations are gathered
  * through the permutation as fp16; column slabs of the matrix are dequantized to fp16 into one buffer reserved at
  * model preparation (the largest layer matrix) and multiplied by cuBLAS (fp16 operands, fp32 accumulation), as
@@ -22,6 +22,20 @@
 #include <cuda_bf16.h>
 #include <stdlib.h>
 #include <string.h>
+#include <type_traits>
+
+/* Calls f(std::integral_constant<int, B>{}) for a unit's width B = bits: 2, 3, 4, 5, 6, anything else 8. */
+template <class F> __device__ __forceinline__ void frag_with_width(int bits, F &&f)
+{
+    switch (bits) {
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+    }
+}
 
 /* ---- decode GEMV over the fragment layout ---- */
 
@@ -151,24 +165,13 @@ __device__ __forceinline__ void fg_issue(const fg_warp &W, int ra, int rb, int s
     }
 }
 
-/* Scales and zero points of a group from its header entry (column mapping as in frag_group_params). */
+/* Scales and zero points of a group from its header entry (decoded by frag_scales_decode, as frag_group_params). */
 template <int B, bool GPTQ>
 __device__ __forceinline__ void fg_group_from_hdr(const uint32_t *hdr, int zero_add, int g, frag_scales (&sc)[2])
 {
 #pragma unroll
     for (int c = 0; c < 2; c++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int code = (int)((hdr[4 * c + j] >> (4 * g)) & 0xfu);
-            if (GPTQ) {
-                const float zero = (float)(code + zero_add);
-                sc[c].s[j] = __half2float(((const __half *)(hdr + 8 + 16 * c))[8 * j + g]);
-                sc[c].zc[j][0] = __float2half2_rn(-(1024.0f + zero));
-                sc[c].zc[j][1] = __float2half2_rn(-(64.0f + zero));
-            } else {
-                sc[c].s[j] = __half2float(((const __half *)(hdr + 8))[code]);
-            }
-        }
+        frag_scales_decode(hdr + 4 * c, (const __half *)(hdr + 8 + (GPTQ ? 16 * c : 0)), GPTQ, zero_add, g, sc[c]);
 }
 
 /* One 16-row step KS of a unit: the four tiles' A operands (column block c, column tile ct: tile 2 c + ct,
@@ -222,7 +225,6 @@ __device__ __forceinline__ void fg_unit(const uint32_t *words, const uint4 *stag
     fg_ks<B, GPTQ, 1>(w, tok < M ? stage[((ul * 2 + 1) * M + tok) * 4 + (lane & 3)] : make_uint4(0, 0, 0, 0), sc, acc);
 }
 
-/* The first FG_RING - 1 steps of the run [ra, rb) of width B (see fg_run). */
 /* The first FG_RING - 1 steps of the run [ra, rb) of width B, into slots 0, 1, ... (see fg_run). */
 template <int B> __device__ __forceinline__ void fg_prologue(const fg_warp &W, int ra, int rb)
 {
@@ -235,16 +237,20 @@ template <int B> __device__ __forceinline__ void fg_prologue(const fg_warp &W, i
     }
 }
 
+/* fg_prologue for a run of runtime width `bits`. */
 __device__ __forceinline__ void fg_prologue_any(int bits, const fg_warp &W, int ra, int rb)
 {
-    switch (bits) {
-    case 2: fg_prologue<2>(W, ra, rb); break;
-    case 3: fg_prologue<3>(W, ra, rb); break;
-    case 4: fg_prologue<4>(W, ra, rb); break;
-    case 5: fg_prologue<5>(W, ra, rb); break;
-    case 6: fg_prologue<6>(W, ra, rb); break;
-    default: fg_prologue<8>(W, ra, rb); break;
-    }
+    frag_with_width(bits, [&](auto w) {
+        constexpr int B = decltype(w)::value;
+        fg_prologue<B>(W, ra, rb);
+    });
+}
+
+/* The end of a run in the warp's unit records: rb advanced past the units as wide as unit ref, up to n. */
+__device__ __forceinline__ int fg_run_end(const uint2 *meta, int rb, int n, int ref)
+{
+    while (rb < n && (int)(meta[rb].y >> 24) == (int)(meta[ref].y >> 24)) rb++;
+    return rb;
 }
 
 /* The warp's units [ra, rb) (all of width B) through the ring, FG_RING - 1 steps in flight; the ring starts at
@@ -328,9 +334,8 @@ __global__ void __launch_bounds__(FG_WARPS * 32, 2) frag_gemv_kernel(const __gri
     __syncwarp();
     /* the weights are constant: the first run's first steps go out before waiting for the kernel that writes x
      * (programmatic dependent launch) and while the block stages x */
-    int rb0 = n > 0 ? 1 : 0;
+    const int rb0 = fg_run_end(W.meta, n > 0 ? 1 : 0, n, 0);
     const int bits0 = n > 0 ? (GPTQ ? 4 : (int)(W.meta[0].y >> 24)) : 0;
-    while (rb0 < n && (int)(W.meta[rb0].y >> 24) == (int)(W.meta[0].y >> 24)) rb0++;
     if (n > 0) fg_prologue_any(bits0, W, wa, wa + rb0);
     tsr_pdl_wait();
     fg_stage(L, x, M, u0, nu, fg_smem);
@@ -345,20 +350,15 @@ __global__ void __launch_bounds__(FG_WARPS * 32, 2) frag_gemv_kernel(const __gri
     int cur = -1;
     for (int ra = 0; ra < n;) {
         const int bits = (int)(W.meta[ra].y >> 24);
-        int rb = ra + 1;
-        while (rb < n && (int)(W.meta[rb].y >> 24) == bits) rb++;
+        const int rb = fg_run_end(W.meta, ra + 1, n, ra);
         const bool issued = ra == 0;
         if (GPTQ) {
             fg_run<4, true, ONE>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot);
         } else {
-            switch (bits) {
-            case 2: fg_run<2, false, ONE>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot); break;
-            case 3: fg_run<3, false, ONE>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot); break;
-            case 4: fg_run<4, false, ONE>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot); break;
-            case 5: fg_run<5, false, ONE>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot); break;
-            case 6: fg_run<6, false, ONE>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot); break;
-            default: fg_run<8, false, ONE>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot); break;
-            }
+            frag_with_width(bits, [&](auto w) {
+                constexpr int B = decltype(w)::value;
+                fg_run<B, false, ONE>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot);
+            });
         }
         ra = rb;
     }
@@ -436,7 +436,8 @@ static void fg_plan(const tsr_linear_dev *L, int M, int target, int *ub, int *sp
     *splits = (L->n_units + u - 1) / u;
 }
 
-/* The block target: TSR_CUDA_GEMV_BLOCKS, else one wave (two blocks per SM: registers and shared memory allow two). */
+/* The block target: TSR_CUDA_GEMV_BLOCKS, else one block per SM. Two fit (registers, shared memory), but splitting
+ * K that far costs more in per-block staging and ring start-up than it gains (NOTES.md, stop 15). */
 static int fg_target(void)
 {
     static int t = -1;
@@ -447,7 +448,7 @@ static int fg_target(void)
             cudaGetLastError();
             sms = 132;
         }
-        t = e && atoi(e) > 0 ? atoi(e) : 2 * sms;
+        t = e && atoi(e) > 0 ? atoi(e) : sms;
     }
     return t;
 }
@@ -564,14 +565,10 @@ __global__ void __launch_bounds__(128) frag_dequant_kernel(tsr_linear_dev L, int
     if (L.gptq) {
         frag_dequant_tile<4, true>(L.fw, base, sc, lane, tile[warp]);
     } else {
-        switch (bits) {
-        case 2: frag_dequant_tile<2, false>(L.fw, base, sc, lane, tile[warp]); break;
-        case 3: frag_dequant_tile<3, false>(L.fw, base, sc, lane, tile[warp]); break;
-        case 4: frag_dequant_tile<4, false>(L.fw, base, sc, lane, tile[warp]); break;
-        case 5: frag_dequant_tile<5, false>(L.fw, base, sc, lane, tile[warp]); break;
-        case 6: frag_dequant_tile<6, false>(L.fw, base, sc, lane, tile[warp]); break;
-        default: frag_dequant_tile<8, false>(L.fw, base, sc, lane, tile[warp]); break;
-        }
+        frag_with_width(bits, [&](auto w) {
+            constexpr int B = decltype(w)::value;
+            frag_dequant_tile<B, false>(L.fw, base, sc, lane, tile[warp]);
+        });
     }
     __syncwarp();
     const size_t ldw = (size_t)wcb * 32;
