@@ -286,24 +286,49 @@ __device__ __forceinline__ void fg_run(const tsr_linear_dev &L, const fg_warp &W
 }
 
 /* Activations of units [u0, u0 + nu) as staged B operands: entry ((unit · 2 + ks) · M + token) · 4 + quad holds
- * the hi halves of rows c, c+1 and c+8, c+9 (c = 2 quad) of the 16-row step, then the lo halves. */
-__device__ __forceinline__ void fg_stage(const tsr_linear_dev &L, const float *x, int M, int u0, int nu, uint4 *stage)
+ * the hi halves of rows c, c+1 and c+8, c+9 (c = 2 quad) of the 16-row step, then the lo halves. The block's
+ * threads take the (16-row step, quad) pairs of the range in chunks of FG_STAGE_CHUNK each: a chunk's sources
+ * (unit rows through the permutation, which does not depend on x) are read first, so the first chunk's can be read
+ * before the PDL wait, and then all its x values are requested before any is converted. */
+#define FG_STAGE_CHUNK 4
+struct fg_src {
+    int s[FG_STAGE_CHUNK][4];
+};
+
+__device__ __forceinline__ void fg_stage_src(const tsr_linear_dev &L, int u0, int pairs, int chunk, fg_src &S)
 {
-    const int entries = nu * 2 * M * 4;
-    for (int i = threadIdx.x; i < entries; i += blockDim.x) {
-        const int q = i & 3, tok = (i >> 2) % M, uk = (i >> 2) / M;
-        const int k = u0 * 32 + uk * 16 + 2 * q;
-        const int off[4] = {0, 1, 8, 9};
-        __half hi[4], lo[4];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int src = L.uperm[k + off[j]];
-            const float v = src >= 0 ? x[(size_t)tok * L.K + src] : 0.0f;
-            hi[j] = __float2half_rn(v);
-            lo[j] = __float2half_rn(v - __half2float(hi[j]));
+    for (int p = 0; p < FG_STAGE_CHUNK; p++) {
+        const int i = (chunk * FG_STAGE_CHUNK + p) * (int)blockDim.x + (int)threadIdx.x;
+        const int k = u0 * 32 + (i >> 2) * 16 + 2 * (i & 3);
+#pragma unroll
+        for (int j = 0; j < 4; j++) S.s[p][j] = i < pairs ? L.uperm[k + (j & 1) + 8 * (j >> 1)] : -1;
+    }
+}
+
+__device__ __forceinline__ void fg_stage_chunk(const float *x, int K, int M, int pairs, int chunk, const fg_src &S,
+                                               uint4 *stage)
+{
+    for (int tok = 0; tok < M; tok++) {
+        float v[FG_STAGE_CHUNK][4];
+#pragma unroll
+        for (int p = 0; p < FG_STAGE_CHUNK; p++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) v[p][j] = S.s[p][j] >= 0 ? x[(size_t)tok * K + S.s[p][j]] : 0.0f;
+#pragma unroll
+        for (int p = 0; p < FG_STAGE_CHUNK; p++) {
+            const int i = (chunk * FG_STAGE_CHUNK + p) * (int)blockDim.x + (int)threadIdx.x;
+            if (i >= pairs) continue;
+            __half hi[4], lo[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                hi[j] = __float2half_rn(v[p][j]);
+                lo[j] = __float2half_rn(v[p][j] - __half2float(hi[j]));
+            }
+            stage[((i >> 2) * M + tok) * 4 + (i & 3)] =
+                make_uint4(h2_bits(__halves2half2(hi[0], hi[1])), h2_bits(__halves2half2(hi[2], hi[3])),
+                           h2_bits(__halves2half2(lo[0], lo[1])), h2_bits(__halves2half2(lo[2], lo[3])));
         }
-        stage[i] = make_uint4(h2_bits(__halves2half2(hi[0], hi[1])), h2_bits(__halves2half2(hi[2], hi[3])),
-                              h2_bits(__halves2half2(lo[0], lo[1])), h2_bits(__halves2half2(lo[2], lo[3])));
     }
 }
 
@@ -337,8 +362,15 @@ __global__ void __launch_bounds__(FG_WARPS * 32, 2) frag_gemv_kernel(const __gri
     const int rb0 = fg_run_end(W.meta, n > 0 ? 1 : 0, n, 0);
     const int bits0 = n > 0 ? (GPTQ ? 4 : (int)(W.meta[0].y >> 24)) : 0;
     if (n > 0) fg_prologue_any(bits0, W, wa, wa + rb0);
+    const int pairs = nu * 8, chunks = (pairs + FG_STAGE_CHUNK * FG_WARPS * 32 - 1) / (FG_STAGE_CHUNK * FG_WARPS * 32);
+    fg_src S;
+    fg_stage_src(L, u0, pairs, 0, S);
     tsr_pdl_wait();
-    fg_stage(L, x, M, u0, nu, fg_smem);
+    fg_stage_chunk(x, L.K, M, pairs, 0, S, fg_smem);
+    for (int c = 1; c < chunks; c++) {
+        fg_stage_src(L, u0, pairs, c, S);
+        fg_stage_chunk(x, L.K, M, pairs, c, S, fg_smem);
+    }
     __syncthreads();
 
     float acc[4][4], tot[4][4];
