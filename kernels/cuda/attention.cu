@@ -17,6 +17,7 @@
  * step rounded to fp16 exactly like the CPU quantizer, which it matches code for code. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
+#include "kernels/cuda/launch.cuh"
 
 #include <math.h>
 #include <stdlib.h>
@@ -136,6 +137,7 @@ __global__ void attn_kernel(tsr_batch_layout b, tsr_attn_args a, const T *kc, co
 
 __global__ void attn_merge_kernel(size_t items, int d, int n_splits, const float2 *part_ml, const float *part_acc, float *out)
 {
+    tsr_pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= items * d) return;
     size_t item = i / d;
@@ -448,6 +450,11 @@ void tsr_cuda_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const
     static int flash = -1;
     if (flash < 0) flash = !getenv("TSR_CUDA_FLASH") || atoi(getenv("TSR_CUDA_FLASH")) != 0;
     if (flash && !quant && b->n_rows >= 2 * b->n_seqs && tsr_cuda_attention_prefill(b, a, kv, q, out)) return;
+    /* the rest, over an fp16 cache with head_dim 64 or 128, go to attention_decode.cu's block per (row, KV head,
+     * split) (TSR_CUDA_ATTN_DECODE=0 keeps them here) */
+    static int fast_decode = -1;
+    if (fast_decode < 0) fast_decode = !getenv("TSR_CUDA_ATTN_DECODE") || atoi(getenv("TSR_CUDA_ATTN_DECODE")) != 0;
+    if (fast_decode && !quant && tsr_cuda_attention_decode(b, a, kv, q, out)) return;
     /* split the context when rows × heads alone would leave the chip idle: enough splits for about
      * ATTN_TARGET_WARPS warps, none shorter than ATTN_MIN_SPLIT positions of the longest row */
     size_t items = (size_t)b->n_rows * a->n_heads;
@@ -481,8 +488,11 @@ void tsr_cuda_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const
         default: launch<8>(b, a, kv, q, out, ml, pacc, n_splits); break;
         }
     }
-    if (n_splits > 1) {
-        attn_merge_kernel<<<tsr_div_up(items * d, 256), 256, 0, tsr_cuda_stream()>>>(items, d, n_splits, ml, pacc, out);
-        TSR_CUDA_LAUNCHED();
-    }
+    if (n_splits > 1) tsr_cuda_attn_merge(items, d, n_splits, ml, pacc, out);
+}
+
+void tsr_cuda_attn_merge(size_t items, int d, int n_splits, const float2 *part_ml, const float *part_acc, float *out)
+{
+    tsr_launch(attn_merge_kernel, dim3(tsr_div_up(items * d, 256)), dim3(256), items, d, n_splits, part_ml, part_acc,
+               out);
 }

@@ -295,6 +295,7 @@ static void test_attention(void **state)
     check_attention(64, TSR_F16, 0, 0);
     check_attention(128, TSR_F32, 40, 0);
     check_attention(96, TSR_F16, 300, 1);
+    check_attention(64, TSR_F16, 300, 1); /* attention_decode.cu with a window */
     check_attention(128, TSR_F16, 0, 0);
     check_attention(128, TSR_F16, 40, 0);
     check_attention(64, TSR_F16, 100, 2);

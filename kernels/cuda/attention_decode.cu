@@ -1,0 +1,215 @@
+/* Decode attention for fp16 KV caches: one block per (row, KV head, split of the context), all the query heads that
+ * share the KV head together (grouped-query attention), the split's K and V rows copied to shared memory at once.
+ *
+ * The general kernel of attention.cu walks positions one round of four after another in a warp per (row, head);
+ * at batch 1 that costs ~29 µs per layer for a context a few hundred tokens long, all of it latency. Here a block
+ * of 128 threads takes up to AD_CHUNK positions per round: their K and V rows (gathered through the page table)
+ * arrive by cp.async in one round trip and serve every query head of the group; the G × AD_CHUNK scores are dot
+ * products read from shared memory (a thread per position and half of the heads), a warp per head folds them
+ * into a running softmax (max and sum in fp32, as the general kernel computes them), and a thread per output dim
+ * pair and group of heads adds P·V. A block takes one or more rounds: there are enough splits to give the chip a
+ * few blocks per SM, split s taking rounds s, s + splits, ... (so a launch sized for a CUDA graph's longest
+ * possible context still spreads a short one over its blocks), and with more than one split the partial (max,
+ * sum, unnormalized output) triples go to attention.cu's merge kernel in its format.
+ * Launched with programmatic dependent launch: everything it reads comes from the kernels before it. */
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_kernels.cuh"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mma.cuh"
+
+#include <math.h>
+
+#define AD_CHUNK 64       /* positions per round */
+#define AD_THREADS 128
+#define AD_MAX_G 16       /* query heads per KV head */
+#define AD_TARGET_BLOCKS 512
+
+/* Shared memory: q of the group (fp32), the round's scores / probabilities, the running max, sum and rescale per
+ * head (and a spare, for alignment), and the round's K and V rows (fp16, rows padded by 16 bytes against bank conflicts). */
+static size_t ad_smem_bytes(int D, int G)
+{
+    return (size_t)G * D * 4 + (size_t)G * AD_CHUNK * 4 + (size_t)G * 4 * 4 + 2 * (size_t)AD_CHUNK * (D + 8) * 2;
+}
+
+template <int D>
+__global__ void __launch_bounds__(AD_THREADS)
+    attn_decode_kernel(tsr_batch_layout b, tsr_attn_args a, const __half *kc, const __half *vc, int page_size,
+                       const float *q, float *out, float2 *part_ml, float *part_acc, int n_splits)
+{
+    constexpr int DP = D + 8, VEC = D / 8;
+    constexpr int HG = AD_THREADS / (D / 2);             /* head groups of the P·V threads */
+    constexpr int NH = (AD_MAX_G + HG - 1) / HG;          /* heads per P·V thread at most */
+    constexpr int NS = AD_MAX_G / (AD_THREADS / AD_CHUNK); /* heads per score thread at most */
+    const int split = blockIdx.x, kvh = blockIdx.y, row = blockIdx.z;
+    const int G = a.n_heads / a.n_kv_heads, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    extern __shared__ __align__(16) unsigned char ad_smem[];
+    float *qs = (float *)ad_smem;           /* [G][D] */
+    float *ps = qs + G * D;                 /* [G][AD_CHUNK] */
+    float *m_run = ps + G * AD_CHUNK;       /* [G] */
+    float *l_run = m_run + G;               /* [G] */
+    float *factor = l_run + G;              /* [G] rescale of the output in this round */
+    __half *ks = (__half *)(factor + 2 * G); /* [AD_CHUNK][DP], 16-byte aligned (a spare [G] before it) */
+    __half *vs = ks + AD_CHUNK * DP;
+
+    tsr_pdl_wait();
+    const int p = b.positions[row];
+    const int lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+    const size_t item0 = (size_t)row * a.n_heads + (size_t)kvh * G; /* the group's first (row, head) */
+    if (lo + split * AD_CHUNK > p) { /* an empty split (contexts shorter than the launch was sized for): a neutral partial */
+        if (tid < G) part_ml[(item0 + tid) * n_splits + split] = make_float2(-INFINITY, 0.0f);
+        return;
+    }
+    const int32_t *table = b.page_tables + (size_t)b.row_seq[row] * b.max_pages;
+    const int width = a.n_kv_heads * D;
+    for (int i = tid; i < G * D; i += AD_THREADS) qs[i] = q[item0 * D + i] * a.scale;
+    if (tid < G) m_run[tid] = -INFINITY, l_run[tid] = 0.0f;
+
+    const int d2 = tid % (D / 2), hg = tid / (D / 2); /* P·V: output dims 2 d2, 2 d2 + 1 of heads hg + HG j */
+    float2 o[NH];
+#pragma unroll
+    for (int j = 0; j < NH; j++) o[j] = make_float2(0.0f, 0.0f);
+
+    for (int t0 = lo + split * AD_CHUNK; t0 <= p; t0 += n_splits * AD_CHUNK) {
+        const int n = min(AD_CHUNK, p + 1 - t0);
+        for (int i = tid; i < AD_CHUNK * VEC; i += AD_THREADS) {
+            const int r = i / VEC, c8 = (i % VEC) * 8, t = t0 + r;
+            const bool ok = r < n;
+            const size_t off =
+                ok ? ((size_t)table[t / page_size] * page_size + t % page_size) * width + (size_t)kvh * D + c8 : 0;
+            cp_async16_zfill(ks + r * DP + c8, kc + off, ok);
+            cp_async16_zfill(vs + r * DP + c8, vc + off, ok);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group 0;\n" ::);
+        __syncthreads();
+
+        /* scores: position pp against heads h0, h0 + 2, ... */
+        {
+            const int pp = tid % AD_CHUNK, h0 = tid / AD_CHUNK;
+            float s[NS];
+#pragma unroll
+            for (int j = 0; j < NS; j++) s[j] = 0.0f;
+#pragma unroll 4
+            for (int c = 0; c < VEC; c++) {
+                const uint4 kw = *(const uint4 *)(ks + pp * DP + c * 8);
+                const float2 k0 = __half22float2(*(const __half2 *)&kw.x), k1 = __half22float2(*(const __half2 *)&kw.y);
+                const float2 k2 = __half22float2(*(const __half2 *)&kw.z), k3 = __half22float2(*(const __half2 *)&kw.w);
+#pragma unroll
+                for (int j = 0; j < NS; j++) {
+                    const int h = h0 + 2 * j;
+                    if (h >= G) break;
+                    const float4 qa = *(const float4 *)(qs + h * D + c * 8), qb = *(const float4 *)(qs + h * D + c * 8 + 4);
+                    s[j] += qa.x * k0.x + qa.y * k0.y + qa.z * k1.x + qa.w * k1.y + qb.x * k2.x + qb.y * k2.y +
+                            qb.z * k3.x + qb.w * k3.y;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NS; j++) {
+                const int h = h0 + 2 * j;
+                if (h < G) ps[h * AD_CHUNK + pp] = pp < n ? s[j] : -INFINITY;
+            }
+        }
+        __syncthreads();
+
+        /* the running softmax: a warp per head, two positions per lane */
+        for (int h = warp; h < G; h += AD_THREADS / 32) {
+            float v0 = ps[h * AD_CHUNK + lane], v1 = ps[h * AD_CHUNK + lane + 32];
+            float mx = fmaxf(v0, v1);
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            const float m_new = fmaxf(m_run[h], mx); /* finite: the round has at least one position */
+            v0 = __expf(v0 - m_new), v1 = __expf(v1 - m_new);
+            float sum = v0 + v1;
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+            ps[h * AD_CHUNK + lane] = v0, ps[h * AD_CHUNK + lane + 32] = v1;
+            __syncwarp();
+            if (lane == 0) {
+                const float r = __expf(m_run[h] - m_new); /* 0 in the first round (m_run = -inf) */
+                l_run[h] = l_run[h] * r + sum;
+                m_run[h] = m_new;
+                factor[h] = r;
+            }
+        }
+        __syncthreads();
+
+        /* O = O · factor + P · V */
+#pragma unroll
+        for (int j = 0; j < NH; j++) {
+            const int h = hg + HG * j;
+            if (h < G) o[j].x *= factor[h], o[j].y *= factor[h];
+        }
+        for (int t = 0; t < n; t++) {
+            const float2 v = __half22float2(*(const __half2 *)(vs + t * DP + 2 * d2));
+#pragma unroll
+            for (int j = 0; j < NH; j++) {
+                const int h = hg + HG * j;
+                if (h >= G) break;
+                const float w = ps[h * AD_CHUNK + t];
+                o[j].x = fmaf(w, v.x, o[j].x), o[j].y = fmaf(w, v.y, o[j].y);
+            }
+        }
+        __syncthreads(); /* the round's rows and probabilities are reused by the next round */
+    }
+    tsr_pdl_trigger();
+
+#pragma unroll
+    for (int j = 0; j < NH; j++) {
+        const int h = hg + HG * j;
+        if (h >= G) break;
+        const size_t item = item0 + h;
+        if (n_splits == 1) {
+            const float inv = l_run[h] > 0.0f ? 1.0f / l_run[h] : 0.0f;
+            *(float2 *)(out + item * D + 2 * d2) = make_float2(o[j].x * inv, o[j].y * inv);
+        } else {
+            *(float2 *)(part_acc + (item * n_splits + split) * D + 2 * d2) = o[j];
+            if (d2 == 0) part_ml[item * n_splits + split] = make_float2(m_run[h], l_run[h]);
+        }
+    }
+}
+
+template <int D>
+static int ad_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
+                     float *out)
+{
+    const int G = a->n_heads / a->n_kv_heads;
+    const size_t smem = ad_smem_bytes(D, G);
+    static bool configured = false;
+    if (!configured) {
+        TSR_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)ad_smem_bytes(D, AD_MAX_G)));
+        configured = true;
+    }
+    /* enough splits for about AD_TARGET_BLOCKS blocks, at most one per round of the longest visible span (in a
+     * CUDA graph, the longest possible); split s takes rounds s, s + n_splits, ... of its row, so the work spreads
+     * over the splits whatever the actual context length */
+    int span = b->max_position + 1;
+    if (a->window > 0 && a->window < span) span = a->window;
+    const int rounds = (span + AD_CHUNK - 1) / AD_CHUNK;
+    int n_splits = AD_TARGET_BLOCKS / (b->n_rows * a->n_kv_heads);
+    if (n_splits > rounds) n_splits = rounds;
+    if (n_splits < 1) n_splits = 1;
+    const size_t items = (size_t)b->n_rows * a->n_heads;
+    float2 *ml = NULL;
+    float *pacc = NULL;
+    if (n_splits > 1) {
+        ml = (float2 *)tsr_cuda_scratch(1, items * n_splits * sizeof(float2));
+        pacc = (float *)tsr_cuda_scratch(2, items * n_splits * D * sizeof(float));
+    }
+    tsr_launch_smem(attn_decode_kernel<D>, dim3((unsigned)n_splits, (unsigned)a->n_kv_heads, (unsigned)b->n_rows),
+                    dim3(AD_THREADS), smem, *b, *a, (const __half *)kv->k[a->layer], (const __half *)kv->v[a->layer],
+                    kv->page_size, q, out, ml, pacc, n_splits);
+    if (n_splits > 1) tsr_cuda_attn_merge(items, D, n_splits, ml, pacc, out);
+    return 1;
+}
+
+int tsr_cuda_attention_decode(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
+                              float *out)
+{
+    if (kv->dtype != TSR_F16 || a->n_heads % a->n_kv_heads || a->n_heads / a->n_kv_heads > AD_MAX_G) return 0;
+    switch (a->head_dim) {
+    case 64: return ad_launch<64>(b, a, kv, q, out);
+    case 128: return ad_launch<128>(b, a, kv, q, out);
+    default: return 0;
+    }
+}
