@@ -1,15 +1,17 @@
 /* Matrix multiplication on the GPU for every linear layer: y[M][N] = x[M][K] · W + bias.
  *
- * EXL2 and GPTQ, decode (M <= 8, below TSR_CUDA_DQ_MIN_M): a tensor-core GEMV over the fragment layout of
+ * EXL2 and GPTQ, decode (M <= 32, below TSR_CUDA_DQ_MIN_M): a tensor-core GEMV over the fragment layout of
  * exl2_frag.cuh. A block of 8 warps covers 128 columns and a range of 32-row units; the block first gathers its
- * activations through the permutation into shared memory, already split into fp16 hi + lo halves in the B-operand
- * order of mma.m16n8k16 (so the products are exact to ~2^-22 like fp32), and each warp then streams 64 columns of
- * one quarter of the units: b words per lane per 32 × 32 block, each pair of codes masked in place into an fp16
- * pattern (one LOP3) and scaled back with the zero point subtracted by one HFMA2 (exact), two mma's (hi, lo) per
- * 16 × 16 tile into fp32 accumulators that are scaled once per group. Warps of a block add up in shared memory;
- * when K is split over blocks to fill the chip, a second kernel adds the blocks' partial sums and the bias
- * (deterministic). Up to three matrices with the same input (q/k/v, gate/up) run as one launch.
- * EXL2 and GPTQ, prefill and batches from TSR_CUDA_DQ_MIN_M (default 9) rows: the activations are gathered
+ * activations through the permutation into shared memory in the B-operand order of mma.m16n8k16 (up to 8 rows
+ * split into fp16 hi + lo halves, so the products are exact to ~2^-22 like fp32; above 8 rows fp16, as on the
+ * cuBLAS path, staged once per launch by a small kernel and copied by each block), and each warp then streams 64
+ * columns of one quarter of the units: b words per lane per 32 × 32 block, each pair of codes masked in place
+ * into an fp16 pattern (one LOP3) and scaled back with the zero point subtracted by one HFMA2 (exact), then per
+ * 16 × 16 tile one mma per 8-token tile (two, hi and lo, up to 8 rows) into fp32 accumulators that are scaled
+ * once per group. Warps of a block add up in shared memory; when K is split over blocks to fill the chip, a
+ * second kernel adds the blocks' partial sums and the bias (deterministic). Up to three matrices with the same
+ * input (q/k/v, gate/up) run as one launch.
+ * EXL2 and GPTQ, prefill and batches from TSR_CUDA_DQ_MIN_M (default 33) rows: the activations are gathered
  * through the permutation as fp16; column slabs of the matrix are dequantized to fp16 into one buffer reserved at
  * model preparation (the largest layer matrix) and multiplied by cuBLAS (fp16 operands, fp32 accumulation), as
  * ExLlamaV2 does above 50 rows. kernels/cuda/NOTES.md has the figures.
@@ -43,13 +45,16 @@ template <class F> __device__ __forceinline__ void frag_with_width(int bits, F &
 #define FG_WK 4
 #define FG_COLS 128        /* columns per block */
 #define FG_MAX_PARTS 3     /* matrices per launch */
-#define FG_STAGE_MAX 32768 /* bytes of staged activations per block */
+#define FG_STAGE_MAX 32768 /* bytes of staged activations per block, M <= 8 (two blocks per SM) */
+#define FG_STAGE_WIDE 131072 /* the same for 8 < M <= 32 (one block per SM) */
+#define FG_MAX_M 32        /* the GEMV's rows at most: 1, 2 or 4 mma n-tiles of 8 tokens */
 #define FG_WARP_UNITS 64   /* unit records per warp, copied to shared memory */
 
 /* One matrix of a launch: its blocks are col_blocks × splits of the grid, after those of the parts before. */
 struct fg_part {
     tsr_linear_dev L;
     float *y, *partial; /* partial: [splits][M][Npad] when K is split over blocks, else NULL */
+    const uint2 *xs;    /* M > 8: the activations pre-staged by fg_prestage_kernel (fp16, B-operand order) */
     int ub;             /* units per block */
     int col_blocks, blocks;
 };
@@ -77,23 +82,25 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-/* tot += S · acc for the 4 tiles (2 column blocks × 2 column tiles) of a warp at the end of a group; ONE: only
- * token 0 (C column 0) is live. */
-template <bool ONE>
-__device__ __forceinline__ void fg_flush(float (&acc)[4][4], float (&tot)[4][4], const frag_scales (&sc)[2])
+/* tot += S · acc for the 4 tiles (2 column blocks × 2 column tiles) of a warp and each of its NT token tiles at
+ * the end of a group; ONE: only token 0 (C column 0) is live. */
+template <bool ONE, int NT>
+__device__ __forceinline__ void fg_flush(float (&acc)[NT][4][4], float (&tot)[NT][4][4], const frag_scales (&sc)[2])
 {
 #pragma unroll
-    for (int t = 0; t < 4; t++) {
-        const float s0 = sc[t >> 1].s[2 * (t & 1)], s1 = sc[t >> 1].s[2 * (t & 1) + 1];
-        tot[t][0] = fmaf(s0, acc[t][0], tot[t][0]);
-        tot[t][2] = fmaf(s1, acc[t][2], tot[t][2]);
-        if (!ONE) {
-            tot[t][1] = fmaf(s0, acc[t][1], tot[t][1]);
-            tot[t][3] = fmaf(s1, acc[t][3], tot[t][3]);
-        }
+    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) acc[t][i] = 0.0f;
-    }
+        for (int t = 0; t < 4; t++) {
+            const float s0 = sc[t >> 1].s[2 * (t & 1)], s1 = sc[t >> 1].s[2 * (t & 1) + 1];
+            tot[nt][t][0] = fmaf(s0, acc[nt][t][0], tot[nt][t][0]);
+            tot[nt][t][2] = fmaf(s1, acc[nt][t][2], tot[nt][t][2]);
+            if (!ONE) {
+                tot[nt][t][1] = fmaf(s0, acc[nt][t][1], tot[nt][t][1]);
+                tot[nt][t][3] = fmaf(s1, acc[nt][t][3], tot[nt][t][3]);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[nt][t][i] = 0.0f;
+        }
 }
 
 /* Everything a warp's run loop needs besides the accumulators. Each lane copies at most one 16-byte piece of a
@@ -101,7 +108,7 @@ __device__ __forceinline__ void fg_flush(float (&acc)[4][4], float (&tot)[4][4],
 struct fg_warp {
     const uint2 *meta;  /* the warp's unit records in shared memory (index: unit - wa) */
     uint32_t *ring;
-    const uint4 *stage; /* the block's staged activations */
+    const void *stage;  /* the block's staged activations (uint4 hi + lo entries for M <= 8, else uint2 hi) */
     const uint32_t *fw;
     const char *hsrc;
     size_t hstride;
@@ -175,10 +182,12 @@ __device__ __forceinline__ void fg_group_from_hdr(const uint32_t *hdr, int zero_
 }
 
 /* One 16-row step KS of a unit: the four tiles' A operands (column block c, column tile ct: tile 2 c + ct,
- * fragment 2 ct + KS), then their hi and lo mma's, interleaved across tiles so that no two adjacent mma's share
- * an accumulator. bf: the staged B operands (hi, hi, lo, lo). */
-template <int B, bool GPTQ, int KS>
-__device__ __forceinline__ void fg_ks(const uint32_t (&w)[2][B], uint4 bf, const frag_scales (&sc)[2], float (&acc)[4][4])
+ * fragment 2 ct + KS), then their mma's per token tile, interleaved across tiles so that no two adjacent mma's
+ * share an accumulator. bf: the staged B operands of each token tile (hi, hi, lo, lo); with one token tile the lo
+ * halves make the products exact, with more the activations are fp16 (as on the cuBLAS path). */
+template <int B, bool GPTQ, int KS, int NT>
+__device__ __forceinline__ void fg_ks(const uint32_t (&w)[2][B], const uint4 (&bf)[NT], const frag_scales (&sc)[2],
+                                      float (&acc)[NT][4][4])
 {
     uint32_t a[4][4];
     frag_a<B, GPTQ, KS>(w[0], sc[0], a[0]);
@@ -186,17 +195,36 @@ __device__ __forceinline__ void fg_ks(const uint32_t (&w)[2][B], uint4 bf, const
     frag_a<B, GPTQ, KS>(w[1], sc[1], a[2]);
     frag_a<B, GPTQ, 2 + KS>(w[1], sc[1], a[3]);
 #pragma unroll
-    for (int t = 0; t < 4; t++) mma_16816(acc[t], a[t], bf.x, bf.y);
+    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-    for (int t = 0; t < 4; t++) mma_16816(acc[t], a[t], bf.z, bf.w);
+        for (int t = 0; t < 4; t++) mma_16816(acc[nt][t], a[t], bf[nt].x, bf[nt].y);
+    if (NT == 1)
+#pragma unroll
+        for (int t = 0; t < 4; t++) mma_16816(acc[0][t], a[t], bf[0].z, bf[0].w);
+}
+
+/* The staged B operands of 16-row step uk for each token tile (see fg_stage_chunk for the entries). */
+template <int NT>
+__device__ __forceinline__ void fg_bop(const void *stage, int uk, int M, int lane, uint4 (&bf)[NT])
+{
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const int tok = (lane >> 2) + 8 * nt, e = (uk * M + tok) * 4 + (lane & 3);
+        if (NT == 1) {
+            bf[nt] = tok < M ? ((const uint4 *)stage)[e] : make_uint4(0, 0, 0, 0);
+        } else {
+            const uint2 v = tok < M ? ((const uint2 *)stage)[e] : make_uint2(0, 0);
+            bf[nt] = make_uint4(v.x, v.y, 0, 0);
+        }
+    }
 }
 
 /* Decodes one unit of width B from its slot: the lane's words, the staged B operands, and per 16-row step the
  * four tiles' A operands followed by their hi and lo mma's, interleaved across tiles so that no two adjacent
  * mma's share an accumulator. */
-template <int B, bool GPTQ>
-__device__ __forceinline__ void fg_unit(const uint32_t *words, const uint4 *stage, int ul, int M, int lane,
-                                        const frag_scales (&sc)[2], float (&acc)[4][4])
+template <int B, bool GPTQ, int NT>
+__device__ __forceinline__ void fg_unit(const uint32_t *words, const void *stage, int ul, int M, int lane,
+                                        const frag_scales (&sc)[2], float (&acc)[NT][4][4])
 {
     constexpr int na = frag_na(B), nb = frag_nb(B);
     uint32_t w[2][B];
@@ -220,9 +248,11 @@ __device__ __forceinline__ void fg_unit(const uint32_t *words, const uint4 *stag
             w[c][na] = p[32 * na + lane];
         }
     }
-    const int tok = lane >> 2;
-    fg_ks<B, GPTQ, 0>(w, tok < M ? stage[(ul * 2 * M + tok) * 4 + (lane & 3)] : make_uint4(0, 0, 0, 0), sc, acc);
-    fg_ks<B, GPTQ, 1>(w, tok < M ? stage[((ul * 2 + 1) * M + tok) * 4 + (lane & 3)] : make_uint4(0, 0, 0, 0), sc, acc);
+    uint4 bf[NT];
+    fg_bop<NT>(stage, ul * 2, M, lane, bf);
+    fg_ks<B, GPTQ, 0, NT>(w, bf, sc, acc);
+    fg_bop<NT>(stage, ul * 2 + 1, M, lane, bf);
+    fg_ks<B, GPTQ, 1, NT>(w, bf, sc, acc);
 }
 
 /* The first FG_RING - 1 steps of the run [ra, rb) of width B, into slots 0, 1, ... (see fg_run). */
@@ -255,9 +285,9 @@ __device__ __forceinline__ int fg_run_end(const uint2 *meta, int rb, int n, int 
 
 /* The warp's units [ra, rb) (all of width B) through the ring, FG_RING - 1 steps in flight; the ring starts at
  * slot 0 and drains at the end (a warp sees 2-3 runs). `issued`: the prologue is already in flight. */
-template <int B, bool GPTQ, bool ONE>
+template <int B, bool GPTQ, bool ONE, int NT>
 __device__ __forceinline__ void fg_run(const tsr_linear_dev &L, const fg_warp &W, int ra, int rb, bool issued, int &cur,
-                                    frag_scales (&sc)[2], float (&acc)[4][4], float (&tot)[4][4])
+                                    frag_scales (&sc)[2], float (&acc)[NT][4][4], float (&tot)[NT][4][4])
 {
     constexpr int NU = B <= 4 ? 2 : 1;
     const int steps = (rb - ra + NU - 1) / NU, g = W.lane >> 2;
@@ -274,11 +304,11 @@ __device__ __forceinline__ void fg_run(const tsr_linear_dev &L, const fg_warp &W
             if (i >= rb) break;
             const int grp = (int)(W.meta[i - W.wa].y & 0xffffffu);
             if (grp != cur) {
-                if (cur >= 0) fg_flush<ONE>(acc, tot, sc);
+                if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
                 fg_group_from_hdr<B, GPTQ>(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS, L.zero_add, g, sc);
                 cur = grp;
             }
-            fg_unit<B, GPTQ>(slot + uu * 2 * 32 * B, W.stage, i - W.u0, W.M, W.lane, sc, acc);
+            fg_unit<B, GPTQ, NT>(slot + uu * 2 * 32 * B, W.stage, i - W.u0, W.M, W.lane, sc, acc);
         }
     }
     cp_async_wait<0>();
@@ -332,9 +362,43 @@ __device__ __forceinline__ void fg_stage_chunk(const float *x, int K, int M, int
     }
 }
 
-template <bool ONE, bool GPTQ>
-__global__ void __launch_bounds__(FG_WARPS * 32, 2) frag_gemv_kernel(const __grid_constant__ fg_group G, const float *x,
-                                                                      int M, int stage_words)
+/* For 8 < M <= 32 the activations are staged once per launch instead of once per block (each block would gather
+ * M times more values than at M = 1): the entries of fg_stage_chunk, hi halves only, for every unit of each part,
+ * which the blocks then copy whole with cp.async. */
+struct fg_pre_part {
+    const int32_t *uperm;
+    uint2 *xs;
+    unsigned entries, blocks;
+};
+struct fg_pre_group {
+    fg_pre_part p[FG_MAX_PARTS];
+    int n;
+};
+
+__global__ void fg_prestage_kernel(const __grid_constant__ fg_pre_group G, const float *x, int M, int K)
+{
+    tsr_pdl_wait();
+    tsr_pdl_trigger();
+    unsigned b = blockIdx.x;
+    int part = 0;
+    while (part + 1 < G.n && b >= G.p[part].blocks) b -= G.p[part++].blocks;
+    const fg_pre_part &P = G.p[part];
+    const unsigned i = b * blockDim.x + threadIdx.x;
+    if (i >= P.entries) return;
+    const int q = (int)(i & 3), tok = (int)((i >> 2) % M), uk = (int)((i >> 2) / M);
+    const int k = uk * 16 + 2 * q;
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int src = P.uperm[k + (j & 1) + 8 * (j >> 1)];
+        v[j] = src >= 0 ? x[(size_t)tok * K + src] : 0.0f;
+    }
+    P.xs[i] = make_uint2(h2_bits(__floats2half2_rn(v[0], v[1])), h2_bits(__floats2half2_rn(v[2], v[3])));
+}
+
+template <bool ONE, bool GPTQ, int NT>
+__global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
+    frag_gemv_kernel(const __grid_constant__ fg_group G, const float *x, int M, int stage_words)
 {
     extern __shared__ uint4 fg_smem[];
     int b = blockIdx.x, part = 0;
@@ -362,22 +426,32 @@ __global__ void __launch_bounds__(FG_WARPS * 32, 2) frag_gemv_kernel(const __gri
     const int rb0 = fg_run_end(W.meta, n > 0 ? 1 : 0, n, 0);
     const int bits0 = n > 0 ? (GPTQ ? 4 : (int)(W.meta[0].y >> 24)) : 0;
     if (n > 0) fg_prologue_any(bits0, W, wa, wa + rb0);
-    const int pairs = nu * 8, chunks = (pairs + FG_STAGE_CHUNK * FG_WARPS * 32 - 1) / (FG_STAGE_CHUNK * FG_WARPS * 32);
-    fg_src S;
-    fg_stage_src(L, u0, pairs, 0, S);
-    tsr_pdl_wait();
-    fg_stage_chunk(x, L.K, M, pairs, 0, S, fg_smem);
-    for (int c = 1; c < chunks; c++) {
-        fg_stage_src(L, u0, pairs, c, S);
-        fg_stage_chunk(x, L.K, M, pairs, c, S, fg_smem);
+    if (NT == 1) {
+        const int pairs = nu * 8, chunks = (pairs + FG_STAGE_CHUNK * FG_WARPS * 32 - 1) / (FG_STAGE_CHUNK * FG_WARPS * 32);
+        fg_src S;
+        fg_stage_src(L, u0, pairs, 0, S);
+        tsr_pdl_wait();
+        fg_stage_chunk(x, L.K, M, pairs, 0, S, fg_smem);
+        for (int c = 1; c < chunks; c++) {
+            fg_stage_src(L, u0, pairs, c, S);
+            fg_stage_chunk(x, L.K, M, pairs, c, S, fg_smem);
+        }
+    } else { /* the block's stretch of the pre-staged entries: nu · 2 · M · 4 of 8 bytes */
+        tsr_pdl_wait();
+        const uint4 *src = (const uint4 *)(P.xs + (size_t)u0 * 2 * M * 4);
+        for (int i = threadIdx.x; i < nu * M * 4; i += FG_WARPS * 32) cp_async16(fg_smem + i, src + i);
+        cp_async_commit();
+        cp_async_wait<0>();
     }
     __syncthreads();
 
-    float acc[4][4], tot[4][4];
+    float acc[NT][4][4], tot[NT][4][4];
 #pragma unroll
-    for (int t = 0; t < 4; t++)
+    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) acc[t][i] = tot[t][i] = 0.0f;
+        for (int t = 0; t < 4; t++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[nt][t][i] = tot[nt][t][i] = 0.0f;
     frag_scales sc[2] = {};
     int cur = -1;
     for (int ra = 0; ra < n;) {
@@ -385,44 +459,48 @@ __global__ void __launch_bounds__(FG_WARPS * 32, 2) frag_gemv_kernel(const __gri
         const int rb = fg_run_end(W.meta, ra + 1, n, ra);
         const bool issued = ra == 0;
         if (GPTQ) {
-            fg_run<4, true, ONE>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot);
+            fg_run<4, true, ONE, NT>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot);
         } else {
             frag_with_width(bits, [&](auto w) {
                 constexpr int B = decltype(w)::value;
-                fg_run<B, false, ONE>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot);
+                fg_run<B, false, ONE, NT>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot);
             });
         }
         ra = rb;
     }
     tsr_pdl_trigger();
-    if (cur >= 0) fg_flush<ONE>(acc, tot, sc);
+    if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
 
     /* the FG_WK slices of each column group meet in shared memory (the staging area is free again) */
     __syncthreads();
     float *red = (float *)fg_smem;
 #pragma unroll
-    for (int t = 0; t < 4; t++)
+    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) red[(warp * 16 + t * 4 + i) * 32 + lane] = tot[t][i];
+        for (int t = 0; t < 4; t++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[((warp * NT + nt) * 16 + t * 4 + i) * 32 + lane] = tot[nt][t][i];
     __syncthreads();
     if (wk != 0) return;
     const int g = lane >> 2;
 #pragma unroll
-    for (int t = 0; t < 4; t++) {
-        const int cb = W.cb0 + (t >> 1);
-        if (cb >= ncb) continue;
+    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int m = 2 * (lane & 3) + (i & 1), nn = 32 * cb + 16 * (t & 1) + g + 8 * (i >> 1);
-            if (m >= M) continue;
-            float v = 0.0f;
-            for (int k = 0; k < FG_WK; k++) v += red[((k * 2 + wc) * 16 + t * 4 + i) * 32 + lane];
-            if (P.partial)
-                P.partial[((size_t)split * M + m) * L.Npad + nn] = v;
-            else if (nn < L.N)
-                P.y[(size_t)m * L.N + nn] = v + (L.bias ? __half2float(L.bias[nn]) : 0.0f);
+        for (int t = 0; t < 4; t++) {
+            const int cb = W.cb0 + (t >> 1);
+            if (cb >= ncb) continue;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int m = 8 * nt + 2 * (lane & 3) + (i & 1), nn = 32 * cb + 16 * (t & 1) + g + 8 * (i >> 1);
+                if (m >= M) continue;
+                float v = 0.0f;
+                for (int k = 0; k < FG_WK; k++) v += red[(((k * 2 + wc) * NT + nt) * 16 + t * 4 + i) * 32 + lane];
+                if (P.partial)
+                    P.partial[((size_t)split * M + m) * L.Npad + nn] = v;
+                else if (nn < L.N)
+                    P.y[(size_t)m * L.N + nn] = v + (L.bias ? __half2float(L.bias[nn]) : 0.0f);
+            }
         }
-    }
 }
 
 /* Sums the K-split partials of each part (those with splits > 1) plus bias into y, all parts in one launch. */
@@ -456,10 +534,14 @@ __global__ void exl2_reduce_group_kernel(const __grid_constant__ red_group G, in
 
 /* Units per block and K splits of one matrix: split K only as far as needed to give the chip about `target`
  * blocks, keeping at least two units per warp and the staged activations within FG_STAGE_MAX. */
+/* Bytes of staged activations per block, and per unit and token: hi + lo halves up to 8 rows, hi halves above. */
+static int fg_stage_max(int M) { return M <= 8 ? FG_STAGE_MAX : FG_STAGE_WIDE; }
+static int fg_unit_bytes(int M) { return (M <= 8 ? 128 : 64) * M; }
+
 static void fg_plan(const tsr_linear_dev *L, int M, int target, int *ub, int *splits)
 {
     const int col_blocks = (int)tsr_div_up(L->Npad, FG_COLS);
-    const int ub_max = min(FG_STAGE_MAX / (128 * M), FG_WARP_UNITS * FG_WK);
+    const int ub_max = min(fg_stage_max(M) / fg_unit_bytes(M), FG_WARP_UNITS * FG_WK);
     int sp = 1;
     while (col_blocks * sp < target && L->n_units / (sp * 2) >= 2 * FG_WK) sp *= 2;
     int u = (L->n_units + sp - 1) / sp;
@@ -485,8 +567,18 @@ static int fg_target(void)
     return t;
 }
 
+/* The kernel for M rows: token 0 only, or 1, 2 or 4 token tiles of 8. */
+template <bool GPTQ> static void (*fg_kernel(int M))(const fg_group, const float *, int, int)
+{
+    if (M == 1) return frag_gemv_kernel<true, GPTQ, 1>;
+    if (M <= 8) return frag_gemv_kernel<false, GPTQ, 1>;
+    if (M <= 16) return frag_gemv_kernel<false, GPTQ, 2>;
+    return frag_gemv_kernel<false, GPTQ, 4>;
+}
+
 /* The decode GEMV of n matrices with the same input and K in one launch (plus one reduction launch when any of
- * them splits K over blocks). Each part's partial sums take their own stretch of scratch slot 3. */
+ * them splits K over blocks, and for M > 8 one staging launch before it). Each part's partial sums take their own
+ * stretch of scratch slot 3, its pre-staged activations their own stretch of slot 0. */
 static void fg_launch(const tsr_linear_dev *const *Ls, int n, const float *x, int M, float *const *ys)
 {
     fg_group G = {};
@@ -504,7 +596,7 @@ static void fg_launch(const tsr_linear_dev *const *Ls, int n, const float *x, in
         splits[i] = sp;
         offset[i] = scratch;
         if (sp > 1) scratch += (size_t)sp * M * L->Npad;
-        G.p[i] = fg_part{*L, ys[i], NULL, ub, col_blocks, col_blocks * sp};
+        G.p[i] = fg_part{*L, ys[i], NULL, NULL, ub, col_blocks, col_blocks * sp};
         blocks += (unsigned)(col_blocks * sp);
         if (ub > ub_max) ub_max = ub;
     }
@@ -517,22 +609,38 @@ static void fg_launch(const tsr_linear_dev *const *Ls, int n, const float *x, in
         R.p[R.n++] = red_part{G.p[i].partial, Ls[i]->bias, ys[i], splits[i], Ls[i]->N, Ls[i]->Npad, rb};
         red_blocks += rb;
     }
+    if (M > 8) { /* every part's activations staged once, fp16 hi halves in B-operand order */
+        fg_pre_group S = {};
+        size_t xs_entries = 0;
+        for (int i = 0; i < n; i++) xs_entries += (size_t)Ls[i]->n_units * 2 * M * 4;
+        uint2 *xs = (uint2 *)tsr_cuda_scratch(0, xs_entries * sizeof(uint2));
+        unsigned pre_blocks = 0;
+        S.n = n;
+        for (int i = 0; i < n; i++) {
+            const unsigned entries = (unsigned)Ls[i]->n_units * 2 * M * 4;
+            S.p[i] = fg_pre_part{Ls[i]->uperm, xs, entries, tsr_div_up(entries, 256)};
+            G.p[i].xs = xs;
+            xs += entries;
+            pre_blocks += S.p[i].blocks;
+        }
+        tsr_launch(fg_prestage_kernel, dim3(pre_blocks), dim3(256), S, x, M, Ls[0]->K);
+    }
     /* shared memory: the staged activations, then per warp its unit records and its ring; the final reduction
      * reuses the start */
-    const int stage_words = ub_max * 32 * M;
+    const int NT = M <= 8 ? 1 : M <= 16 ? 2 : 4;
+    const int stage_words = ub_max * fg_unit_bytes(M) / 4;
     const size_t warp_words = (size_t)FG_RING * FG_STEP_WORDS + 2 * FG_WARP_UNITS;
     size_t smem = ((size_t)stage_words + FG_WARPS * warp_words) * 4;
-    if (smem < (size_t)FG_WARPS * 16 * 32 * sizeof(float)) smem = (size_t)FG_WARPS * 16 * 32 * sizeof(float);
+    const size_t red_bytes = (size_t)FG_WARPS * NT * 16 * 32 * sizeof(float);
+    if (smem < red_bytes) smem = red_bytes;
     const bool gptq = Ls[0]->gptq != 0;
-    void (*kern)(const fg_group, const float *, int, int) =
-        M == 1 ? (gptq ? frag_gemv_kernel<true, true> : frag_gemv_kernel<true, false>)
-               : (gptq ? frag_gemv_kernel<false, true> : frag_gemv_kernel<false, false>);
-    static void (*opted[4])(const fg_group, const float *, int, int);
-    for (int i = 0; i < 4; i++) {
+    void (*kern)(const fg_group, const float *, int, int) = gptq ? fg_kernel<true>(M) : fg_kernel<false>(M);
+    static void (*opted[8])(const fg_group, const float *, int, int);
+    for (int i = 0; i < 8; i++) {
         if (opted[i] == kern) break;
         if (!opted[i]) {
             TSR_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                (int)(FG_STAGE_MAX + FG_WARPS * warp_words * 4)));
+                                                (int)(fg_stage_max(M) + FG_WARPS * warp_words * 4)));
             opted[i] = kern;
             break;
         }
@@ -608,14 +716,14 @@ __global__ void __launch_bounds__(128) frag_dequant_kernel(tsr_linear_dev L, int
     for (int k = 0; k < 32; k++) dq[((size_t)u * 32 + k) * ldw + (size_t)j * 32 + lane] = tile[warp][k][lane];
 }
 
-/* The smallest M that takes this path (TSR_CUDA_DQ_MIN_M, 1 to 9: the GEMV serves at most 8 rows), read once. */
+/* The smallest M that takes this path (TSR_CUDA_DQ_MIN_M, 1 to 33: the GEMV serves at most 32 rows), read once. */
 static int dq_min_m(void)
 {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("TSR_CUDA_DQ_MIN_M");
-        v = e ? atoi(e) : 9;
-        if (v < 1 || v > 9) v = 9;
+        v = e ? atoi(e) : FG_MAX_M + 1;
+        if (v < 1 || v > FG_MAX_M + 1) v = FG_MAX_M + 1;
     }
     return v;
 }

@@ -441,10 +441,12 @@ static void test_linear_exl2(void **state)
         gpu->linear(&shell.head, dx, M, dy);
         float *got = to_host(dy, (size_t)M * L.N);
         char what[64];
-        snprintf(what, sizeof what, "EXL2 linear M=%d (%s)", M, M <= 8 ? "GEMV" : "dequantized cuBLAS GEMM");
-        /* from 9 rows (TSR_CUDA_DQ_MIN_M) the GEMM rounds activations and weights to fp16 */
+        snprintf(what, sizeof what, "EXL2 linear M=%d (%s)", M,
+                 M <= 8 ? "GEMV" : M <= 32 ? "GEMV, fp16 activations" : "dequantized cuBLAS GEMM");
+        /* above 8 rows the GEMV rounds activations to fp16, and from 33 rows (TSR_CUDA_DQ_MIN_M) the GEMM rounds
+         * activations and weights to fp16 */
         expect_close(what, got, want, (size_t)M * L.N, M <= 8 ? 1e-5 : 2e-3);
-        /* the same matrix three times through linear_many: one grouped launch for M <= 8, with its own output
+        /* the same matrix three times through linear_many: one grouped launch for M <= 32, with its own output
          * and partial-sum stretch per part */
         float *dys[3] = {dev_poisoned((size_t)M * L.N), dev_poisoned((size_t)M * L.N), dev_poisoned((size_t)M * L.N)};
         const tsr_linear *three[3] = {&shell.head, &shell.head, &shell.head};
