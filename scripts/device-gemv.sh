@@ -2,8 +2,9 @@
 # One device call for decode-GEMV work (kernels/cuda/matmul.cu): the GPU test suite, then the 8B-geometry EXL2
 # 4.0 bpw model (tessera synth) through `tessera bench` at batch 1 and 8 under each variant in TSR_GEMV_VARIANTS
 # ("name:ENV=V,ENV=V ..."), a full batch 1..64 bench with the defaults, and the per-op device profile of a
-# batch-1 step. TSR_GEMV_GPTQ=1 adds a GPTQ 8B bench; TSR_GEMV_PREFILL=1 a 2048-token prefill bench (also with
-# the general attention kernel, TSR_CUDA_FLASH=0) and its per-op profile; TSR_GEMV_TESTS=0 skips the tests. Pack first with tests/parallel/gpu-pack.sh and carry `.parpack`; logs go to $OUT.
+# batch-1 step. TSR_GEMV_GPTQ=1 adds a GPTQ 8B bench; TSR_GEMV_PREFILL=1 a 2048-token prefill bench (in 512-token
+# chunks, in one chunk, and with the general attention kernel, TSR_CUDA_FLASH=0) and its per-op profile;
+# TSR_GEMV_TESTS=0 skips the tests. Pack first with tests/parallel/gpu-pack.sh and carry `.parpack`; logs go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -34,8 +35,9 @@ if [ "${TSR_GEMV_GPTQ:-0}" = 1 ]; then
   rm -rf $g8
 fi
 if [ "${TSR_GEMV_PREFILL:-0}" = 1 ]; then
-  echo "--- 2048-token prefill, tensor-core attention / general kernel"
+  echo "--- 2048-token prefill: 512-token chunks, one chunk, the general attention kernel"
   timeout 90 "$bin" bench --model $m8 --device cuda --batch 1 --prompt-len 2048 --gen 8 2>&1 | tail -1
+  timeout 90 "$bin" bench --model $m8 --device cuda --batch 1 --prompt-len 2048 --gen 8 --max-tokens 2048 2>&1 | tail -1
   TSR_CUDA_FLASH=0 timeout 90 "$bin" bench --model $m8 --device cuda --batch 1 --prompt-len 2048 --gen 8 2>&1 | tail -1
   TSR_CUDA_PROFILE=2 timeout 60 "$bin" bench --model $m8 --device cuda --batch 1 --prompt-len 2048 --gen 2 \
     > "$out/profile-prefill-2048.txt" 2>&1

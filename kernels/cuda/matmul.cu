@@ -111,11 +111,13 @@ struct fg_warp {
     const void *stage;  /* the block's staged activations (uint4 hi + lo entries for M <= 8, else uint2 hi) */
     const uint32_t *fw;
     const char *hsrc;
-    size_t hstride;
+    uint32_t hstride;   /* bytes per group (a group's offset fits 32 bits: at most 448 groups of 512 KB) */
     int hdst;
     bool hon;
     int wa, u0, M, lane, cb0;
     bool live[2];
+    int src_cb[2];      /* the column block each half of the ring copies: cb0 + c, or a live one when cb0 + c is past
+                         * the matrix (its results are never written), so the copies need no predicate */
 };
 
 /* The header piece lane `lane` copies (see fg_warp and FG_HDR_WORDS). */
@@ -127,9 +129,9 @@ __device__ __forceinline__ void fg_header_role(const tsr_linear_dev &L, fg_warp 
     W.hstride = 0;
     W.hdst = 0;
     if (lane < 2) { /* scale codes (EXL2) or zero codes (GPTQ) of column block cb0 + lane */
-        W.hon = lane == 0 ? W.live[0] : W.live[1];
-        W.hsrc = (const char *)((L.gptq ? L.g_zeros : L.q_scale) + 4 * (W.cb0 + lane));
-        W.hstride = (size_t)(L.Npad / 8) * 4;
+        W.hon = true;
+        W.hsrc = (const char *)((L.gptq ? L.g_zeros : L.q_scale) + 4 * (lane == 0 ? W.src_cb[0] : W.src_cb[1]));
+        W.hstride = (uint32_t)(L.Npad / 8) * 4;
         W.hdst = 4 * lane;
     } else if (!L.gptq && lane < 4) { /* the group's 16-entry scale table, two halves */
         W.hon = true;
@@ -138,9 +140,9 @@ __device__ __forceinline__ void fg_header_role(const tsr_linear_dev &L, fg_warp 
         W.hdst = 8 + 4 * (lane - 2);
     } else if (L.gptq && lane >= 8 && lane < 16) { /* 4 × 16 bytes of fp16 scales per column block */
         const int c = (lane - 8) >> 2, q = (lane - 8) & 3;
-        W.hon = c == 0 ? W.live[0] : W.live[1];
-        W.hsrc = (const char *)(L.g_scales + 32 * (W.cb0 + c) + 8 * q);
-        W.hstride = (size_t)L.Npad * sizeof(__half);
+        W.hon = true;
+        W.hsrc = (const char *)(L.g_scales + 32 * (c == 0 ? W.src_cb[0] : W.src_cb[1]) + 8 * q);
+        W.hstride = (uint32_t)L.Npad * sizeof(__half);
         W.hdst = 8 + 16 * c + 4 * q;
     }
 }
@@ -156,10 +158,10 @@ __device__ __forceinline__ void fg_issue(const fg_warp &W, int ra, int rb, int s
         const int i = ra + st * NU + uu;
         if (i >= rb) break;
         const uint2 m = W.meta[i - W.wa];
+        const uint32_t *unit = W.fw + m.x;
 #pragma unroll
         for (int c = 0; c < 2; c++) {
-            if (!W.live[c]) continue;
-            const uint32_t *src = W.fw + (m.x + (uint32_t)((W.cb0 + c) * piece));
+            const uint32_t *src = unit + W.src_cb[c] * piece;
             uint32_t *dst = slot + (uu * 2 + c) * piece;
 #pragma unroll
             for (int k = 0; k < (piece + 127) / 128; k++) {
@@ -168,7 +170,7 @@ __device__ __forceinline__ void fg_issue(const fg_warp &W, int ra, int rb, int s
             }
         }
         if (W.hon)
-            cp_async16(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS + W.hdst, W.hsrc + (size_t)(m.y & 0xffffffu) * W.hstride);
+            cp_async16(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS + W.hdst, W.hsrc + (m.y & 0xffffffu) * W.hstride);
     }
 }
 
@@ -417,6 +419,7 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     W.stage = fg_smem;
     W.wa = wa, W.u0 = u0, W.M = M, W.lane = lane, W.cb0 = (colb * 4 + wc * 2);
     W.live[0] = W.cb0 < ncb, W.live[1] = W.cb0 + 1 < ncb;
+    W.src_cb[0] = W.live[0] ? W.cb0 : 0, W.src_cb[1] = W.live[1] ? W.cb0 + 1 : W.src_cb[0];
     W.fw = L.fw;
     fg_header_role(L, W);
     for (int i = lane; i < n; i += 32) ((uint2 *)wsm)[i] = L.units[wa + i];
