@@ -83,6 +83,12 @@ typedef struct tsr_ops {
     /* Optional (NULL: callers run add, then rmsnorm): x += y, then out[r] = x[r] / rms(x[r]) * w per row, as one
      * pass over the residual stream (the add before each RMSNorm). out may alias y. */
     void (*add_rmsnorm)(float *x, const float *y, const tsr_dense *w, float eps, int rows, int dim, float *out);
+    /* Optional (NULL: callers run linear, then add_rmsnorm, or add when w is NULL): x[M][L->N] += a · W, then, with w,
+     * out = rmsnorm(x) · w per row; out also serves as the backend's scratch for the product (without w its contents
+     * are undefined afterwards) and must not alias x or a. Lets a backend that splits the product over K add the
+     * parts inside the residual pass instead of in a pass of their own. */
+    void (*linear_add_norm)(const tsr_linear *L, const float *a, int M, float *x, const tsr_dense *w, float eps,
+                            float *out);
 } tsr_ops;
 
 /* The CPU reference backend. */

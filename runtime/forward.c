@@ -266,6 +266,26 @@ static void add_then_norm(const tsr_ops *ops, float *x, float *h, const tsr_dens
     ops->rmsnorm(x, w, eps, T, H, h);
 }
 
+/* x += a · W, then (with w) h = rmsnorm(x) · w, h holding the product before: one backend call when the backend
+ * fuses them and no tensor-parallel sum has to come between the product and the add. */
+static void linear_then_add(forward_job *j, const tsr_linear *L, const float *a, const tsr_dense *w)
+{
+    tsr_forward_ctx *c = j->c;
+    const tsr_ops *ops = c->ops;
+    const int T = j->T, H = c->model->cfg.hidden;
+    const float eps = c->model->cfg.norm_eps;
+    if (ops->linear_add_norm && c->model->part.tp_size <= 1) {
+        ops->linear_add_norm(L, a, T, c->x, w, eps, c->h);
+        return;
+    }
+    ops->linear(L, a, T, c->h);
+    group_sum(j, c->h, (size_t)T * H);
+    if (w)
+        add_then_norm(ops, c->x, c->h, w, eps, T, H);
+    else
+        ops->add(c->x, c->h, (size_t)T * H);
+}
+
 static void forward_body(void *arg)
 {
     forward_job *j = arg;
@@ -291,22 +311,15 @@ static void forward_body(void *arg)
         ops->kv_store(b, c->kv, kl, c->k, c->v);
         tsr_attn_args args = {nh, nkv, d, scale, tsr_config_layer_window(cfg, l), kl};
         ops->attention(b, &args, c->kv, c->q, c->attn);
-        ops->linear(&ly->o, c->attn, T, c->h);
-        group_sum(j, c->h, (size_t)T * H);
-        add_then_norm(ops, c->x, c->h, &ly->mlp_norm, cfg->norm_eps, T, H);
+        linear_then_add(j, &ly->o, c->attn, &ly->mlp_norm);
 
         const tsr_linear *gate_up[2] = {&ly->gate, &ly->up};
         float *const gate_up_out[2] = {c->gate, c->up};
         linear_shared_input(ops, gate_up, 2, c->h, T, gate_up_out);
         ops->silu_mul(c->gate, c->up, (size_t)T * m->local.intermediate, c->gate);
-        ops->linear(&ly->down, c->gate, T, c->h);
-        group_sum(j, c->h, (size_t)T * H);
         /* within the part, the next layer's attention norm rides on this add when the backend fuses them */
-        normed = l + 1 < m->part.layer1 && ops->add_rmsnorm;
-        if (normed)
-            ops->add_rmsnorm(c->x, c->h, &m->layers[l + 1].attn_norm, cfg->norm_eps, T, H, c->h);
-        else
-            ops->add(c->x, c->h, (size_t)T * H);
+        normed = l + 1 < m->part.layer1 && (ops->add_rmsnorm || ops->linear_add_norm);
+        linear_then_add(j, &ly->down, c->gate, normed ? &m->layers[l + 1].attn_norm : NULL);
     }
     if (j->n_out == 0 || !m->part.head) return;
     ops->gather_rows(c->x, c->dev.out_index, j->n_out, H, c->out_rows);

@@ -536,6 +536,7 @@ static const tsr_ops cuda_ops = {
     tsr_cuda_gather_rows,
     tsr_cuda_linear_many,
     tsr_cuda_add_rmsnorm,
+    tsr_cuda_linear_add_norm,
 };
 
 /* ---- optional per-op profile (TSR_CUDA_PROFILE, see the top of this file). Mode 1 synchronizes around each op
@@ -754,5 +755,15 @@ extern "C" const tsr_ops *tsr_ops_cuda(void)
         profiled = profile_mode() != 0;
         if (profiled) atexit(p_report);
     }
-    return profiled ? &cuda_ops_profiled : &cuda_ops;
+    if (profiled) return &cuda_ops_profiled;
+    /* TSR_CUDA_LINEAR_ADD=0 leaves linear_add_norm out (the product, its reduction and the residual pass as
+     * separate launches), for comparisons */
+    static tsr_ops unfused;
+    static int fused = -1;
+    if (fused < 0) {
+        fused = !getenv("TSR_CUDA_LINEAR_ADD") || atoi(getenv("TSR_CUDA_LINEAR_ADD")) != 0;
+        unfused = cuda_ops;
+        unfused.linear_add_norm = NULL;
+    }
+    return fused ? &cuda_ops : &unfused;
 }

@@ -4,11 +4,20 @@
 
 #include "kernels/ops.h"
 
+#include <cuda_fp16.h>
+
 void tsr_cuda_embed(const tsr_dense *table, const int32_t *ids, int n, float *out);
 void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, int dim, float *out);
 /* x += y, then out = rmsnorm(x) · w (ops.h add_rmsnorm); out may alias y. */
 void tsr_cuda_add_rmsnorm(float *x, const float *y, const tsr_dense *w, float eps, int rows, int dim, float *out);
+/* x += y (n_parts parts, part p at y + p · part_stride, rows ld apart, plus bias when not NULL), then, with w,
+ * out = rmsnorm(x) · w per row; out may alias y. */
+void tsr_cuda_add_parts(float *x, const float *parts, int n_parts, size_t part_stride, int ld, const __half *bias,
+                        const tsr_dense *w, float eps, int rows, int dim, float *out);
 void tsr_cuda_linear(const tsr_linear *L, const float *x, int M, float *y);
+/* ops.h linear_add_norm: the decode GEMV's K-split parts are added in the residual pass. */
+void tsr_cuda_linear_add_norm(const tsr_linear *L, const float *a, int M, float *x, const tsr_dense *w, float eps,
+                              float *out);
 /* y[i] = x · W_i for n layers sharing x (ops.h linear_many): EXL2 decode GEMVs (M <= 8) in one launch, else one by
  * one. */
 void tsr_cuda_linear_many(const tsr_linear *const *L, int n, const float *x, int M, float *const *y);

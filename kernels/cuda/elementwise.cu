@@ -72,30 +72,59 @@ void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, i
     TSR_CUDA_LAUNCHED();
 }
 
-__global__ void add_rmsnorm_kernel(float *x, const float *y, const void *w, int dtype, float eps, int dim, float *out)
+/* x[r] += y[r] (the sum of n_parts parts of row r, part p at y + p · part_stride, rows ld apart, plus bias), then,
+ * with w, out[r] = rmsnorm(x[r]) · w: the residual add of add_rmsnorm (one part) and of linear_add_norm (the K-split
+ * partial sums of the product). */
+#define RESIDUAL_PER_THREAD 8 /* elements of a row each thread loads before it stores any */
+
+__global__ void residual_kernel(float *x, const float *y, int n_parts, size_t part_stride, int ld, const __half *bias,
+                                const void *w, int dtype, float eps, int dim, float *out)
 {
     tsr_pdl_wait();
     tsr_pdl_trigger();
     float *xr = x + (size_t)blockIdx.x * dim;
-    const float *yr = y + (size_t)blockIdx.x * dim;
-    float *o = out + (size_t)blockIdx.x * dim;
+    const float *yr = y + (size_t)blockIdx.x * ld;
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float v = xr[i] + yr[i];
-        xr[i] = v;
-        ss += v * v;
+    for (int base = 0; base < dim; base += RESIDUAL_PER_THREAD * (int)blockDim.x) {
+        /* every load of the chunk (x, the parts, the bias) is issued before the first store */
+        float v[RESIDUAL_PER_THREAD];
+#pragma unroll
+        for (int r = 0; r < RESIDUAL_PER_THREAD; r++) {
+            const int i = base + r * (int)blockDim.x + (int)threadIdx.x;
+            v[r] = 0.0f;
+            if (i >= dim) continue;
+            v[r] = xr[i] + (bias ? __half2float(bias[i]) : 0.0f);
+            for (int p = 0; p < n_parts; p++) v[r] += yr[p * part_stride + i];
+        }
+#pragma unroll
+        for (int r = 0; r < RESIDUAL_PER_THREAD; r++) {
+            const int i = base + r * (int)blockDim.x + (int)threadIdx.x;
+            if (i >= dim) continue;
+            xr[i] = v[r];
+            ss += v[r] * v[r];
+        }
     }
+    if (!w) return;
     /* block_sum's barrier puts every read of y before the writes of out, which may alias it */
     const float inv = rsqrtf(block_sum(ss) / dim + eps);
+    float *o = out + (size_t)blockIdx.x * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = load_elem(w, dtype, i) * (xr[i] * inv);
+}
+
+static int residual_threads(int dim) { return dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256; }
+
+void tsr_cuda_add_parts(float *x, const float *parts, int n_parts, size_t part_stride, int ld, const __half *bias,
+                        const tsr_dense *w, float eps, int rows, int dim, float *out)
+{
+    if (rows <= 0) return;
+    tsr_launch(residual_kernel, dim3(rows), dim3(residual_threads(dim)), x, parts, n_parts, part_stride, ld, bias,
+               w ? w->dev : NULL, w ? w->dtype : 0, eps, dim, out);
+    TSR_CUDA_LAUNCHED();
 }
 
 void tsr_cuda_add_rmsnorm(float *x, const float *y, const tsr_dense *w, float eps, int rows, int dim, float *out)
 {
-    if (rows <= 0) return;
-    int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
-    tsr_launch(add_rmsnorm_kernel, dim3(rows), dim3(threads), x, y, w->dev, w->dtype, eps, dim, out);
-    TSR_CUDA_LAUNCHED();
+    tsr_cuda_add_parts(x, y, 1, 0, dim, NULL, w, eps, rows, dim, out);
 }
 
 __global__ void rope_kernel(tsr_batch_layout b, float *x, int n_heads, int head_dim, int half)

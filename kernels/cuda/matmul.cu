@@ -579,10 +579,19 @@ template <bool GPTQ> static void (*fg_kernel(int M))(const fg_group, const float
     return frag_gemv_kernel<false, GPTQ, 4>;
 }
 
+/* Where a single-matrix launch left K-split partial sums for the caller to add (linear_add_norm), instead of
+ * reducing them itself: `splits` parts of [M][Npad] floats (without the bias), or splits = 0 when it wrote y. */
+struct fg_parts {
+    const float *partial;
+    int splits, Npad;
+};
+
 /* The decode GEMV of n matrices with the same input and K in one launch (plus one reduction launch when any of
- * them splits K over blocks, and for M > 8 one staging launch before it). Each part's partial sums take their own
- * stretch of scratch slot 3, its pre-staged activations their own stretch of slot 0. */
-static void fg_launch(const tsr_linear_dev *const *Ls, int n, const float *x, int M, float *const *ys)
+ * them splits K over blocks, unless `parts` takes them over, and for M > 8 one staging launch before it). Each
+ * part's partial sums take their own stretch of scratch slot 3, its pre-staged activations their own stretch of
+ * slot 0. */
+static void fg_launch(const tsr_linear_dev *const *Ls, int n, const float *x, int M, float *const *ys,
+                      fg_parts *parts = NULL)
 {
     fg_group G = {};
     red_group R = {};
@@ -649,6 +658,10 @@ static void fg_launch(const tsr_linear_dev *const *Ls, int n, const float *x, in
         }
     }
     tsr_launch_smem(kern, dim3(blocks), dim3(FG_WARPS * 32), smem, G, x, M, stage_words);
+    if (parts) {
+        *parts = fg_parts{G.p[0].partial, G.p[0].partial ? splits[0] : 0, Ls[0]->Npad};
+        return;
+    }
     if (R.n) tsr_launch(exl2_reduce_group_kernel, dim3(red_blocks), dim3(256), R, M);
 }
 
@@ -903,6 +916,26 @@ void tsr_cuda_linear(const tsr_linear *Lh, const float *x, int M, float *y)
         return;
     }
     dense_gemm(L, x, M, y);
+}
+
+void tsr_cuda_linear_add_norm(const tsr_linear *Lh, const float *a, int M, float *x, const tsr_dense *w, float eps,
+                              float *out)
+{
+    const tsr_linear_dev *L = (const tsr_linear_dev *)Lh->dev;
+    if (M <= 0) return;
+    if (!L) tsr_cuda_fatal(__FILE__, __LINE__, "linear layer used before prepare_model");
+    if (L->kind == TSR_LINEAR_EXL2 && !dq_path(M)) {
+        fg_parts parts;
+        fg_launch(&L, 1, a, M, &out, &parts);
+        if (parts.splits > 0) {
+            tsr_cuda_add_parts(x, parts.partial, parts.splits, (size_t)M * parts.Npad, parts.Npad, L->bias, w, eps, M,
+                               L->N, out);
+            return;
+        }
+    } else {
+        tsr_cuda_linear(Lh, a, M, out);
+    }
+    tsr_cuda_add_parts(x, out, 1, 0, L->N, NULL, w, eps, M, L->N, out);
 }
 
 void tsr_cuda_linear_many(const tsr_linear *const *Lh, int n, const float *x, int M, float *const *y)

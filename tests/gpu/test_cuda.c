@@ -413,6 +413,41 @@ static void test_attention_kv_quant(void **state)
     }
 }
 
+/* linear_add_norm against the CPU's linear, add and rmsnorm: the residual x += a · W (the GEMV's K-split parts
+ * added in the residual pass), then out = rmsnorm(x) · w, and the plain add when w is NULL. da: a on the device;
+ * prod: the CPU product a · W of M rows. */
+static void check_linear_add_norm(const tsr_linear *Lc, const tsr_linear *Lg, const float *da, const float *prod, int M)
+{
+    const int N = Lc->N;
+    uint16_t *w16 = malloc((size_t)N * sizeof *w16);
+    for (int i = 0; i < N; i++) w16[i] = tsr_float_to_half(1.0f + 0.3f * frand());
+    tsr_dense w = {TSR_F16, 1, N, w16, NULL}, wd = w;
+    wd.dev = dev_copy(w16, (size_t)N * sizeof *w16);
+    float *res = rand_host((size_t)M * N, 1.0f), *want = malloc((size_t)M * N * 4), *normed = malloc((size_t)M * N * 4);
+    memcpy(want, res, (size_t)M * N * 4);
+    cpu->add(want, prod, (size_t)M * N);
+    cpu->rmsnorm(want, &w, 1e-5f, M, N, normed);
+    const double tol = M <= 8 ? 1e-5 : 2e-3;
+    for (int with_norm = 1; with_norm >= 0; with_norm--) {
+        float *dres = dev_copy(res, (size_t)M * N * 4), *dout = dev_poisoned((size_t)M * N);
+        gpu->linear_add_norm(Lg, da, M, dres, with_norm ? &wd : NULL, 1e-5f, dout);
+        float *got = to_host(dres, (size_t)M * N);
+        char what[64];
+        snprintf(what, sizeof what, "linear_add_norm M=%d: the sum%s", M, with_norm ? "" : " (no norm)");
+        expect_close(what, got, want, (size_t)M * N, tol);
+        free(got);
+        if (with_norm) {
+            got = to_host(dout, (size_t)M * N);
+            snprintf(what, sizeof what, "linear_add_norm M=%d: the norm", M);
+            expect_close(what, got, normed, (size_t)M * N, tol);
+            free(got);
+        }
+        gpu->release(dres), gpu->release(dout);
+    }
+    free(res), free(want), free(normed), free(w16);
+    gpu->release((void *)wd.dev);
+}
+
 static void test_linear_exl2(void **state)
 {
     (void)state;
@@ -458,6 +493,7 @@ static void test_linear_exl2(void **state)
             expect_close(what, got, want, (size_t)M * L.N, M <= 8 ? 1e-5 : 2e-3);
             gpu->release(dys[i]);
         }
+        check_linear_add_norm(&L, &shell.head, dx, want, M);
         free(x), free(want), free(got);
         gpu->release(dx), gpu->release(dy);
     }
