@@ -546,11 +546,12 @@ static const tsr_ops cuda_ops = {
  * Forwards whose largest linear has M <= 32 count as decode steps, the rest as prefill. For attribution, not for
  * throughput. ---- */
 
-enum { P_EMBED, P_NORM, P_LINEAR, P_ROPE, P_KV, P_ATTN, P_SILU, P_ADD, P_GATHER, P_COUNT };
+enum { P_EMBED, P_NORM, P_LINEAR, P_ROPE, P_KV, P_ATTN, P_SILU, P_ADD, P_GATHER, P_ADD_NORM, P_COUNT };
 static const char *p_names[P_COUNT] = {"embed", "rmsnorm", "linear", "rope", "kv_store", "attention", "silu_mul", "add",
-                                       "gather_rows"};
+                                       "gather_rows", "add_rmsnorm"};
 
-/* op classes: the fixed ones above, then one per linear shape "linear KxN" */
+/* op classes: the fixed ones above, then one per linear shape and kind ("linear KxN", "linear_many KxN+N+N",
+ * "linear+add KxN") */
 struct p_class {
     std::string name;
     double ms[2];  /* [decode, prefill] */
@@ -589,14 +590,21 @@ static void p_init_classes(void)
     for (int i = 0; i < P_COUNT; i++) g_pc.push_back(p_class{p_names[i], {0, 0}, {0, 0}});
 }
 
-static int linear_class(const tsr_linear *L)
+/* The class of a linear op of kind `kind` (0 linear, 1 linear_many, 2 linear_add_norm) over n layers with input
+ * width K. */
+static int linear_class(const tsr_linear *const *L, int n, int kind)
 {
     p_init_classes();
-    uint64_t key = ((uint64_t)(uint32_t)L->K << 32) | (uint32_t)L->N;
+    uint64_t key = (uint64_t)kind << 62 | (uint64_t)(uint32_t)L[0]->K << 32;
+    char name[96];
+    int len = snprintf(name, sizeof name, "%s %dx", kind == 0 ? "linear" : kind == 1 ? "linear_many" : "linear+add",
+                       L[0]->K);
+    for (int i = 0; i < n; i++) {
+        key = key * 1000003u + (uint32_t)L[i]->N;
+        len += snprintf(name + len, sizeof name - (size_t)len, i ? "+%d" : "%d", L[i]->N);
+    }
     auto it = g_linear_class.find(key);
     if (it != g_linear_class.end()) return it->second;
-    char name[64];
-    snprintf(name, sizeof name, "linear %dx%d", L->K, L->N);
     g_pc.push_back(p_class{name, {0, 0}, {0, 0}});
     return g_linear_class[key] = (int)g_pc.size() - 1;
 }
@@ -709,8 +717,21 @@ static void pf_norm(const float *x, const tsr_dense *w, float eps, int rows, int
 static void pf_linear(const tsr_linear *L, const float *x, int M, float *y)
 {
     if (M > g_win_maxM) g_win_maxM = M;
-    p_scope s(P_LINEAR, profile_mode() == 2 ? linear_class(L) : -1);
+    p_scope s(P_LINEAR, profile_mode() == 2 ? linear_class(&L, 1, 0) : -1);
     tsr_cuda_linear(L, x, M, y);
+}
+static void pf_linear_many(const tsr_linear *const *L, int n, const float *x, int M, float *const *y)
+{
+    if (M > g_win_maxM) g_win_maxM = M;
+    p_scope s(P_LINEAR, profile_mode() == 2 ? linear_class(L, n, 1) : -1);
+    tsr_cuda_linear_many(L, n, x, M, y);
+}
+static void pf_linear_add_norm(const tsr_linear *L, const float *a, int M, float *x, const tsr_dense *w, float eps,
+                               float *out)
+{
+    if (M > g_win_maxM) g_win_maxM = M;
+    p_scope s(P_LINEAR, profile_mode() == 2 ? linear_class(&L, 1, 2) : -1);
+    tsr_cuda_linear_add_norm(L, a, M, x, w, eps, out);
 }
 static void pf_rope(const tsr_batch_layout *b, float *x, int nh, int hd, int rd)
 {
@@ -742,10 +763,16 @@ static void pf_gather(const float *x, const int32_t *index, int n, int dim, floa
     p_scope s(P_GATHER);
     tsr_cuda_gather_rows(x, index, n, dim, out);
 }
+static void pf_add_norm(float *x, const float *y, const tsr_dense *w, float eps, int rows, int dim, float *out)
+{
+    p_scope s(P_ADD_NORM);
+    tsr_cuda_add_rmsnorm(x, y, w, eps, rows, dim, out);
+}
 
 static const tsr_ops cuda_ops_profiled = {
-    "cuda", cuda_alloc, cuda_release, cuda_to_device, cuda_to_host, cuda_run_cached, cuda_memory_free, cuda_prepare_model, cuda_release_model, pf_embed,
-    pf_norm, pf_linear, pf_rope, pf_kv, pf_attn, pf_silu, pf_add, pf_gather,
+    "cuda",   cuda_alloc, cuda_release, cuda_to_device, cuda_to_host,   cuda_run_cached, cuda_memory_free,
+    cuda_prepare_model, cuda_release_model, pf_embed, pf_norm, pf_linear, pf_rope, pf_kv, pf_attn, pf_silu, pf_add,
+    pf_gather, pf_linear_many, pf_add_norm, pf_linear_add_norm,
 };
 
 extern "C" const tsr_ops *tsr_ops_cuda(void)
@@ -755,15 +782,15 @@ extern "C" const tsr_ops *tsr_ops_cuda(void)
         profiled = profile_mode() != 0;
         if (profiled) atexit(p_report);
     }
-    if (profiled) return &cuda_ops_profiled;
+    const tsr_ops *base = profiled ? &cuda_ops_profiled : &cuda_ops;
     /* TSR_CUDA_LINEAR_ADD=0 leaves linear_add_norm out (the product, its reduction and the residual pass as
      * separate launches), for comparisons */
     static tsr_ops unfused;
     static int fused = -1;
     if (fused < 0) {
         fused = !getenv("TSR_CUDA_LINEAR_ADD") || atoi(getenv("TSR_CUDA_LINEAR_ADD")) != 0;
-        unfused = cuda_ops;
+        unfused = *base;
         unfused.linear_add_norm = NULL;
     }
-    return fused ? &cuda_ops : &unfused;
+    return fused ? base : &unfused;
 }
