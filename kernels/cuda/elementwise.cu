@@ -72,11 +72,11 @@ void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, i
     TSR_CUDA_LAUNCHED();
 }
 
+#define RESIDUAL_PER_THREAD 8 /* elements of a row each thread loads before it stores any */
+
 /* x[r] += y[r] (the sum of n_parts parts of row r, part p at y + p · part_stride, rows ld apart, plus bias), then,
  * with w, out[r] = rmsnorm(x[r]) · w: the residual add of add_rmsnorm (one part) and of linear_add_norm (the K-split
  * partial sums of the product). */
-#define RESIDUAL_PER_THREAD 8 /* elements of a row each thread loads before it stores any */
-
 __global__ void residual_kernel(float *x, const float *y, int n_parts, size_t part_stride, int ld, const __half *bias,
                                 const void *w, int dtype, float eps, int dim, float *out)
 {

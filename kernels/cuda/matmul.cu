@@ -111,7 +111,7 @@ struct fg_warp {
     const void *stage;  /* the block's staged activations (uint4 hi + lo entries for M <= 8, else uint2 hi) */
     const uint32_t *fw;
     const char *hsrc;
-    uint32_t hstride;   /* bytes per group (a group's offset fits 32 bits: at most 448 groups of 512 KB) */
+    uint32_t hstride;   /* bytes per group (group offsets stay far below 4 GiB: groups × Npad × 2 bytes at most) */
     int hdst;
     bool hon;
     int wa, u0, M, lane, cb0;
@@ -221,9 +221,8 @@ __device__ __forceinline__ void fg_bop(const void *stage, int uk, int M, int lan
     }
 }
 
-/* Decodes one unit of width B from its slot: the lane's words, the staged B operands, and per 16-row step the
- * four tiles' A operands followed by their hi and lo mma's, interleaved across tiles so that no two adjacent
- * mma's share an accumulator. */
+/* Decodes one unit of width B from its slot: the lane's words, then per 16-row step the staged B operands and
+ * fg_ks (the four tiles' A operands and their mma's). */
 template <int B, bool GPTQ, int NT>
 __device__ __forceinline__ void fg_unit(const uint32_t *words, const void *stage, int ul, int M, int lane,
                                         const frag_scales (&sc)[2], float (&acc)[NT][4][4])

@@ -12,5 +12,5 @@ tsr_add_fuzz_target(batch_line fuzz_batch_line.c SOURCES fuzz_oai_model.c ${TSR_
                     ${PROJECT_SOURCE_DIR}/launcher/batch_idset.c)
 tsr_add_fuzz_target(intake fuzz_intake.c SOURCES fuzz_oai_model.c ${TSR_FUZZ_OAI}
                     ${PROJECT_SOURCE_DIR}/launcher/intake_msg.c)
-tsr_add_fuzz_target(openai ${PROJECT_SOURCE_DIR}/tests/serve/http/fuzz_openai.c SOURCES ${TSR_FUZZ_OAI}
-                    CORPUS ${PROJECT_SOURCE_DIR}/tests/serve/http/corpus NO_TEST)
+tsr_add_fuzz_target(openai ${PROJECT_SOURCE_DIR}/tests/serve/http/fuzz_openai.c SOURCES fuzz_oai_model.c
+                    ${TSR_FUZZ_OAI} CORPUS ${PROJECT_SOURCE_DIR}/tests/serve/http/corpus NO_TEST)

@@ -4,6 +4,7 @@
  * (text, tokens and log-probabilities drawn from the input, every finish reason), both non-streaming and
  * streaming. Errors are fine; crashes, sanitizer reports and leaks are not. */
 #include "launcher/openai.h"
+#include "tests/fuzz/fuzz_oai_model.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -12,32 +13,10 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static tsr_tokenizer *tok;
-static tsr_chat_template *tpl;
-static char *bos, *eos;
-static const int32_t eos_ids[] = {1, 4};
-static tsr_oai_model model;
-
-static int init(void)
-{
-    if (tok) return 1;
-    const char *models = getenv("TSR_MODELS");
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/tiny-llama-exl2-4.0bpw", models ? models : "models");
-    if (tsr_tokenizer_load(dir, &tok) != TSR_OK || tsr_chat_template_load_dir(dir, 0, &tpl, &bos, &eos) != TSR_OK) {
-        fprintf(stderr, "fuzz_openai: cannot load %s: %s\n", dir, tsr_last_error());
-        exit(1);
-    }
-    tsr_chat_template_set_limits(8u << 20, 200000);
-    model = (tsr_oai_model){.name = "tiny", .tok = tok, .tpl = tpl, .bos_token = bos, .eos_token = eos,
-                            .eos_ids = eos_ids, .n_eos = 2, .vocab = 2048, .max_context = 256, .created = 1};
-    return 1;
-}
-
 static void answer(const tsr_oai_request *rq, const uint8_t *data, size_t size)
 {
     tsr_oai_result *r;
-    if (tsr_oai_result_new(rq, &model, "cmpl-fuzz", 1, &r) != TSR_OK) return;
+    if (tsr_oai_result_new(rq, tsr_fuzz_oai_model(), "cmpl-fuzz", 1, &r) != TSR_OK) return;
     json_decref(tsr_oai_stream_open(r));
     static const char *const texts[] = {"", "a", " there", "\xc3\xa9", "\n\n", "data: [DONE]"};
     for (int c = 0; c < rq->n_choices && c < 64; c++) {
@@ -72,13 +51,13 @@ static void answer(const tsr_oai_request *rq, const uint8_t *data, size_t size)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    init();
+    const tsr_oai_model *model = tsr_fuzz_oai_model();
     if (size == 0) return 0;
     tsr_oai_kind kind = (data[0] == 'C' || data[0] == 'c') ? (data[0] == 'C' ? TSR_OAI_CHAT : TSR_OAI_COMPLETIONS)
                                                            : (data[0] & 1 ? TSR_OAI_CHAT : TSR_OAI_COMPLETIONS);
     tsr_oai_request *rq = NULL;
     tsr_oai_error err;
-    if (tsr_oai_parse_bytes(kind, (const char *)data + 1, size - 1, &model, &rq, &err) == TSR_OK) {
+    if (tsr_oai_parse_bytes(kind, (const char *)data + 1, size - 1, model, &rq, &err) == TSR_OK) {
         for (int c = 0; c < rq->n_choices; c++) {
             tsr_gen_request g;
             tsr_oai_gen_request(rq, c, &g);
