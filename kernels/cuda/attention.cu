@@ -446,7 +446,7 @@ void tsr_cuda_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const
     if (d % 32 || d > 256) tsr_cuda_fatal(__FILE__, __LINE__, "head_dim must be a multiple of 32 up to 256");
     if (quant && d % 64) tsr_cuda_fatal(__FILE__, __LINE__, "quantized KV caches need head_dim % 64 == 0");
     /* batches with prefill rows (more than two rows per sequence on average) go to the tensor-core kernel of
-     * attention_prefill.cu when the cache and head size allow it (TSR_CUDA_FLASH=0 keeps them here) */
+     * attention_prefill.cu when the cache and head size allow it (TSR_CUDA_FLASH=0 passes them on below) */
     static int flash = -1;
     if (flash < 0) flash = !getenv("TSR_CUDA_FLASH") || atoi(getenv("TSR_CUDA_FLASH")) != 0;
     if (flash && !quant && b->n_rows >= 2 * b->n_seqs && tsr_cuda_attention_prefill(b, a, kv, q, out)) return;
