@@ -89,6 +89,10 @@ typedef struct tsr_ops {
      * parts inside the residual pass instead of in a pass of their own. */
     void (*linear_add_norm)(const tsr_linear *L, const float *a, int M, float *x, const tsr_dense *w, float eps,
                             float *out);
+    /* Optional (NULL: callers copy the rows out and pick on the host): for each row of x[rows][n], ids[r] = the
+     * first index of its largest value, NaN entries skipped (0 when the row is all NaN), and vals[r] = that value
+     * (NaN then); ids and vals are backend memory. The greedy choice without the logits leaving the device. */
+    void (*argmax_rows)(const float *x, int rows, int n, int32_t *ids, float *vals);
 } tsr_ops;
 
 /* The CPU reference backend. */

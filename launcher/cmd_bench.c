@@ -3,8 +3,9 @@
  * For each batch size: a fresh engine with a KV pool of batch × (prompt-len + gen) tokens; `batch` random prompts
  * (ids < vocab from a fixed seed) prefilled together in one tsr_engine_feed call (the engine chunks them into
  * forward calls of --max-tokens), then `gen` decode steps that feed one greedily chosen token per sequence, all
- * sequences in one call. Before timing, one token is run through the model so page faults of the mapped weights
- * are not billed to prefill. Bytes per decode step = stored bytes of every linear layer (the head included) +
+ * sequences in one call (each row's pick made on the device when the backend can, so that only the picks come
+ * back, as in serving; a non-finite logit is then noticed only as a non-finite maximum). Before timing, one token
+ * is run through the model so page faults of the mapped weights are not billed to prefill. Bytes per decode step = stored bytes of every linear layer (the head included) +
  * the embedding rows of the step's tokens. The CPU reference bandwidth is the best of a few 256 MiB memcpy runs,
  * counted as read + write bytes (STREAM "copy" convention), measured in a child process so its buffers do not
  * count toward this process's peak RSS (VmHWM). Exit codes: 0 ok, 1 failure, 2 usage error. */
@@ -20,6 +21,7 @@
 #include "runtime/kv_cache.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,8 +157,9 @@ static tsr_status run_batch(const tsr_ops *ops, const char *model, int batch, in
     int32_t *prompts = malloc((size_t)batch * (size_t)prompt_len * sizeof *prompts);
     int32_t *next = malloc((size_t)batch * sizeof *next);
     float *logits = malloc((size_t)batch * (size_t)V * sizeof *logits);
+    tsr_pick *picks = malloc((size_t)batch * sizeof *picks);
     tsr_status st = TSR_OK;
-    if (!seqs || !feeds || !prompts || !next || !logits) st = tsr_fail(TSR_ERR_NOMEM, "bench: out of memory");
+    if (!seqs || !feeds || !prompts || !next || !logits || !picks) st = tsr_fail(TSR_ERR_NOMEM, "bench: out of memory");
 
     /* warm-up, then release: one token through every layer (faults the mapped weights in), then a 64-token chunk
      * so that the prefill kernels (and the libraries and modules they load lazily) are ready before timing */
@@ -164,10 +167,10 @@ static tsr_status run_batch(const tsr_ops *ops, const char *model, int batch, in
         tsr_seq warm = {0};
         int32_t toks[64];
         for (int i = 0; i < 64; i++) toks[i] = (1 + i) % V;
-        tsr_feed f = {&warm, toks, 1, TSR_LOGITS_LAST, logits};
+        tsr_feed f = {&warm, toks, 1, TSR_LOGITS_LAST, logits, NULL};
         st = tsr_engine_feed(e, &f, 1);
         const int chunk = prompt_len - 1 < 63 ? prompt_len - 1 : 63; /* stays within one sequence's KV share */
-        f = (tsr_feed){&warm, toks + 1, chunk, TSR_LOGITS_LAST, logits};
+        f = (tsr_feed){&warm, toks + 1, chunk, TSR_LOGITS_LAST, logits, NULL};
         if (st == TSR_OK && chunk > 0) st = tsr_engine_feed(e, &f, 1);
         tsr_engine_seq_release(e, &warm);
     }
@@ -177,27 +180,34 @@ static tsr_status run_batch(const tsr_ops *ops, const char *model, int batch, in
     if (st == TSR_OK) {
         for (int b = 0; b < batch; b++)
             feeds[b] = (tsr_feed){&seqs[b], prompts + (size_t)b * prompt_len, prompt_len, TSR_LOGITS_LAST,
-                                  logits + (size_t)b * V};
+                                  logits + (size_t)b * V, NULL};
         double t0 = now_s();
         st = tsr_engine_feed(e, feeds, batch);
         row->prefill_s = now_s() - t0;
         row->prefill_tps = (double)batch * prompt_len / row->prefill_s;
     }
+    /* the prompts' logits rows are checked whole; decode steps pick on the device, as the serving path does for
+     * greedy requests, so only their maxima are checked there */
+    for (int b = 0; st == TSR_OK && b < batch; b++) {
+        const float *lg = logits + (size_t)b * V;
+        for (int i = 0; i < V; i++)
+            if (!(lg[i] == lg[i]) || lg[i] - lg[i] != 0) {
+                row->nonfinite = 1;
+                break;
+            }
+        picks[b] = (tsr_pick){argmax(lg, V), 0.0f};
+    }
     double t_dec = 0;
     for (int step = 0; st == TSR_OK && step < gen; step++) {
         for (int b = 0; b < batch; b++) {
-            const float *lg = logits + (size_t)b * V;
-            for (int i = 0; i < V; i++)
-                if (!(lg[i] == lg[i]) || lg[i] - lg[i] != 0) {
-                    row->nonfinite = 1;
-                    break;
-                }
-            next[b] = argmax(lg, V);
-            feeds[b] = (tsr_feed){&seqs[b], &next[b], 1, TSR_LOGITS_LAST, logits + (size_t)b * V};
+            next[b] = picks[b].id;
+            feeds[b] = (tsr_feed){&seqs[b], &next[b], 1, TSR_LOGITS_LAST, NULL, &picks[b]};
         }
         double t0 = now_s();
         st = tsr_engine_feed(e, feeds, batch);
         t_dec += now_s() - t0;
+        for (int b = 0; st == TSR_OK && b < batch; b++)
+            if (!isfinite(picks[b].value)) row->nonfinite = 1;
     }
     if (st == TSR_OK && gen > 0) {
         row->decode_s = t_dec;
@@ -217,6 +227,7 @@ static tsr_status run_batch(const tsr_ops *ops, const char *model, int batch, in
     free(prompts);
     free(next);
     free(logits);
+    free(picks);
     tsr_engine_close(e);
     return st;
 }

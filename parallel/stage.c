@@ -1,9 +1,12 @@
 /* A worker's part of one step (see stage.h): cutting the plan into forward calls, stage-to-stage hand-over,
- * the logits gather of a tensor group, copying and sampling on the leader. */
+ * the logits gather of a tensor group, copying and sampling on the leader. A call whose rows only feed greedy
+ * choices gathers each member's pick of its vocabulary columns instead of the columns. */
 #include "parallel/stage.h"
 
 #include "parallel/shard.h"
+#include "runtime/executor.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +41,8 @@ void tsr_stage_free(tsr_stage *s)
     free(s->full);
     free(s->in);
     free(s->owner);
+    free(s->picks);
+    s->picks = NULL;
     s->stage_buf = s->sum_buf = NULL;
     s->shard_logits = s->gathered = s->full = NULL;
     s->in = NULL;
@@ -53,7 +58,9 @@ static tsr_status reserve(tsr_stage *s, int n_in, size_t rows, int vocab, int lo
         if (in) s->in = in;
         int *owner = realloc(s->owner, (size_t)n_in * sizeof *owner);
         if (owner) s->owner = owner;
-        if (!in || !owner) return tsr_fail(TSR_ERR_NOMEM, "step: out of memory");
+        int32_t *picks = realloc(s->picks, (size_t)n_in * (2 + 2 * (size_t)tp) * sizeof *picks);
+        if (picks) s->picks = picks;
+        if (!in || !owner || !picks) return tsr_fail(TSR_ERR_NOMEM, "step: out of memory");
         s->cap_in = n_in;
     }
     if (rows > s->cap_rows) {
@@ -106,6 +113,42 @@ static tsr_status gather_logits(tsr_stage *s, size_t rows, float **full)
             memcpy(s->full + i * vocab + v0[r], blk + i * (size_t)nv[r], (size_t)nv[r] * sizeof(float));
     }
     *full = s->full;
+    return TSR_OK;
+}
+
+/* The call's greedy picks over the whole vocabulary, on the leader: each member picked within its columns
+ * (tsr_forward_argmax, ids local) into s->picks [ids][value bits]; the leader keeps, per row, the largest value
+ * (the lowest id on ties, as the members' columns ascend; NaN means the member had none). Leaves the result in
+ * s->picks on the leader. */
+static tsr_status gather_picks(tsr_stage *s, size_t rows)
+{
+    const tsr_plan *p = s->plan;
+    const tsr_model *m = s->engine->model;
+    int32_t *ids = s->picks;
+    float *vals = (float *)(s->picks + rows);
+    for (size_t i = 0; i < rows; i++) ids[i] += m->local.vocab0;
+    if (p->tp == 1) return TSR_OK;
+    const size_t bytes = rows * 2 * sizeof(int32_t);
+    size_t counts[TSR_PLAN_MAX], displs[TSR_PLAN_MAX];
+    for (int r = 0; r < p->tp; r++) {
+        counts[r] = bytes;
+        displs[r] = (size_t)r * bytes;
+    }
+    int32_t *all = s->picks + 2 * (size_t)s->cap_in;
+    TSR_TRY(s->tp_host->gatherv(s->tp_host, s->picks, bytes, all, counts, displs, 0));
+    if (p->w[s->worker].tp_rank != 0) return TSR_OK;
+    for (size_t i = 0; i < rows; i++) {
+        int32_t best = 0;
+        float v = NAN;
+        for (int r = 0; r < p->tp; r++) {
+            const int32_t *blk = all + (size_t)r * 2 * rows;
+            float rv;
+            memcpy(&rv, blk + rows + i, sizeof rv);
+            if (rv == rv && (v != v || rv > v)) best = blk[i], v = rv;
+        }
+        ids[i] = best;
+        vals[i] = v;
+    }
     return TSR_OK;
 }
 
@@ -165,7 +208,8 @@ tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *re
             tokens += take;
         }
         if (nb == 0) break;
-        if ((st = reserve(s, n, rows, vocab, m->local.vocab, p->tp)) != TSR_OK) break;
+        const int pick = last && tsr_step_call_picks(step, s->in, s->owner, nb, rows, tsr_forward_pick_rows(e->fwd));
+        if ((st = reserve(s, n, pick ? 0 : rows, vocab, m->local.vocab, p->tp)) != TSR_OK) break;
         const size_t hidden_bytes = (size_t)tokens * H * sizeof(float);
         if (!first) {
             int from = tsr_plan_worker_at(p, me->stage - 1, me->tp_rank);
@@ -173,7 +217,11 @@ tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *re
                                        &s->stage_cap);
             if (st != TSR_OK) break;
         }
-        if ((st = tsr_forward(e->fwd, s->in, nb, last && rows ? s->shard_logits : NULL)) != TSR_OK) break;
+        if (pick)
+            st = tsr_forward_argmax(e->fwd, s->in, nb, s->picks, (float *)(s->picks + rows));
+        else
+            st = tsr_forward(e->fwd, s->in, nb, last && rows ? s->shard_logits : NULL);
+        if (st != TSR_OK) break;
         if (!last) {
             int to = tsr_plan_worker_at(p, me->stage + 1, me->tp_rank);
             st = tsr_comm_send_backend(s->pipe, e->ops, tsr_forward_hidden(e->fwd), hidden_bytes, to, &s->stage_buf,
@@ -181,13 +229,24 @@ tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *re
             if (st != TSR_OK) break;
         }
         float *full = NULL;
-        if (last && rows && (st = gather_logits(s, rows, &full)) != TSR_OK) break;
+        if (pick && (st = gather_picks(s, rows)) != TSR_OK) break;
+        if (!pick && last && rows && (st = gather_logits(s, rows, &full)) != TSR_OK) break;
         size_t row = 0;
         for (int b = 0; b < nb && st == TSR_OK; b++) {
             const int i = s->owner[b];
             const tsr_step_seq *q = &step->seqs[i];
             const tsr_seq_input *in = &s->in[b];
             const int nrows = in->logits == TSR_LOGITS_ALL ? in->n_tokens : in->logits == TSR_LOGITS_LAST;
+            if (pick) {
+                done[i] += in->n_tokens;
+                if (leader && results && nrows && q->sample && done[i] == q->n_tokens) {
+                    float v;
+                    memcpy(&v, s->picks + rows + row, sizeof v);
+                    st = tsr_step_sample_pick(s->picks[row], v, vocab, step, q, &results[i]);
+                }
+                row += (size_t)nrows;
+                continue;
+            }
             float *src = full ? full + row * (size_t)vocab : NULL;
             if (leader && src && logits && q->logits && nrows) {
                 int dst = out_row[i] + (q->logits == 2 ? done[i] : 0);

@@ -37,6 +37,7 @@ typedef struct tsr_stage {
     size_t cap_rows;
     struct tsr_seq_input *in;
     int *owner;
+    int32_t *picks; /* [2 + 2 * tp][cap_in]: a call's greedy picks (ids, value bits), then the group's gathered */
     int cap_in;
 } tsr_stage;
 

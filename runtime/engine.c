@@ -1,6 +1,9 @@
 /* Single-process engine (see engine.h). */
 #include "runtime/engine.h"
 
+#include "runtime/sampler.h"
+
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,6 +67,7 @@ void tsr_engine_close(tsr_engine *e)
 {
     if (!e) return;
     tsr_forward_ctx_free(e->fwd);
+    free(e->feed_logits);
     tsr_kv_free(&e->kv);
     if (e->model) e->ops->release_model(e->model);
     tsr_model_free(e->model);
@@ -99,19 +103,34 @@ static tsr_status reserve(tsr_engine *e, tsr_seq *seq, int len)
     return TSR_OK;
 }
 
+/* Whether every row of the call is a pick (a feed with `pick` and no `out` wanting its last row), and one
+ * tsr_forward_argmax call can take them. */
+static int call_picks(const tsr_engine *e, const tsr_feed *feeds, const tsr_seq_input *batch, const int *owner,
+                      int nb, size_t rows)
+{
+    if (rows == 0 || rows > (size_t)tsr_forward_pick_rows(e->fwd)) return 0;
+    for (int b = 0; b < nb; b++)
+        if (batch[b].logits != TSR_LOGITS_NONE && (batch[b].logits != TSR_LOGITS_LAST || feeds[owner[b]].out))
+            return 0;
+    return 1;
+}
+
 tsr_status tsr_engine_feed(tsr_engine *e, tsr_feed *feeds, int n)
 {
     const int vocab = e->model->local.vocab;
     int *done = calloc((size_t)n, sizeof *done);
     tsr_seq_input *batch = malloc((size_t)n * sizeof *batch);
     int *owner = malloc((size_t)n * sizeof *owner);
-    float *logits = NULL;
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    float *vals = malloc((size_t)n * sizeof *vals);
     tsr_status st = TSR_OK;
-    if (!done || !batch || !owner) st = tsr_fail(TSR_ERR_NOMEM, "out of memory");
-    for (int i = 0; st == TSR_OK && i < n; i++)
-        if (feeds[i].n_tokens < 0 || (feeds[i].logits != TSR_LOGITS_NONE && !feeds[i].out))
+    if (!done || !batch || !owner || !ids || !vals) st = tsr_fail(TSR_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == TSR_OK && i < n; i++) {
+        const tsr_feed *f = &feeds[i];
+        const int has_dst = f->out || (f->logits == TSR_LOGITS_LAST && f->pick);
+        if (f->n_tokens < 0 || (f->logits != TSR_LOGITS_NONE && !has_dst))
             st = tsr_fail(TSR_ERR_ARG, "engine: feed %d is invalid", i);
-    size_t logits_cap = 0; /* rows the host logits buffer holds; grown to what a call needs */
+    }
     for (;;) {
         if (st != TSR_OK) break;
         int nb = 0, budget = e->max_tokens;
@@ -131,30 +150,42 @@ tsr_status tsr_engine_feed(tsr_engine *e, tsr_feed *feeds, int n)
         }
         if (st != TSR_OK || nb == 0) break;
         size_t need_rows = (size_t)tsr_forward_logit_rows(batch, nb);
-        if (need_rows > logits_cap) {
-            float *grown = realloc(logits, need_rows * (size_t)vocab * sizeof(float));
+        const int pick = call_picks(e, feeds, batch, owner, nb, need_rows);
+        if (!pick && need_rows > e->feed_rows) {
+            float *grown = realloc(e->feed_logits, need_rows * (size_t)vocab * sizeof(float));
             if (!grown) {
                 st = tsr_fail(TSR_ERR_NOMEM, "out of memory for %zu rows of logits", need_rows);
                 break;
             }
-            logits = grown;
-            logits_cap = need_rows;
+            e->feed_logits = grown;
+            e->feed_rows = need_rows;
         }
-        if ((st = tsr_forward(e->fwd, batch, nb, logits)) != TSR_OK) break;
+        float *logits = e->feed_logits;
+        st = pick ? tsr_forward_argmax(e->fwd, batch, nb, ids, vals) : tsr_forward(e->fwd, batch, nb, logits);
+        if (st != TSR_OK) break;
         int row = 0;
         for (int b = 0; b < nb; b++) {
             tsr_feed *f = &feeds[owner[b]];
             int rows = batch[b].logits == TSR_LOGITS_ALL ? batch[b].n_tokens : batch[b].logits == TSR_LOGITS_LAST;
-            float *dst = f->logits == TSR_LOGITS_ALL ? f->out + (size_t)done[owner[b]] * vocab : f->out;
-            if (rows) memcpy(dst, logits + (size_t)row * vocab, (size_t)rows * vocab * sizeof(float));
+            if (rows && pick) {
+                *f->pick = (tsr_pick){ids[row], vals[row]};
+            } else if (rows && f->out) {
+                float *dst = f->logits == TSR_LOGITS_ALL ? f->out + (size_t)done[owner[b]] * vocab : f->out;
+                memcpy(dst, logits + (size_t)row * vocab, (size_t)rows * vocab * sizeof(float));
+            } else if (rows) { /* a pick in a call that brought the rows over: picked here */
+                const float *r = logits + (size_t)row * vocab;
+                const int32_t id = tsr_argmax(r, vocab);
+                *f->pick = (tsr_pick){id, r[id] == r[id] ? r[id] : NAN};
+            }
             row += rows;
             done[owner[b]] += batch[b].n_tokens;
             f->seq->len += batch[b].n_tokens;
         }
     }
-    free(logits);
     free(done);
     free(batch);
     free(owner);
+    free(ids);
+    free(vals);
     return st;
 }

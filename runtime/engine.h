@@ -36,6 +36,8 @@ typedef struct tsr_engine {
     tsr_forward_ctx *fwd;
     int max_tokens;
     long kv_pool_tokens;  /* the pool's size in tokens, as allocated */
+    float *feed_logits;   /* tsr_engine_feed's host rows, kept between calls */
+    size_t feed_rows;     /* rows feed_logits holds */
 } tsr_engine;
 
 typedef struct tsr_seq {
@@ -44,6 +46,13 @@ typedef struct tsr_seq {
     int len;              /* tokens already in the cache */
 } tsr_seq;
 
+/* The greedy choice of a logits row: the first index of its largest logit (NaN entries skipped; 0 when there is
+ * none) and that logit (NaN then). */
+typedef struct tsr_pick {
+    int32_t id;
+    float value;
+} tsr_pick;
+
 /* One sequence's part of a tsr_engine_feed() call. */
 typedef struct tsr_feed {
     tsr_seq *seq;
@@ -51,6 +60,8 @@ typedef struct tsr_feed {
     int n_tokens;
     tsr_logits_mode logits;
     float *out;           /* [n_tokens or 1][vocab] as asked; NULL with TSR_LOGITS_NONE */
+    tsr_pick *pick;       /* with TSR_LOGITS_LAST and out NULL: receives the last row's pick instead of the row (a
+                             call whose rows are all picks keeps them on the device: tsr_forward_argmax) */
 } tsr_feed;
 
 tsr_status tsr_engine_open(const char *model_dir, const tsr_engine_opts *opts, tsr_engine **out);

@@ -35,6 +35,8 @@ typedef struct tsr_step_scratch {
     size_t cap_rows;
     struct tsr_seq_input *in;
     int *owner;
+    int32_t *pick_ids;       /* [cap_in] greedy picks of a call whose rows all sample greedily */
+    float *pick_vals;        /* [cap_in] */
     int cap_in;
     int *progress;           /* [2][cap_seqs]: tokens done per sequence, then its first row in `logits` */
     int cap_seqs;
@@ -48,5 +50,12 @@ void tsr_step_scratch_free(tsr_step_scratch *s);
  * parallel/stage.c instead (partial layers, hidden-state hand-over, sharded vocabulary). */
 tsr_status tsr_engine_run_step(struct tsr_engine *e, tsr_step_scratch *scratch, const tsr_step *step,
                                tsr_step_result *results, float *logits);
+
+/* Whether a forward call's `rows` logits rows (inputs in[0..nb), in[b] belonging to step->seqs[owner[b]]) only
+ * feed greedy choices: each input asks for its last row or none, for sampling alone (no raw logits), and
+ * tsr_step_pick_ok holds; and rows <= pick_rows (tsr_forward_pick_rows). Then tsr_forward_argmax can replace
+ * tsr_forward and tsr_step_sample_pick the sampler. */
+int tsr_step_call_picks(const tsr_step *step, const struct tsr_seq_input *in, const int *owner, int nb, size_t rows,
+                        int pick_rows);
 
 #endif

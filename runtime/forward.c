@@ -34,6 +34,7 @@ struct tsr_forward_ctx {
     int has_comm;
     /* activations, backend memory */
     float *x, *h, *q, *k, *v, *attn, *gate, *up, *out_rows, *logits;
+    int32_t *picks;         /* [2][logit_rows]: each row's argmax id, then its value (bits), when ops->argmax_rows */
     layout_arrays host, dev;
 };
 
@@ -55,6 +56,7 @@ void tsr_forward_ctx_free(tsr_forward_ctx *c)
     float *bufs[] = {c->x, c->h, c->q, c->k, c->v, c->attn, c->gate, c->up, c->out_rows, c->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) c->ops->release(bufs[i]);
+    if (c->picks) c->ops->release(c->picks);
     free_arrays(c->ops, &c->host, 1);
     free_arrays(c->ops, &c->dev, 0);
     free(c);
@@ -125,6 +127,7 @@ tsr_status tsr_forward_ctx_new(const tsr_model *model, const tsr_ops *ops, tsr_k
     x->id = ++next_id;
     x->logits = ops->alloc((size_t)x->logit_rows * (size_t)(model->part.head ? lo->vocab : 1) * sizeof(float));
     int ok = x->x && x->h && x->q && x->k && x->v && x->attn && x->gate && x->up && x->out_rows && x->logits;
+    if (ok && ops->argmax_rows && model->part.head) ok = (x->picks = ops->alloc((size_t)x->logit_rows * 8)) != NULL;
     ok = ok && alloc_arrays(&x->host, host_calloc, T, S, (size_t)x->pages_per_seq, half);
     ok = ok && alloc_arrays(&x->dev, ops->alloc, T, S, (size_t)x->pages_per_seq, half);
     if (!ok) {
@@ -229,6 +232,7 @@ typedef struct {
     tsr_forward_ctx *c;
     tsr_batch_layout b;
     int T, n_out;
+    int pick;               /* 1: reduce each logits row to its argmax on the device (tsr_forward_argmax) */
     tsr_status comm_st;     /* first failure of the comm hook (later sums are skipped) */
 } forward_job;
 
@@ -324,25 +328,38 @@ static void forward_body(void *arg)
     if (j->n_out == 0 || !m->part.head) return;
     ops->gather_rows(c->x, c->dev.out_index, j->n_out, H, c->out_rows);
     ops->rmsnorm(c->out_rows, &m->final_norm, cfg->norm_eps, j->n_out, H, c->out_rows);
-    if (j->n_out <= c->logit_rows) ops->linear(&m->head, c->out_rows, j->n_out, c->logits);
+    if (j->n_out > c->logit_rows) return;
+    ops->linear(&m->head, c->out_rows, j->n_out, c->logits);
+    if (j->pick && j->n_out)
+        ops->argmax_rows(c->logits, j->n_out, m->local.vocab, c->picks, (float *)(c->picks + j->n_out));
 }
 
-tsr_status tsr_forward(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs, float *logits)
+/* The work both entry points share: validation, the layout upload and the recorded (or issued) body. */
+static tsr_status run_job(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs, int pick, forward_job *job)
 {
     int T = 0;
     const tsr_model *m = c->model;
     TSR_TRY(validate(c, seqs, n_seqs, &T));
-    if (m->part.head && tsr_forward_logit_rows(seqs, n_seqs) && !logits)
-        return tsr_fail(TSR_ERR_ARG, "forward: logits requested but no output buffer given");
     /* decode steps (one token per sequence, logits of each) have a fixed shape per batch size: replayable, unless a
      * tensor shard's sums block on the host */
     const int host_comm = m->part.tp_size > 1 && (!c->has_comm || !c->comm.capturable);
     const int decode = T == n_seqs && tsr_forward_logit_rows(seqs, n_seqs) == n_seqs;
-    forward_job job = {c, {0}, T, 0, TSR_OK};
-    job.n_out = build_layout(c, seqs, n_seqs, T, decode, &job.b);
-    const uint64_t key = decode && !host_comm ? ((uint64_t)1 << 62) | ((uint64_t)c->id << 24) | (uint64_t)n_seqs : 0;
-    c->ops->run_cached(key, forward_body, &job);
-    if (job.comm_st != TSR_OK) return job.comm_st;
+    *job = (forward_job){c, {0}, T, 0, pick, TSR_OK};
+    job->n_out = build_layout(c, seqs, n_seqs, T, decode, &job->b);
+    const uint64_t key = decode && !host_comm ? ((uint64_t)1 << 62) | ((uint64_t)pick << 61) |
+                                                    ((uint64_t)c->id << 24) | (uint64_t)n_seqs
+                                              : 0;
+    c->ops->run_cached(key, forward_body, job);
+    return job->comm_st;
+}
+
+tsr_status tsr_forward(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs, float *logits)
+{
+    const tsr_model *m = c->model;
+    if (m->part.head && tsr_forward_logit_rows(seqs, n_seqs) && !logits)
+        return tsr_fail(TSR_ERR_ARG, "forward: logits requested but no output buffer given");
+    forward_job job;
+    TSR_TRY(run_job(c, seqs, n_seqs, 0, &job));
     if (!m->part.head) return TSR_OK;
     const size_t vocab = (size_t)m->local.vocab;
     if (job.n_out <= c->logit_rows) {
@@ -355,5 +372,23 @@ tsr_status tsr_forward(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs
         c->ops->linear(&c->model->head, c->out_rows + (size_t)r0 * c->model->cfg.hidden, rows, c->logits);
         c->ops->to_host(logits + (size_t)r0 * vocab, c->logits, (size_t)rows * vocab * sizeof(float));
     }
+    return TSR_OK;
+}
+
+int tsr_forward_pick_rows(const tsr_forward_ctx *c) { return c->picks ? c->logit_rows : 0; }
+
+tsr_status tsr_forward_argmax(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs, int32_t *ids, float *vals)
+{
+    if (!c->picks)
+        return tsr_fail(TSR_ERR_UNSUPPORTED, "forward: this backend or model part cannot pick on the device");
+    const int rows = tsr_forward_logit_rows(seqs, n_seqs);
+    if (rows > c->logit_rows)
+        return tsr_fail(TSR_ERR_ARG, "forward: %d rows to pick from, at most %d per call", rows, c->logit_rows);
+    if (rows && (!ids || !vals)) return tsr_fail(TSR_ERR_ARG, "forward: picks requested but no output buffer given");
+    forward_job job;
+    TSR_TRY(run_job(c, seqs, n_seqs, 1, &job));
+    if (!rows) return TSR_OK;
+    c->ops->to_host(ids, c->picks, (size_t)rows * sizeof(int32_t));
+    c->ops->to_host(vals, c->picks + rows, (size_t)rows * sizeof(float));
     return TSR_OK;
 }

@@ -63,6 +63,16 @@ float *tsr_forward_hidden(tsr_forward_ctx *ctx);
  * the pool; fails with the hook's status (TSR_ERR_REMOTE) when the comm hook failed (the group is then unusable). */
 tsr_status tsr_forward(tsr_forward_ctx *ctx, const tsr_seq_input *seqs, int n_seqs, float *logits);
 
+/* Rows one tsr_forward_argmax call can pick from (128, or max_tokens when smaller); 0 when it cannot work here
+ * (the backend has no ops->argmax_rows, or the part holds no head). */
+int tsr_forward_pick_rows(const tsr_forward_ctx *ctx);
+
+/* Runs the batch like tsr_forward, but hands back only each logits row's greedy pick: ids[r] the first index of
+ * the row's largest logit (NaN entries skipped; 0 when the row has nothing else) and vals[r] that logit (NaN then),
+ * over the part's vocabulary columns, in row order. Only the picks cross to the host, not the rows. Fails like
+ * tsr_forward, with TSR_ERR_UNSUPPORTED when tsr_forward_pick_rows is 0, and with TSR_ERR_ARG for more rows. */
+tsr_status tsr_forward_argmax(tsr_forward_ctx *ctx, const tsr_seq_input *seqs, int n_seqs, int32_t *ids, float *vals);
+
 /* Number of logit rows the batch produces (when the part has the head). */
 int tsr_forward_logit_rows(const tsr_seq_input *seqs, int n_seqs);
 

@@ -106,7 +106,7 @@ int tsr_sampling_uses_history(const tsr_sampling *p)
     return rep_active(p) || p->frequency_penalty != 0 || p->presence_penalty != 0;
 }
 
-static int is_greedy(const tsr_sampling *p) { return p->temperature == 0 || p->top_k == 1; }
+int tsr_sampling_is_greedy(const tsr_sampling *p) { return p->temperature == 0 || p->top_k == 1; }
 
 /* ---- per-thread workspace -------------------------------------------------------------------------------- */
 
@@ -915,7 +915,7 @@ tsr_status tsr_sample_u_lse(const float *logits, int n, const tsr_sampling *p, d
     if (lse) *lse = NAN;
     TSR_TRY(check_call(logits, n, p));
     if (!(u >= 0 && u < 1)) return tsr_fail(TSR_ERR_ARG, "sampler: uniform draw %g outside [0, 1)", u);
-    if (is_greedy(p)) {
+    if (tsr_sampling_is_greedy(p)) {
         *token = tsr_argmax(logits, n);
         return TSR_OK;
     }
@@ -934,7 +934,7 @@ tsr_status tsr_sample_u(const float *logits, int n, const tsr_sampling *p, doubl
 tsr_status tsr_sampling_probs(const float *logits, int n, const tsr_sampling *p, float *probs)
 {
     TSR_TRY(check_call(logits, n, p));
-    if (is_greedy(p)) {
+    if (tsr_sampling_is_greedy(p)) {
         memset(probs, 0, (size_t)n * sizeof *probs);
         probs[tsr_argmax(logits, n)] = 1;
         return TSR_OK;
@@ -953,7 +953,7 @@ tsr_status tsr_sampling_probs(const float *logits, int n, const tsr_sampling *p,
 tsr_status tsr_sample(const float *logits, int n, const tsr_sampling *p, tsr_rng *rng, int32_t *token)
 {
     TSR_TRY(check_call(logits, n, p));
-    if (is_greedy(p)) {
+    if (tsr_sampling_is_greedy(p)) {
         *token = tsr_argmax(logits, n);
         return TSR_OK;
     }

@@ -76,6 +76,9 @@ tsr_status tsr_sampling_check(const tsr_sampling *p);
  * [-100, 100] (OpenAI's range). */
 tsr_status tsr_logit_bias_check(const tsr_logit_bias *bias, int n_bias, int vocab);
 
+/* Whether p picks greedily: temperature 0 or top_k 1 (then the token is the first index of the largest logit). */
+int tsr_sampling_is_greedy(const tsr_sampling *p);
+
 /* Whether p needs the token history (a repetition, frequency or presence penalty is active). */
 int tsr_sampling_uses_history(const tsr_sampling *p);
 

@@ -90,4 +90,14 @@ tsr_status tsr_step_unpack(const uint8_t *buf, size_t len, tsr_step *out);
 tsr_status tsr_step_sample(float *logits, int vocab, const tsr_step *step, const tsr_step_seq *seq,
                            tsr_step_result *out);
 
+/* Whether seq's token is just the greedy pick of its logits row (the first index of the largest logit): it samples
+ * greedily (temperature 0 or top_k 1), asks for no log-probabilities, and no penalty or bias changes the row. Such
+ * a row need not leave the device (tsr_forward_argmax). */
+int tsr_step_pick_ok(const tsr_step_seq *seq);
+
+/* tsr_step_sample for a sequence with tsr_step_pick_ok, given its row's pick (token, and value: that logit):
+ * the same checks, the same token, and the same error when the row has no finite maximum. */
+tsr_status tsr_step_sample_pick(int32_t token, float value, int vocab, const tsr_step *step, const tsr_step_seq *seq,
+                                tsr_step_result *out);
+
 #endif

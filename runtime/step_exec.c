@@ -3,6 +3,7 @@
  * A plan names, for each sequence, its tokens, positions and page table; this file turns it into forward-pass
  * calls of at most the engine's max_tokens (a sequence whose chunk is longer is split over calls, only the last
  * piece asking for its logits), copies the logits rows the plan asks for, and samples the sequences that sample.
+ * A call whose rows only feed greedy choices keeps them on the device and reads back each row's pick instead.
  * The engine's own page free list is not used: pages come from the plan, already validated against the pool. */
 #include "runtime/engine.h"
 #include "runtime/executor.h"
@@ -15,6 +16,8 @@ void tsr_step_scratch_free(tsr_step_scratch *s)
     free(s->logits);
     free(s->in);
     free(s->owner);
+    free(s->pick_ids);
+    free(s->pick_vals);
     free(s->progress);
     memset(s, 0, sizeof *s);
 }
@@ -26,7 +29,11 @@ static tsr_status scratch_reserve(tsr_step_scratch *s, int n_in, size_t rows, in
         if (in) s->in = in;
         int *owner = realloc(s->owner, (size_t)n_in * sizeof *owner);
         if (owner) s->owner = owner;
-        if (!in || !owner) return tsr_fail(TSR_ERR_NOMEM, "step: out of memory");
+        int32_t *ids = realloc(s->pick_ids, (size_t)n_in * sizeof *ids);
+        if (ids) s->pick_ids = ids;
+        float *vals = realloc(s->pick_vals, (size_t)n_in * sizeof *vals);
+        if (vals) s->pick_vals = vals;
+        if (!in || !owner || !ids || !vals) return tsr_fail(TSR_ERR_NOMEM, "step: out of memory");
         s->cap_in = n_in;
     }
     if (rows > s->cap_rows) {
@@ -36,6 +43,18 @@ static tsr_status scratch_reserve(tsr_step_scratch *s, int n_in, size_t rows, in
         s->cap_rows = rows;
     }
     return TSR_OK;
+}
+
+int tsr_step_call_picks(const tsr_step *step, const tsr_seq_input *in, const int *owner, int nb, size_t rows,
+                        int pick_rows)
+{
+    if (rows == 0 || rows > (size_t)pick_rows) return 0;
+    for (int b = 0; b < nb; b++) {
+        const tsr_step_seq *q = &step->seqs[owner[b]];
+        if (in[b].logits == TSR_LOGITS_ALL || (in[b].logits == TSR_LOGITS_LAST && (q->logits || !tsr_step_pick_ok(q))))
+            return 0;
+    }
+    return 1;
 }
 
 tsr_status tsr_engine_run_step(tsr_engine *e, tsr_step_scratch *scratch, const tsr_step *step,
@@ -83,20 +102,34 @@ tsr_status tsr_engine_run_step(tsr_engine *e, tsr_step_scratch *scratch, const t
             budget -= take;
         }
         if (nb == 0) break;
-        if ((st = scratch_reserve(scratch, n, rows, vocab)) != TSR_OK) break;
-        if ((st = tsr_forward(e->fwd, scratch->in, nb, rows ? scratch->logits : NULL)) != TSR_OK) break;
+        /* when every row only feeds a greedy choice, the rows stay on the device and only their picks come back */
+        const int pick = rows && tsr_step_call_picks(step, scratch->in, scratch->owner, nb, rows,
+                                                     tsr_forward_pick_rows(e->fwd));
+        if ((st = scratch_reserve(scratch, n, pick ? 0 : rows, vocab)) != TSR_OK) break;
+        if (pick)
+            st = tsr_forward_argmax(e->fwd, scratch->in, nb, scratch->pick_ids, scratch->pick_vals);
+        else
+            st = tsr_forward(e->fwd, scratch->in, nb, rows ? scratch->logits : NULL);
+        if (st != TSR_OK) break;
         size_t row = 0;
         for (int b = 0; b < nb && st == TSR_OK; b++) {
             int i = scratch->owner[b];
             const tsr_step_seq *q = &step->seqs[i];
             const tsr_seq_input *in = &scratch->in[b];
             int nrows = in->logits == TSR_LOGITS_ALL ? in->n_tokens : in->logits == TSR_LOGITS_LAST;
+            done[i] += in->n_tokens;
+            if (pick) {
+                if (nrows && q->sample && done[i] == q->n_tokens)
+                    st = tsr_step_sample_pick(scratch->pick_ids[row], scratch->pick_vals[row], vocab, step, q,
+                                              &results[i]);
+                row += (size_t)nrows;
+                continue;
+            }
             float *src = scratch->logits + row * (size_t)vocab;
             if (logits && q->logits && nrows) {
-                int dst_row = out_row[i] + (q->logits == 2 ? done[i] : 0);
+                int dst_row = out_row[i] + (q->logits == 2 ? done[i] - in->n_tokens : 0);
                 memcpy(logits + (size_t)dst_row * vocab, src, (size_t)nrows * vocab * sizeof(float));
             }
-            done[i] += in->n_tokens;
             if (q->sample && done[i] == q->n_tokens)
                 st = tsr_step_sample(src + (size_t)(nrows - 1) * vocab, vocab, step, q, &results[i]);
             row += (size_t)nrows;

@@ -60,15 +60,10 @@ static int slice_ok(int32_t at, int32_t count, int32_t total, const void *base)
     return at >= 0 && count >= 0 && at <= total && count <= total - at && (count == 0 || base);
 }
 
-tsr_status tsr_step_sample(float *logits, int vocab, const tsr_step *step, const tsr_step_seq *seq,
-                           tsr_step_result *out)
+/* The checks every sampled sequence passes first: its logprob count, its history and bias slices, its
+ * parameters. */
+static tsr_status check_seq(const tsr_step *step, const tsr_step_seq *seq)
 {
-    if (!logits || vocab <= 0 || !step || !seq || !out)
-        return tsr_fail(TSR_ERR_ARG, "step sample: missing logits, plan or result (vocabulary %d)", vocab);
-    out->token = -1;
-    out->logprob = 0;
-    out->n_top = 0;
-    if (!seq->sample) return TSR_OK;
     unsigned long long id = (unsigned long long)seq->id;
     if (seq->n_logprobs < -1 || seq->n_logprobs > TSR_MAX_LOGPROBS)
         return tsr_fail(TSR_ERR_ARG, "step sample: sequence %llu asks for %d logprobs (at most %d)", id,
@@ -80,9 +75,48 @@ tsr_status tsr_step_sample(float *logits, int vocab, const tsr_step *step, const
     if (!slice_ok(seq->bias0, seq->n_bias, step->n_bias, step->bias))
         return tsr_fail(TSR_ERR_ARG, "step sample: sequence %llu has a bad bias slice (%d+%d of %d)", id,
                         (int)seq->bias0, (int)seq->n_bias, (int)step->n_bias);
+    tsr_status st = tsr_sampling_check(&seq->sampling);
+    return st == TSR_OK ? TSR_OK : tsr_fail_context(st, "step sample: sequence %llu", id);
+}
+
+int tsr_step_pick_ok(const tsr_step_seq *seq)
+{
+    return seq->sample && seq->n_logprobs < 0 && seq->n_bias == 0 && tsr_sampling_is_greedy(&seq->sampling) &&
+           !tsr_sampling_uses_history(&seq->sampling);
+}
+
+tsr_status tsr_step_sample_pick(int32_t token, float value, int vocab, const tsr_step *step, const tsr_step_seq *seq,
+                                tsr_step_result *out)
+{
+    if (vocab <= 0 || !step || !seq || !out)
+        return tsr_fail(TSR_ERR_ARG, "step sample: missing plan or result (vocabulary %d)", vocab);
+    *out = (tsr_step_result){.token = -1};
+    if (!seq->sample) return TSR_OK;
+    TSR_TRY(check_seq(step, seq));
+    if (!tsr_step_pick_ok(seq))
+        return tsr_fail(TSR_ERR_ARG, "step sample: sequence %llu needs its whole logits row, not the greedy pick",
+                        (unsigned long long)seq->id);
+    /* as tsr_step_sample: a row without a finite maximum is an error */
+    if (!isfinite(value) || token < 0 || token >= vocab)
+        return tsr_fail(TSR_ERR_ARG, "step sample: sequence %llu: the logits are not finite",
+                        (unsigned long long)seq->id);
+    out->token = token;
+    return TSR_OK;
+}
+
+tsr_status tsr_step_sample(float *logits, int vocab, const tsr_step *step, const tsr_step_seq *seq,
+                           tsr_step_result *out)
+{
+    if (!logits || vocab <= 0 || !step || !seq || !out)
+        return tsr_fail(TSR_ERR_ARG, "step sample: missing logits, plan or result (vocabulary %d)", vocab);
+    out->token = -1;
+    out->logprob = 0;
+    out->n_top = 0;
+    if (!seq->sample) return TSR_OK;
+    TSR_TRY(check_seq(step, seq));
+    unsigned long long id = (unsigned long long)seq->id;
     const tsr_sampling *p = &seq->sampling;
-    tsr_status st = tsr_sampling_check(p);
-    if (st != TSR_OK) return tsr_fail_context(st, "step sample: sequence %llu", id);
+    tsr_status st;
 
     const int32_t *hist = seq->n_hist ? step->hist + seq->hist0 : NULL;
     const tsr_logit_bias *bias = seq->n_bias ? step->bias + seq->bias0 : NULL;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for decode-GEMV work (kernels/cuda/matmul.cu): the GPU test suite, then the 8B-geometry EXL2
-# 4.0 bpw model (tessera synth) through `tessera bench` at batch 1 and 8 under each variant in TSR_GEMV_VARIANTS
-# ("name:ENV=V,ENV=V ..."), a full batch 1..64 bench with the defaults, and the per-op device profile of a
+# 4.0 bpw model (tessera synth) through `tessera bench` at batch 1 and 8 (or TSR_GEMV_BATCH) under each variant in
+# TSR_GEMV_VARIANTS ("name:ENV=V,ENV=V ..."), a full batch 1..64 bench with the defaults, and the per-op device profile of a
 # batch-1 step. TSR_GEMV_GPTQ=1 adds a GPTQ 8B bench; TSR_GEMV_PREFILL=1 a 2048-token prefill bench (in 512-token
 # chunks, in one chunk, and with the general attention kernel, TSR_CUDA_FLASH=0) and its per-op profile;
 # TSR_GEMV_TESTS=0 skips the tests. Pack first with tests/parallel/gpu-pack.sh and carry `.parpack`; logs go to $OUT.
@@ -24,7 +24,8 @@ echo "synth done at $SECONDS s"
 for v in ${TSR_GEMV_VARIANTS:-default:}; do
   name=${v%%:*}; envs=${v#*:}
   echo "--- $name ($envs)"
-  env ${envs//,/ } timeout 90 "$bin" bench --model $m8 --device cuda --batch 1,8 --prompt-len 512 --gen 64 2>&1 | tail -2
+  env ${envs//,/ } timeout 120 "$bin" bench --model $m8 --device cuda --batch ${TSR_GEMV_BATCH:-1,8} --prompt-len 512 \
+    --gen 64 2>&1 | tail -5
 done
 if [ "${TSR_GEMV_GPTQ:-0}" = 1 ]; then
   g8=/tmp/llama8b-gptq

@@ -16,5 +16,6 @@ void tsr_cpu_rope(const tsr_batch_layout *b, float *x, int n_heads, int head_dim
 void tsr_cpu_gather_rows(const float *x, const int32_t *index, int n, int dim, float *out);
 void tsr_cpu_silu_mul(const float *gate, const float *up, size_t n, float *out);
 void tsr_cpu_add(float *x, const float *y, size_t n);
+void tsr_cpu_argmax_rows(const float *x, int rows, int n, int32_t *ids, float *vals);
 
 #endif

@@ -1,4 +1,5 @@
-/* Row-wise and elementwise CPU kernels: embedding gather, RMSNorm, rotary embedding, SiLU gate, residual add.
+/* Row-wise and elementwise CPU kernels: embedding gather, RMSNorm, rotary embedding, SiLU gate, residual add, the
+ * greedy pick of each logits row.
  * fp32 math; norms accumulate their sum of squares in double. */
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/threadpool.h"
@@ -68,4 +69,16 @@ void tsr_cpu_add(float *x, const float *y, size_t n)
 void tsr_cpu_gather_rows(const float *x, const int32_t *index, int n, int dim, float *out)
 {
     for (int i = 0; i < n; i++) memmove(out + (size_t)i * dim, x + (size_t)index[i] * dim, (size_t)dim * sizeof(float));
+}
+
+void tsr_cpu_argmax_rows(const float *x, int rows, int n, int32_t *ids, float *vals)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *row = x + (size_t)r * n;
+        int best = -1;
+        for (int i = 0; i < n; i++)
+            if (row[i] == row[i] && (best < 0 || row[i] > row[best])) best = i;
+        ids[r] = best < 0 ? 0 : best;
+        vals[r] = best < 0 ? NAN : row[best];
+    }
 }

@@ -42,6 +42,7 @@ static const tsr_ops cpu_ops = {
     .silu_mul = tsr_cpu_silu_mul,
     .add = tsr_cpu_add,
     .gather_rows = tsr_cpu_gather_rows,
+    .argmax_rows = tsr_cpu_argmax_rows,
 };
 
 const tsr_ops *tsr_ops_cpu(void) { return &cpu_ops; }

@@ -15,7 +15,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/launch.cuh"
-#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/kv_tile.cuh"
 
 #include <math.h>
 
@@ -71,15 +71,7 @@ __global__ void __launch_bounds__(AD_THREADS)
 
     for (int t0 = lo + split * AD_CHUNK; t0 <= p; t0 += n_splits * AD_CHUNK) {
         const int n = min(AD_CHUNK, p + 1 - t0);
-        for (int i = tid; i < AD_CHUNK * VEC; i += AD_THREADS) {
-            const int r = i / VEC, c8 = (i % VEC) * 8, t = t0 + r;
-            const bool ok = r < n;
-            const size_t off =
-                ok ? ((size_t)table[t / page_size] * page_size + t % page_size) * width + (size_t)kvh * D + c8 : 0;
-            cp_async16_zfill(ks + r * DP + c8, kc + off, ok);
-            cp_async16_zfill(vs + r * DP + c8, vc + off, ok);
-        }
-        asm volatile("cp.async.commit_group;\n" ::);
+        kv_tile_gather<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, table, page_size, width, kvh, t0, n);
         asm volatile("cp.async.wait_group 0;\n" ::);
         __syncthreads();
 

@@ -19,7 +19,7 @@
  * attention.cu, which dispatches here. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
-#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/kv_tile.cuh"
 
 #include <math.h>
 
@@ -31,29 +31,6 @@
 /* Shared memory of one block for head dimension D: two stages of K and V tiles, fp16 rows padded by 16 bytes so
  * that the eight rows an ldmatrix reads fall in different banks. */
 static size_t fa_smem_bytes(int D) { return (size_t)2 * 2 * FA_BKV * (D + 8) * sizeof(__half); }
-
-static __device__ __forceinline__ uint32_t pack_half2(float lo, float hi)
-{
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *(const uint32_t *)&h;
-}
-
-/* Issues the cp.async copies of the K and V rows of positions kv0 .. kv0 + FA_BKV - 1 (zeros past p_last). */
-template <int D>
-static __device__ __forceinline__ void fa_load_tile(__half *Ks, __half *Vs, const __half *kc, const __half *vc,
-                                                    const int32_t *table, int page_size, int width, int kvh, int kv0,
-                                                    int p_last)
-{
-    constexpr int DP = D + 8, VEC = D / 8;
-    for (int i = threadIdx.x; i < FA_BKV * VEC; i += FA_WARPS * 32) {
-        const int r = i / VEC, c8 = (i % VEC) * 8, t = kv0 + r;
-        const bool ok = t <= p_last;
-        const size_t off = ok ? ((size_t)table[t / page_size] * page_size + t % page_size) * width + (size_t)kvh * D + c8 : 0;
-        cp_async16_zfill(Ks + r * DP + c8, kc + off, ok);
-        cp_async16_zfill(Vs + r * DP + c8, vc + off, ok);
-    }
-    asm volatile("cp.async.commit_group;\n" ::);
-}
 
 template <int D>
 __global__ void __launch_bounds__(FA_WARPS * 32)
@@ -101,7 +78,7 @@ __global__ void __launch_bounds__(FA_WARPS * 32)
             const int i = j & 1, col = ks * 16 + 2 * t4 + 8 * (j >> 1);
             float2 v = make_float2(0.0f, 0.0f);
             if (ok[i]) v = *(const float2 *)(q + ((size_t)(r0 + warp * 16 + g + 8 * i) * a.n_heads + h) * D + col);
-            qa[ks][j] = pack_half2(v.x * a.scale, v.y * a.scale);
+            qa[ks][j] = h2_bits(__floats2half2_rn(v.x * a.scale, v.y * a.scale));
         }
 
     float o[NO][4];
@@ -110,13 +87,15 @@ __global__ void __launch_bounds__(FA_WARPS * 32)
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
     const int n_tiles = (p_last - lo_first) / FA_BKV + 1;
-    fa_load_tile<D>(tiles, tiles + FA_BKV * DP, kc, vc, table, page_size, width, kvh, lo_first, p_last);
+    kv_tile_gather<D, FA_BKV, FA_WARPS * 32>(tiles, tiles + FA_BKV * DP, kc, vc, table, page_size, width, kvh, lo_first,
+                                             p_last + 1 - lo_first);
     for (int it = 0; it < n_tiles; it++) {
         const int kv0 = lo_first + it * FA_BKV;
         const __half *Ks = tiles + (it & 1) * 2 * FA_BKV * DP, *Vs = Ks + FA_BKV * DP;
         if (it + 1 < n_tiles) {
             __half *nk = tiles + ((it + 1) & 1) * 2 * FA_BKV * DP;
-            fa_load_tile<D>(nk, nk + FA_BKV * DP, kc, vc, table, page_size, width, kvh, kv0 + FA_BKV, p_last);
+            kv_tile_gather<D, FA_BKV, FA_WARPS * 32>(nk, nk + FA_BKV * DP, kc, vc, table, page_size, width, kvh,
+                                                     kv0 + FA_BKV, p_last + 1 - (kv0 + FA_BKV));
             asm volatile("cp.async.wait_group 1;\n" ::);
         } else {
             asm volatile("cp.async.wait_group 0;\n" ::);
@@ -169,7 +148,7 @@ __global__ void __launch_bounds__(FA_WARPS * 32)
                     const float p0 = exp2f(fmaf(s[n][2 * i], FA_LOG2E, -m_sub));
                     const float p1 = exp2f(fmaf(s[n][2 * i + 1], FA_LOG2E, -m_sub));
                     const __half2 ph = __floats2half2_rn(p0, p1);
-                    pa[n][i] = *(const uint32_t *)&ph;
+                    pa[n][i] = h2_bits(ph);
                     const float2 pf = __half22float2(ph);
                     psum += pf.x + pf.y;
                 }

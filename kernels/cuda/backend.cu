@@ -30,7 +30,8 @@ static cudaStream_t g_stream;
 static cublasHandle_t g_blas;
 static size_t g_allocated, g_peak;
 static std::unordered_map<void *, size_t> g_sizes;
-static void *g_scratch[8];
+static void *g_scratch[8]; /* by slot: 0 GEMV activations, 1-2 attention partials, 3 GEMV parts / fp16 slab,
+                              4 argmax partials */
 static size_t g_scratch_size[8];
 
 extern "C" void tsr_cuda_fatal(const char *file, int line, const char *what)
@@ -537,6 +538,7 @@ static const tsr_ops cuda_ops = {
     tsr_cuda_linear_many,
     tsr_cuda_add_rmsnorm,
     tsr_cuda_linear_add_norm,
+    tsr_cuda_argmax_rows,
 };
 
 /* ---- optional per-op profile (TSR_CUDA_PROFILE, see the top of this file). Mode 1 synchronizes around each op
@@ -546,9 +548,9 @@ static const tsr_ops cuda_ops = {
  * Forwards whose largest linear has M <= 32 count as decode steps, the rest as prefill. For attribution, not for
  * throughput. ---- */
 
-enum { P_EMBED, P_NORM, P_LINEAR, P_ROPE, P_KV, P_ATTN, P_SILU, P_ADD, P_GATHER, P_ADD_NORM, P_COUNT };
+enum { P_EMBED, P_NORM, P_LINEAR, P_ROPE, P_KV, P_ATTN, P_SILU, P_ADD, P_GATHER, P_ADD_NORM, P_ARGMAX, P_COUNT };
 static const char *p_names[P_COUNT] = {"embed", "rmsnorm", "linear", "rope", "kv_store", "attention", "silu_mul", "add",
-                                       "gather_rows", "add_rmsnorm"};
+                                       "gather_rows", "add_rmsnorm", "argmax_rows"};
 
 /* op classes: the fixed ones above, then one per linear shape and kind ("linear KxN", "linear_many KxN+N+N",
  * "linear+add KxN") */
@@ -768,12 +770,24 @@ static void pf_add_norm(float *x, const float *y, const tsr_dense *w, float eps,
     p_scope s(P_ADD_NORM);
     tsr_cuda_add_rmsnorm(x, y, w, eps, rows, dim, out);
 }
+static void pf_argmax(const float *x, int rows, int n, int32_t *ids, float *vals)
+{
+    p_scope s(P_ARGMAX);
+    tsr_cuda_argmax_rows(x, rows, n, ids, vals);
+}
 
 static const tsr_ops cuda_ops_profiled = {
     "cuda",   cuda_alloc, cuda_release, cuda_to_device, cuda_to_host,   cuda_run_cached, cuda_memory_free,
     cuda_prepare_model, cuda_release_model, pf_embed, pf_norm, pf_linear, pf_rope, pf_kv, pf_attn, pf_silu, pf_add,
-    pf_gather, pf_linear_many, pf_add_norm, pf_linear_add_norm,
+    pf_gather, pf_linear_many, pf_add_norm, pf_linear_add_norm, pf_argmax,
 };
+
+/* 1 when the environment variable is set to 0 (a switch turned off) */
+static int env_off(const char *name)
+{
+    const char *v = getenv(name);
+    return v && atoi(v) == 0;
+}
 
 extern "C" const tsr_ops *tsr_ops_cuda(void)
 {
@@ -783,14 +797,16 @@ extern "C" const tsr_ops *tsr_ops_cuda(void)
         if (profiled) atexit(p_report);
     }
     const tsr_ops *base = profiled ? &cuda_ops_profiled : &cuda_ops;
-    /* TSR_CUDA_LINEAR_ADD=0 leaves linear_add_norm out (the product, its reduction and the residual pass as
-     * separate launches), for comparisons */
-    static tsr_ops unfused;
-    static int fused = -1;
-    if (fused < 0) {
-        fused = !getenv("TSR_CUDA_LINEAR_ADD") || atoi(getenv("TSR_CUDA_LINEAR_ADD")) != 0;
-        unfused = *base;
-        unfused.linear_add_norm = NULL;
+    /* for comparisons: TSR_CUDA_LINEAR_ADD=0 leaves linear_add_norm out (the product, its reduction and the
+     * residual pass as separate launches), TSR_CUDA_ARGMAX=0 leaves argmax_rows out (greedy rows copied whole to
+     * the host and picked there) */
+    static tsr_ops chosen;
+    static int ready;
+    if (!ready) {
+        chosen = *base;
+        if (env_off("TSR_CUDA_LINEAR_ADD")) chosen.linear_add_norm = NULL;
+        if (env_off("TSR_CUDA_ARGMAX")) chosen.argmax_rows = NULL;
+        ready = 1;
     }
-    return fused ? base : &unfused;
+    return &chosen;
 }

@@ -43,5 +43,7 @@ void tsr_cuda_attn_merge(size_t items, int d, int n_splits, const float2 *part_m
 void tsr_cuda_silu_mul(const float *gate, const float *up, size_t n, float *out);
 void tsr_cuda_add(float *x, const float *y, size_t n);
 void tsr_cuda_gather_rows(const float *x, const int32_t *index, int n, int dim, float *out);
+/* ops.h argmax_rows (argmax.cu) */
+void tsr_cuda_argmax_rows(const float *x, int rows, int n, int32_t *ids, float *vals);
 
 #endif

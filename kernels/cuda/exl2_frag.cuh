@@ -57,9 +57,6 @@ template <int B> __device__ __forceinline__ void frag_load(const uint32_t *fw, s
     }
 }
 
-__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *(uint32_t *)&h; }
-__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *(__half2 *)&u; }
-
 /* (a & MASK) | 0x64006400 in one LOP3 (C would split it in two: one immediate per instruction). */
 template <uint32_t MASK> __device__ __forceinline__ uint32_t and_exp(uint32_t a)
 {

@@ -63,6 +63,15 @@ struct fg_group {
     int n;
 };
 
+/* The part of a grouped launch that block b belongs to: parts take consecutive stretches of their `blocks` blocks,
+ * and b becomes the block's index within its part. */
+template <typename Group, typename Index> __device__ __forceinline__ int group_part(const Group &G, Index &b)
+{
+    int part = 0;
+    while (part + 1 < G.n && b >= G.p[part].blocks) b -= G.p[part++].blocks;
+    return part;
+}
+
 /* The per-warp ring of weight steps in shared memory (cp.async). A step is NU units of one width (two of at most
  * 4 bits, else one) for the warp's two column blocks, followed by one header entry per unit with its group's
  * scale data. FG_RING - 1 steps are in flight while the warp decodes the oldest. The loop is compiled once per
@@ -381,9 +390,7 @@ __global__ void fg_prestage_kernel(const __grid_constant__ fg_pre_group G, const
     tsr_pdl_wait();
     tsr_pdl_trigger();
     unsigned b = blockIdx.x;
-    int part = 0;
-    while (part + 1 < G.n && b >= G.p[part].blocks) b -= G.p[part++].blocks;
-    const fg_pre_part &P = G.p[part];
+    const fg_pre_part &P = G.p[group_part(G, b)];
     const unsigned i = b * blockDim.x + threadIdx.x;
     if (i >= P.entries) return;
     const int q = (int)(i & 3), tok = (int)((i >> 2) % M), uk = (int)((i >> 2) / M);
@@ -402,9 +409,8 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     frag_gemv_kernel(const __grid_constant__ fg_group G, const float *x, int M, int stage_words)
 {
     extern __shared__ uint4 fg_smem[];
-    int b = blockIdx.x, part = 0;
-    while (part + 1 < G.n && b >= G.p[part].blocks) b -= G.p[part++].blocks;
-    const fg_part &P = G.p[part];
+    int b = blockIdx.x;
+    const fg_part &P = G.p[group_part(G, b)];
     const tsr_linear_dev &L = P.L;
     const int colb = b % P.col_blocks, split = b / P.col_blocks;
     const int u0 = split * P.ub, u1 = min(L.n_units, u0 + P.ub), nu = u1 - u0;
@@ -523,9 +529,7 @@ __global__ void exl2_reduce_group_kernel(const __grid_constant__ red_group G, in
     tsr_pdl_wait();
     tsr_pdl_trigger();
     unsigned b = blockIdx.x;
-    int part = 0;
-    while (part + 1 < G.n && b >= G.p[part].blocks) b -= G.p[part++].blocks;
-    const red_part &P = G.p[part];
+    const red_part &P = G.p[group_part(G, b)];
     const size_t i = (size_t)b * blockDim.x + threadIdx.x;
     if (i >= (size_t)M * P.N) return;
     const int m = (int)(i / P.N), n = (int)(i % P.N);

@@ -5,11 +5,15 @@
  * l/4, l/4 + 8 at columns 2 (l % 4) and 2 (l % 4) + 1. ldsm_x4 / ldsm_x4_t load four 8 × 8 fp16 matrices from
  * shared memory (lane l gives the address of row l % 8 of matrix l / 8), plain or transposed, straight into those
  * operand layouts. cp_async16_zfill copies 16 bytes global → shared without the registers, or writes zeros when
- * `valid` is false. */
+ * `valid` is false. h2_bits / bits_h2 view a half2 as the 32-bit register an operand takes, and back. */
 #ifndef TSR_CUDA_MMA_CUH
 #define TSR_CUDA_MMA_CUH
 
+#include <cuda_fp16.h>
 #include <stdint.h>
+
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *(uint32_t *)&h; }
+__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *(__half2 *)&u; }
 
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 {

@@ -68,7 +68,7 @@ void run_prompts(tsr_engine *e, const prompts *p, float **out)
     tsr_feed feeds[8];
     for (int i = 0; i < p->n; i++) {
         out[i] = malloc((size_t)p->len[i] * vocab * sizeof(float));
-        feeds[i] = (tsr_feed){&seqs[i], p->ids[i], p->len[i], TSR_LOGITS_ALL, out[i]};
+        feeds[i] = (tsr_feed){&seqs[i], p->ids[i], p->len[i], TSR_LOGITS_ALL, out[i], NULL};
     }
     tsr_status st = tsr_engine_feed(e, feeds, p->n);
     if (st != TSR_OK) fail_msg("forward: %s", tsr_last_error());

@@ -94,7 +94,7 @@ static void engine_result(tsr_engine *e)
     float *logits = malloc((size_t)cfg->vocab_size * sizeof *logits);
     assert_non_null(logits);
     tsr_seq seq = {0};
-    tsr_feed f = {&seq, prompt, 4, TSR_LOGITS_LAST, logits};
+    tsr_feed f = {&seq, prompt, 4, TSR_LOGITS_LAST, logits, NULL};
     tsr_status st = tsr_engine_feed(e, &f, 1);
     if (st != TSR_OK) fail_msg("%s: the opened engine cannot run: %s", fault_current_run(), tsr_last_error());
     fault_result(logits, (size_t)cfg->vocab_size * sizeof *logits);

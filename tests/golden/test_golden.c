@@ -54,11 +54,11 @@ static void greedy(tsr_engine *e, const int32_t *prompt, int len, int n, int32_t
     const int vocab = e->model->cfg.vocab_size;
     float *logits = malloc((size_t)vocab * sizeof(float));
     tsr_seq seq = {0};
-    tsr_feed f = {&seq, prompt, len, TSR_LOGITS_LAST, logits};
+    tsr_feed f = {&seq, prompt, len, TSR_LOGITS_LAST, logits, NULL};
     for (int i = 0; i < n; i++) {
         if (tsr_engine_feed(e, &f, 1) != TSR_OK) fail_msg("forward: %s", tsr_last_error());
         out[i] = tsr_argmax(logits, vocab);
-        f = (tsr_feed){&seq, &out[i], 1, TSR_LOGITS_LAST, logits};
+        f = (tsr_feed){&seq, &out[i], 1, TSR_LOGITS_LAST, logits, NULL};
     }
     tsr_engine_seq_release(e, &seq);
     free(logits);
@@ -151,10 +151,10 @@ static void test_exl2_models(void **state)
             int rows = (int)dec->shape[0], start = p.len[3] - rows;
             float *out = malloc((size_t)rows * vocab * sizeof(float));
             tsr_seq seq = {0};
-            tsr_feed f = {&seq, p.ids[3], start, TSR_LOGITS_NONE, NULL};
+            tsr_feed f = {&seq, p.ids[3], start, TSR_LOGITS_NONE, NULL, NULL};
             assert_int_equal(tsr_engine_feed(e, &f, 1), TSR_OK);
             for (int i = 0; i < rows; i++) {
-                f = (tsr_feed){&seq, p.ids[3] + start + i, 1, TSR_LOGITS_LAST, out + (size_t)i * vocab};
+                f = (tsr_feed){&seq, p.ids[3] + start + i, 1, TSR_LOGITS_LAST, out + (size_t)i * vocab, NULL};
                 assert_int_equal(tsr_engine_feed(e, &f, 1), TSR_OK);
             }
             tsr_engine_seq_release(e, &seq);

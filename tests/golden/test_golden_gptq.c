@@ -122,11 +122,11 @@ static void check_model(const char *model, int expect_act_order)
     int32_t *out = malloc((size_t)n * sizeof *out);
     float *logits = malloc((size_t)vocab * sizeof(float));
     tsr_seq seq = {0};
-    tsr_feed f = {&seq, p.ids[0], p.len[0], TSR_LOGITS_LAST, logits};
+    tsr_feed f = {&seq, p.ids[0], p.len[0], TSR_LOGITS_LAST, logits, NULL};
     for (int i = 0; i < n; i++) {
         if (tsr_engine_feed(e, &f, 1) != TSR_OK) fail_msg("forward: %s", tsr_last_error());
         out[i] = tsr_argmax(logits, vocab);
-        f = (tsr_feed){&seq, &out[i], 1, TSR_LOGITS_LAST, logits};
+        f = (tsr_feed){&seq, &out[i], 1, TSR_LOGITS_LAST, logits, NULL};
     }
     tsr_engine_seq_release(e, &seq);
     int agree = 0;

@@ -48,9 +48,9 @@ static float *decode_run(const char *model, tsr_dtype dtype, const int32_t *ids,
     const int vocab = e->model->cfg.vocab_size;
     float *out = malloc((size_t)rows * vocab * sizeof(float));
     tsr_seq seq = {0};
-    tsr_feed f = {&seq, ids, start, TSR_LOGITS_NONE, NULL};
+    tsr_feed f = {&seq, ids, start, TSR_LOGITS_NONE, NULL, NULL};
     if (tsr_engine_feed(e, &f, 1) != TSR_OK) fail_msg("%s prefill: %s", model, tsr_last_error());
-    f = (tsr_feed){&seq, ids + start, rows, TSR_LOGITS_ALL, out};
+    f = (tsr_feed){&seq, ids + start, rows, TSR_LOGITS_ALL, out, NULL};
     if (tsr_engine_feed(e, &f, 1) != TSR_OK) fail_msg("%s: %s", model, tsr_last_error());
     tsr_engine_seq_release(e, &seq);
     tsr_engine_close(e);

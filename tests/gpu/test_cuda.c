@@ -162,6 +162,49 @@ static void test_elementwise(void **state)
     free(x), free(y), free(want);
 }
 
+/* argmax_rows against the CPU op: rows wider and narrower than the slicing, ties (the first maximum wins), NaNs
+ * (skipped), a row of NaN only, a row with +inf, a row of -inf and NaN. */
+static void test_argmax_rows(void **state)
+{
+    (void)state;
+    const int widths[] = {128256, 4097, 1000, 3};
+    const int counts[] = {1, 5, 40};
+    for (int w = 0; w < 4; w++)
+        for (int c = 0; c < 3; c++) {
+            const int n = widths[w], rows = counts[c];
+            float *x = rand_host((size_t)rows * n, 5.0f);
+            for (int r = 0; r < rows; r++) {
+                float *row = x + (size_t)r * n;
+                const int a = (int)((unsigned)(r * 7919 + 13) % (unsigned)n);
+                const int b = (int)((unsigned)(r * 104729) % (unsigned)n);
+                switch (r % 6) {
+                case 0: row[a] = row[b] = 9.0f; break;                /* a tie: the lower index */
+                case 1: row[a] = NAN, row[b] = 8.0f; break;           /* NaN skipped */
+                case 2: for (int i = 0; i < n; i++) row[i] = NAN; break;
+                case 3: row[b] = INFINITY; break;
+                case 4: for (int i = 0; i < n; i++) row[i] = i % 2 ? -INFINITY : NAN; break;
+                default: row[n - 1] = 50.0f; break;                  /* the last element */
+                }
+            }
+            int32_t *want_ids = malloc((size_t)rows * sizeof *want_ids), *got_ids = malloc((size_t)rows * 4);
+            float *want_vals = malloc((size_t)rows * sizeof *want_vals), *got_vals = malloc((size_t)rows * 4);
+            cpu->argmax_rows(x, rows, n, want_ids, want_vals);
+            float *dx = dev_copy(x, (size_t)rows * n * sizeof(float)), *dv = dev_poisoned((size_t)rows);
+            int32_t *di = (int32_t *)dev_poisoned((size_t)rows);
+            gpu->argmax_rows(dx, rows, n, di, dv);
+            gpu->to_host(got_ids, di, (size_t)rows * 4);
+            gpu->to_host(got_vals, dv, (size_t)rows * 4);
+            for (int r = 0; r < rows; r++) {
+                const int same_val = isnan(want_vals[r]) ? isnan(got_vals[r]) : got_vals[r] == want_vals[r];
+                if (got_ids[r] != want_ids[r] || !same_val)
+                    fail_msg("argmax_rows %d x %d, row %d: got %d (%g), want %d (%g)", rows, n, r, got_ids[r],
+                             got_vals[r], want_ids[r], want_vals[r]);
+            }
+            gpu->release(dx), gpu->release(dv), gpu->release(di);
+            free(x), free(want_ids), free(got_ids), free(want_vals), free(got_vals);
+        }
+}
+
 /* A batch of sequences: rows [row0, row0+n) of seq s at positions pos0.. ; page tables are scrambled. */
 typedef struct {
     int n_seqs, n_rows, max_pages, half;
@@ -562,7 +605,7 @@ static void run_model(const char *name, tsr_dtype kv, const tsr_ops *ops, int32_
     tsr_feed feeds[8];
     for (int i = 0; i < n; i++) {
         out[i] = malloc((size_t)lens[i] * vocab * 4);
-        feeds[i] = (tsr_feed){&seqs[i], ids[i], lens[i], TSR_LOGITS_ALL, out[i]};
+        feeds[i] = (tsr_feed){&seqs[i], ids[i], lens[i], TSR_LOGITS_ALL, out[i], NULL};
     }
     assert_int_equal(tsr_engine_feed(e, feeds, n), TSR_OK);
     for (int i = 0; i < n; i++)
@@ -570,12 +613,12 @@ static void run_model(const char *name, tsr_dtype kv, const tsr_ops *ops, int32_
     /* greedy 48 tokens after prompt 0, decoded one step at a time: returned after the logits */
     float *logits = malloc((size_t)vocab * 4);
     tsr_seq seq = {0};
-    tsr_feed f = {&seq, ids[0], lens[0], TSR_LOGITS_LAST, logits};
+    tsr_feed f = {&seq, ids[0], lens[0], TSR_LOGITS_LAST, logits, NULL};
     int32_t *toks = malloc(48 * sizeof(int32_t));
     for (int i = 0; i < 48; i++) {
         assert_int_equal(tsr_engine_feed(e, &f, 1), TSR_OK);
         toks[i] = tsr_argmax(logits, vocab);
-        f = (tsr_feed){&seq, &toks[i], 1, TSR_LOGITS_LAST, logits};
+        f = (tsr_feed){&seq, &toks[i], 1, TSR_LOGITS_LAST, logits, NULL};
     }
     out[n] = (float *)toks;
     tsr_engine_seq_release(e, &seq);
@@ -694,14 +737,14 @@ static float *run_kvq(const char *name, tsr_dtype kv, const tsr_ops *ops, const 
     const int vocab = e->model->cfg.vocab_size;
     float *out = malloc((size_t)(rows + steps) * vocab * 4);
     tsr_seq seq = {0}, seq2 = {0};
-    tsr_feed f = {&seq, ids, start, TSR_LOGITS_NONE, NULL};
+    tsr_feed f = {&seq, ids, start, TSR_LOGITS_NONE, NULL, NULL};
     assert_int_equal(tsr_engine_feed(e, &f, 1), TSR_OK);
-    f = (tsr_feed){&seq, ids + start, rows, TSR_LOGITS_ALL, out};
+    f = (tsr_feed){&seq, ids + start, rows, TSR_LOGITS_ALL, out, NULL};
     assert_int_equal(tsr_engine_feed(e, &f, 1), TSR_OK);
-    f = (tsr_feed){&seq2, ids, start, TSR_LOGITS_NONE, NULL};
+    f = (tsr_feed){&seq2, ids, start, TSR_LOGITS_NONE, NULL, NULL};
     assert_int_equal(tsr_engine_feed(e, &f, 1), TSR_OK);
     for (int i = 0; i < steps; i++) {
-        f = (tsr_feed){&seq2, ids + start + i, 1, TSR_LOGITS_LAST, out + (size_t)(rows + i) * vocab};
+        f = (tsr_feed){&seq2, ids + start + i, 1, TSR_LOGITS_LAST, out + (size_t)(rows + i) * vocab, NULL};
         assert_int_equal(tsr_engine_feed(e, &f, 1), TSR_OK);
     }
     tsr_engine_seq_release(e, &seq);
@@ -812,6 +855,7 @@ int main(void)
         cmocka_unit_test(test_elementwise),  cmocka_unit_test(test_attention), cmocka_unit_test(test_linear_exl2),
         cmocka_unit_test(test_linear_dense), cmocka_unit_test(test_models), cmocka_unit_test(test_kv_pool_from_free_memory),
         cmocka_unit_test(test_attention_kv_quant), cmocka_unit_test(test_models_kv_quant),
+        cmocka_unit_test(test_argmax_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

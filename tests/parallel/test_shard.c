@@ -126,7 +126,7 @@ static tsr_status feed_all(tsr_engine *e, const prompts *p, float **out)
     tsr_feed feeds[MAX_PROMPTS];
     for (int i = 0; i < p->n; i++) {
         out[i] = malloc((size_t)p->len[i] * vocab * sizeof(float));
-        feeds[i] = (tsr_feed){&seqs[i], p->ids[i], p->len[i], TSR_LOGITS_ALL, out[i]};
+        feeds[i] = (tsr_feed){&seqs[i], p->ids[i], p->len[i], TSR_LOGITS_ALL, out[i], NULL};
     }
     tsr_status st = tsr_engine_feed(e, feeds, p->n);
     for (int i = 0; i < p->n; i++)

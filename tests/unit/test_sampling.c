@@ -542,6 +542,51 @@ static void test_greedy(void **state)
     free(big);
 }
 
+/* The greedy pick path (tsr_step_pick_ok, tsr_step_sample_pick): which sequences may take it, and that it gives the
+ * sampler's token and errors for the row's own argmax. */
+static void test_pick(void **state)
+{
+    (void)state;
+    tsr_step_seq q = {.id = 3, .n_tokens = 1, .sample = 1, .n_logprobs = -1, .sampling = tsr_sampling_default()};
+    tsr_step st = {.version = TSR_STEP_VERSION, .n_seqs = 1, .seqs = &q};
+    assert_false(tsr_step_pick_ok(&q)); /* temperature 1 samples */
+    q.sampling.temperature = 0;
+    assert_true(tsr_step_pick_ok(&q));
+    q.sampling.temperature = 0.7f;
+    q.sampling.top_k = 1;
+    assert_true(tsr_step_pick_ok(&q));
+    q.n_logprobs = 0; /* a logprob needs the whole row */
+    assert_false(tsr_step_pick_ok(&q));
+    q.n_logprobs = -1;
+    q.sampling.presence_penalty = 0.5f; /* penalties change the row */
+    assert_false(tsr_step_pick_ok(&q));
+    q.sampling.presence_penalty = 0;
+    q.n_bias = 1;
+    assert_false(tsr_step_pick_ok(&q));
+    q.n_bias = 0;
+    q.sample = 0;
+    assert_false(tsr_step_pick_ok(&q));
+    q.sample = 1;
+
+    float rows[3][6] = {{1, 5, 3, 5, -2, 5}, {NAN, -1, NAN, -0.5f, -3, -0.5f}, {NAN, NAN, NAN, NAN, NAN, NAN}};
+    for (int r = 0; r < 3; r++) {
+        float l[6];
+        memcpy(l, rows[r], sizeof l);
+        tsr_step_result full, picked;
+        tsr_status want = tsr_step_sample(l, 6, &st, &q, &full);
+        const int32_t id = tsr_argmax(rows[r], 6);
+        assert_int_equal(tsr_step_sample_pick(id, rows[r][id], 6, &st, &q, &picked), want);
+        if (want == TSR_OK) assert_int_equal(picked.token, full.token);
+    }
+    /* the same parameter checks as the sampler */
+    q.sampling.top_p = 2;
+    assert_int_equal(tsr_step_sample_pick(1, 5.0f, 6, &st, &q, &(tsr_step_result){0}), TSR_ERR_ARG);
+    q.sampling.top_p = 1;
+    /* a sequence that needs its row is refused */
+    q.sampling.top_k = 0;
+    assert_int_equal(tsr_step_sample_pick(1, 5.0f, 6, &st, &q, &(tsr_step_result){0}), TSR_ERR_ARG);
+}
+
 static void test_determinism(void **state)
 {
     (void)state;
@@ -844,7 +889,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_python_refs),   cmocka_unit_test(test_filters_vs_reference),
         cmocka_unit_test(test_draw_is_inverse_cdf), cmocka_unit_test(test_frequencies),
-        cmocka_unit_test(test_penalties),     cmocka_unit_test(test_greedy),
+        cmocka_unit_test(test_penalties),     cmocka_unit_test(test_greedy), cmocka_unit_test(test_pick),
         cmocka_unit_test(test_determinism),   cmocka_unit_test(test_same_tokens_as_before),
         cmocka_unit_test(test_logprobs),      cmocka_unit_test(test_params),
     };

@@ -110,12 +110,12 @@ static void test_batch_invariance(void **state)
         n_prompt[i] = make_prompt(i, prompts[i], vocab);
         tsr_seq seq = {0};
         int32_t tok = 0;
-        tsr_feed f = {&seq, prompts[i], n_prompt[i], TSR_LOGITS_LAST, logits};
+        tsr_feed f = {&seq, prompts[i], n_prompt[i], TSR_LOGITS_LAST, logits, NULL};
         for (int g = 0; g < n_gen; g++) {
             assert_int_equal(tsr_engine_feed(e, &f, 1), TSR_OK);
             tok = tsr_argmax(logits, vocab);
             want[i][g] = tok;
-            f = (tsr_feed){&seq, &want[i][g], 1, TSR_LOGITS_LAST, logits};
+            f = (tsr_feed){&seq, &want[i][g], 1, TSR_LOGITS_LAST, logits, NULL};
         }
         tsr_engine_seq_release(e, &seq);
     }

@@ -1,0 +1,30 @@
+/* Copying a tile of K/V rows from the paged fp16 cache into shared memory, shared by the prefill and decode
+ * attention kernels (attention_prefill.cu, attention_decode.cu).
+ *
+ * Positions t0 .. t0 + ROWS - 1 of KV head kvh are found through the sequence's page table (position t lives in
+ * page table[t / page_size], slot t % page_size, rows `width` halves apart) and copied by cp.async, 16 bytes per
+ * request, into [ROWS][D + 8] tiles (rows padded by 16 bytes so that the eight rows an ldmatrix or a vector load
+ * reads fall in different banks). Rows r >= n are written as zeros and read nothing. The NT threads of the block
+ * share the requests; the call commits them as one cp.async group, which the caller waits for. */
+#ifndef TSR_CUDA_KV_TILE_CUH
+#define TSR_CUDA_KV_TILE_CUH
+
+#include "kernels/cuda/mma.cuh"
+
+template <int D, int ROWS, int NT>
+__device__ __forceinline__ void kv_tile_gather(__half *ks, __half *vs, const __half *kc, const __half *vc,
+                                               const int32_t *table, int page_size, int width, int kvh, int t0, int n)
+{
+    constexpr int DP = D + 8, VEC = D / 8;
+    for (int i = threadIdx.x; i < ROWS * VEC; i += NT) {
+        const int r = i / VEC, c8 = (i % VEC) * 8, t = t0 + r;
+        const bool ok = r < n;
+        const size_t off =
+            ok ? ((size_t)table[t / page_size] * page_size + t % page_size) * width + (size_t)kvh * D + c8 : 0;
+        cp_async16_zfill(ks + r * DP + c8, kc + off, ok);
+        cp_async16_zfill(vs + r * DP + c8, vc + off, ok);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+#endif
