@@ -89,6 +89,11 @@ typedef struct tsr_ops {
      * parts inside the residual pass instead of in a pass of their own. */
     void (*linear_add_norm)(const tsr_linear *L, const float *a, int M, float *x, const tsr_dense *w, float eps,
                             float *out);
+    /* Optional (NULL: callers run rope on q, rope on k, then kv_store): rope of q ([rows][n_heads][head_dim]) and
+     * of k ([rows][kv->n_kv_heads][head_dim]) in place, then k and v stored into the cache at each row's position,
+     * as one pass (the three launches of a decode step's attention input become one). */
+    void (*rope_store)(const tsr_batch_layout *b, float *q, int n_heads, float *k, const float *v, tsr_kv_cache *kv,
+                       int layer, int rot_dim);
     /* Optional (NULL: callers copy the rows out and pick on the host): for each row of x[rows][n], ids[r] = the
      * first index of its largest value, NaN entries skipped (0 when the row is all NaN), and vals[r] = that value
      * (NaN then); ids and vals are backend memory. The greedy choice without the logits leaving the device. */

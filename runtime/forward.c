@@ -310,9 +310,13 @@ static void forward_body(void *arg)
         const tsr_linear *qkv[3] = {&ly->q, &ly->k, &ly->v};
         float *const qkv_out[3] = {c->q, c->k, c->v};
         linear_shared_input(ops, qkv, 3, c->h, T, qkv_out);
-        ops->rope(b, c->q, nh, d, cfg->rope.dim);
-        ops->rope(b, c->k, nkv, d, cfg->rope.dim);
-        ops->kv_store(b, c->kv, kl, c->k, c->v);
+        if (ops->rope_store) {
+            ops->rope_store(b, c->q, nh, c->k, c->v, c->kv, kl, cfg->rope.dim);
+        } else {
+            ops->rope(b, c->q, nh, d, cfg->rope.dim);
+            ops->rope(b, c->k, nkv, d, cfg->rope.dim);
+            ops->kv_store(b, c->kv, kl, c->k, c->v);
+        }
         tsr_attn_args args = {nh, nkv, d, scale, tsr_config_layer_window(cfg, l), kl};
         ops->attention(b, &args, c->kv, c->q, c->attn);
         linear_then_add(j, &ly->o, c->attn, &ly->mlp_norm);

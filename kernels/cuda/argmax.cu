@@ -13,7 +13,7 @@
 #include <math.h>
 
 #define AM_THREADS 256
-#define AM_MAX_SPLITS 64
+#define AM_MAX_SPLITS 256
 
 struct pick {
     float v;

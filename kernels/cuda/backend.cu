@@ -538,6 +538,7 @@ static const tsr_ops cuda_ops = {
     tsr_cuda_linear_many,
     tsr_cuda_add_rmsnorm,
     tsr_cuda_linear_add_norm,
+    tsr_cuda_rope_store,
     tsr_cuda_argmax_rows,
 };
 
@@ -548,9 +549,9 @@ static const tsr_ops cuda_ops = {
  * Forwards whose largest linear has M <= 32 count as decode steps, the rest as prefill. For attribution, not for
  * throughput. ---- */
 
-enum { P_EMBED, P_NORM, P_LINEAR, P_ROPE, P_KV, P_ATTN, P_SILU, P_ADD, P_GATHER, P_ADD_NORM, P_ARGMAX, P_COUNT };
+enum { P_EMBED, P_NORM, P_LINEAR, P_ROPE, P_KV, P_ATTN, P_SILU, P_ADD, P_GATHER, P_ADD_NORM, P_ROPE_STORE, P_ARGMAX, P_COUNT };
 static const char *p_names[P_COUNT] = {"embed", "rmsnorm", "linear", "rope", "kv_store", "attention", "silu_mul", "add",
-                                       "gather_rows", "add_rmsnorm", "argmax_rows"};
+                                       "gather_rows", "add_rmsnorm", "rope_store", "argmax_rows"};
 
 /* op classes: the fixed ones above, then one per linear shape and kind ("linear KxN", "linear_many KxN+N+N",
  * "linear+add KxN") */
@@ -770,6 +771,12 @@ static void pf_add_norm(float *x, const float *y, const tsr_dense *w, float eps,
     p_scope s(P_ADD_NORM);
     tsr_cuda_add_rmsnorm(x, y, w, eps, rows, dim, out);
 }
+static void pf_rope_store(const tsr_batch_layout *b, float *q, int nh, float *k, const float *v, tsr_kv_cache *kv,
+                          int layer, int rd)
+{
+    p_scope s(P_ROPE_STORE);
+    tsr_cuda_rope_store(b, q, nh, k, v, kv, layer, rd);
+}
 static void pf_argmax(const float *x, int rows, int n, int32_t *ids, float *vals)
 {
     p_scope s(P_ARGMAX);
@@ -779,7 +786,7 @@ static void pf_argmax(const float *x, int rows, int n, int32_t *ids, float *vals
 static const tsr_ops cuda_ops_profiled = {
     "cuda",   cuda_alloc, cuda_release, cuda_to_device, cuda_to_host,   cuda_run_cached, cuda_memory_free,
     cuda_prepare_model, cuda_release_model, pf_embed, pf_norm, pf_linear, pf_rope, pf_kv, pf_attn, pf_silu, pf_add,
-    pf_gather, pf_linear_many, pf_add_norm, pf_linear_add_norm, pf_argmax,
+    pf_gather, pf_linear_many, pf_add_norm, pf_linear_add_norm, pf_rope_store, pf_argmax,
 };
 
 /* 1 when the environment variable is set to 0 (a switch turned off) */
@@ -798,13 +805,14 @@ extern "C" const tsr_ops *tsr_ops_cuda(void)
     }
     const tsr_ops *base = profiled ? &cuda_ops_profiled : &cuda_ops;
     /* for comparisons: TSR_CUDA_LINEAR_ADD=0 leaves linear_add_norm out (the product, its reduction and the
-     * residual pass as separate launches), TSR_CUDA_ARGMAX=0 leaves argmax_rows out (greedy rows copied whole to
-     * the host and picked there) */
+     * residual pass as separate launches), TSR_CUDA_ROPE_STORE=0 rope_store (rope of q, of k and the K/V store as
+     * three launches), TSR_CUDA_ARGMAX=0 argmax_rows (greedy rows copied whole to the host and picked there) */
     static tsr_ops chosen;
     static int ready;
     if (!ready) {
         chosen = *base;
         if (env_off("TSR_CUDA_LINEAR_ADD")) chosen.linear_add_norm = NULL;
+        if (env_off("TSR_CUDA_ROPE_STORE")) chosen.rope_store = NULL;
         if (env_off("TSR_CUDA_ARGMAX")) chosen.argmax_rows = NULL;
         ready = 1;
     }

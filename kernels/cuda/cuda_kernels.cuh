@@ -26,6 +26,9 @@ void tsr_cuda_linear_many(const tsr_linear *const *L, int n, const float *x, int
 void tsr_cuda_dq_reserve(size_t bytes);
 void tsr_cuda_rope(const tsr_batch_layout *b, float *x, int n_heads, int head_dim, int rot_dim);
 void tsr_cuda_kv_store(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v);
+/* ops.h rope_store: rope of q and k, then k and v into the cache, in one launch (quantized caches: three) */
+void tsr_cuda_rope_store(const tsr_batch_layout *b, float *q, int n_heads, float *k, const float *v, tsr_kv_cache *kv,
+                         int layer, int rot_dim);
 /* kv_store for the quantized KV modes (attention.cu; tsr_cuda_kv_store dispatches to it) */
 void tsr_cuda_kv_store_quant(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v);
 void tsr_cuda_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,

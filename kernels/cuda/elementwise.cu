@@ -1,7 +1,8 @@
 /* Row-wise and elementwise CUDA kernels: embedding gather, RMSNorm, rotary embedding, K/V store into the paged
- * cache, SiLU gate, residual add, row gather. fp32 math throughout; weights read in their stored dtype. Every
- * kernel is launched with programmatic dependent launch (launch.cuh): it waits for its predecessor before its
- * first read and lets its successor (usually a GEMV, which prefetches weights meanwhile) start at once. */
+ * cache (alone, or after the rope of q and k in one launch: rope_store), SiLU gate, residual add, row gather. fp32
+ * math throughout; weights read in their stored dtype. Every kernel is launched with programmatic dependent launch
+ * (launch.cuh): it waits for its predecessor before its first read and lets its successor (usually a GEMV, which
+ * prefetches weights meanwhile) start at once. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -190,6 +191,74 @@ void tsr_cuda_kv_store(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, c
     else
         tsr_launch(kv_store_kernel<__half>, dim3(tsr_div_up(total, 256)), dim3(256), *b, (__half *)kv->k[layer],
                    (__half *)kv->v[layer], kv->page_size, width, k, v);
+    TSR_CUDA_LAUNCHED();
+}
+
+/* rope_store: one thread per item of a row; items are, in order, the rotary pairs of every q head, then those of
+ * every k head (rotated in place and written to the cache), then the k dims past the rotary ones, then every v
+ * element (both to the cache). */
+template <typename T>
+__global__ void rope_store_kernel(tsr_batch_layout b, float *q, int n_heads, float *k, const float *v, T *kc, T *vc,
+                                  int page_size, int n_kv, int head_dim, int half, int per_row)
+{
+    tsr_pdl_wait();
+    tsr_pdl_trigger();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)b.n_rows * per_row) return;
+    const int row = (int)(i / per_row), seq = b.row_seq[row], pos = b.positions[row];
+    int item = (int)(i % per_row);
+    const int width = n_kv * head_dim, q_pairs = n_heads * half, k_pairs = n_kv * half, rest = head_dim - 2 * half;
+    const size_t slot = ((size_t)b.page_tables[(size_t)seq * b.max_pages + pos / page_size] * page_size +
+                         pos % page_size) * width;
+    if (item < q_pairs + k_pairs) {
+        const int is_k = item >= q_pairs;
+        if (is_k) item -= q_pairs;
+        const int h = item / half, j = item % half;
+        float s, c;
+        sincosf((float)pos * b.inv_freq[(size_t)seq * half + j], &s, &c);
+        const float af = b.attn_factor[seq];
+        c *= af;
+        s *= af;
+        float *x = is_k ? k + ((size_t)row * n_kv + h) * head_dim : q + ((size_t)row * n_heads + h) * head_dim;
+        const float p0 = x[j], p1 = x[j + half];
+        const float r0 = p0 * c - p1 * s, r1 = p1 * c + p0 * s;
+        x[j] = r0;
+        x[j + half] = r1;
+        if (is_k) {
+            kc[slot + (size_t)h * head_dim + j] = from_float<T>(r0);
+            kc[slot + (size_t)h * head_dim + j + half] = from_float<T>(r1);
+        }
+        return;
+    }
+    item -= q_pairs + k_pairs;
+    if (item < n_kv * rest) { /* k dims past the rotary ones (partial rotary embeddings) */
+        const int e = (item / rest) * head_dim + 2 * half + item % rest;
+        kc[slot + e] = from_float<T>(k[(size_t)row * width + e]);
+        return;
+    }
+    item -= n_kv * rest;
+    vc[slot + item] = from_float<T>(v[(size_t)row * width + item]);
+}
+
+void tsr_cuda_rope_store(const tsr_batch_layout *b, float *q, int n_heads, float *k, const float *v, tsr_kv_cache *kv,
+                         int layer, int rot_dim)
+{
+    const int n_kv = kv->n_kv_heads, d = kv->head_dim, half = rot_dim / 2;
+    if (tsr_kv_is_quant(kv->dtype)) { /* the quantized caches keep their own store (attention.cu) */
+        tsr_cuda_rope(b, q, n_heads, d, rot_dim);
+        tsr_cuda_rope(b, k, n_kv, d, rot_dim);
+        tsr_cuda_kv_store_quant(b, kv, layer, k, v);
+        return;
+    }
+    const int per_row = (n_heads + n_kv) * half + n_kv * (d - 2 * half) + n_kv * d;
+    const size_t total = (size_t)b->n_rows * per_row;
+    if (!total) return;
+    if (kv->dtype == TSR_F32)
+        tsr_launch(rope_store_kernel<float>, dim3(tsr_div_up(total, 256)), dim3(256), *b, q, n_heads, k, v,
+                   (float *)kv->k[layer], (float *)kv->v[layer], kv->page_size, n_kv, d, half, per_row);
+    else
+        tsr_launch(rope_store_kernel<__half>, dim3(tsr_div_up(total, 256)), dim3(256), *b, q, n_heads, k, v,
+                   (__half *)kv->k[layer], (__half *)kv->v[layer], kv->page_size, n_kv, d, half, per_row);
     TSR_CUDA_LAUNCHED();
 }
 

@@ -346,8 +346,6 @@ static void test_attention(void **state)
     check_attention(96, TSR_F16, 0, 0); /* no tensor-core kernel for d96: the general one */
 }
 
-/* ---- quantized KV caches (Q4/Q6/Q8) ---- */
-
 /* Bytes of one backend array, on the host. */
 static void *host_bytes(const tsr_ops *ops, const void *p, size_t bytes)
 {
@@ -355,6 +353,73 @@ static void *host_bytes(const tsr_ops *ops, const void *p, size_t bytes)
     ops->to_host(h, p, bytes);
     return h;
 }
+
+/* rope_store against the CPU's rope of q, rope of k and kv_store: the rotated q and k, and the whole cache. */
+static void check_rope_store(int d, tsr_dtype kv_dtype, int rot_dim, int decode)
+{
+    const int nh = 8, nkv = 2, page = 16, n_pages = 256;
+    int pos0_dec[] = {1700, 3, 950, 0}, n_dec[] = {1, 1, 1, 1};
+    int pos0_pre[] = {0, 40, 0}, n_pre[] = {70, 33, 129};
+    host_layout h;
+    if (decode)
+        make_layout(&h, 4, pos0_dec, n_dec, page, n_pages, rot_dim / 2);
+    else
+        make_layout(&h, 3, pos0_pre, n_pre, page, n_pages, rot_dim / 2);
+    int max_pos = 0;
+    for (int r = 0; r < h.n_rows; r++)
+        if (h.positions[r] > max_pos) max_pos = h.positions[r];
+    tsr_kv_cache kc, kg;
+    assert_int_equal(tsr_kv_init(&kc, cpu, 1, nkv, d, page, n_pages, kv_dtype), TSR_OK);
+    assert_int_equal(tsr_kv_init(&kg, gpu, 1, nkv, d, page, n_pages, kv_dtype), TSR_OK);
+    const size_t nq = (size_t)h.n_rows * nh * d, nk = (size_t)h.n_rows * nkv * d;
+    float *q = rand_host(nq, 1.0f), *k = rand_host(nk, 1.0f), *v = rand_host(nk, 1.0f);
+    float *dq = dev_copy(q, nq * 4), *dk = dev_copy(k, nk * 4), *dv = dev_copy(v, nk * 4);
+    tsr_batch_layout bc = view(&h, 0, max_pos), bg = view(&h, 1, max_pos);
+    cpu->rope(&bc, q, nh, d, rot_dim);
+    cpu->rope(&bc, k, nkv, d, rot_dim);
+    cpu->kv_store(&bc, &kc, 0, k, v);
+    gpu->rope_store(&bg, dq, nh, dk, dv, &kg, 0, rot_dim);
+    char what[96];
+    snprintf(what, sizeof what, "rope_store d%d rot %d %s %s", d, rot_dim, tsr_dtype_name(kv_dtype),
+             decode ? "decode" : "prefill");
+    float *got = to_host(dq, nq);
+    expect_close(what, got, q, nq, 2e-6);
+    free(got);
+    got = to_host(dk, nk);
+    expect_close("  its k", got, k, nk, 2e-6);
+    free(got);
+    /* the caches, as floats */
+    const size_t elems = (size_t)n_pages * page * nkv * d, es = tsr_dtype_size(kv_dtype);
+    for (int which = 0; which < 2; which++) {
+        const void *src = which ? kg.v[0] : kg.k[0];
+        unsigned char *raw = host_bytes(gpu, src, elems * es);
+        const unsigned char *ref = which ? kc.v[0] : kc.k[0];
+        float *a = malloc(elems * 4), *b = malloc(elems * 4);
+        for (size_t i = 0; i < elems; i++) {
+            a[i] = kv_dtype == TSR_F16 ? tsr_half_to_float(((uint16_t *)raw)[i]) : ((float *)raw)[i];
+            b[i] = kv_dtype == TSR_F16 ? tsr_half_to_float(((const uint16_t *)ref)[i]) : ((const float *)ref)[i];
+        }
+        expect_close(which ? "  its V cache" : "  its K cache", a, b, elems, kv_dtype == TSR_F16 ? 1e-3 : 2e-6);
+        free(a), free(b), free(raw);
+    }
+    gpu->release(dq), gpu->release(dk), gpu->release(dv);
+    free(q), free(k), free(v);
+    free_view(&bg);
+    tsr_kv_free(&kc);
+    tsr_kv_free(&kg);
+}
+
+static void test_rope_store(void **state)
+{
+    (void)state;
+    check_rope_store(128, TSR_F16, 128, 1);
+    check_rope_store(128, TSR_F16, 128, 0);
+    check_rope_store(64, TSR_F32, 64, 1);
+    check_rope_store(128, TSR_F16, 64, 0); /* partial rotary: dims past 64 stored as they are */
+    check_rope_store(96, TSR_F32, 32, 1);
+}
+
+/* ---- quantized KV caches (Q4/Q6/Q8) ---- */
 
 /* Both backends store the same history and then a chunk per sequence (the chunk with the attention call's own
  * layout, as the forward pass does); codes, scales and staged rows must be identical byte for byte (the GPU
@@ -855,7 +920,7 @@ int main(void)
         cmocka_unit_test(test_elementwise),  cmocka_unit_test(test_attention), cmocka_unit_test(test_linear_exl2),
         cmocka_unit_test(test_linear_dense), cmocka_unit_test(test_models), cmocka_unit_test(test_kv_pool_from_free_memory),
         cmocka_unit_test(test_attention_kv_quant), cmocka_unit_test(test_models_kv_quant),
-        cmocka_unit_test(test_argmax_rows),
+        cmocka_unit_test(test_argmax_rows), cmocka_unit_test(test_rope_store),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
