@@ -48,19 +48,28 @@ static void check_logits(const char *what, const tsr_st_set *ref, const prompts 
     }
 }
 
-/* Greedy decoding of n tokens after the prompt, one decode step at a time. */
+/* Greedy decoding of n tokens after the prompt, one decode step at a time. The steps take turns through the three
+ * ways a feed gets its choice: its whole row, picked here; a pick the backend makes (tsr_feed.pick in a call of
+ * picks only); and a pick the engine makes from the row, when the same call brings another sequence's whole row. */
 static void greedy(tsr_engine *e, const int32_t *prompt, int len, int n, int32_t *out)
 {
     const int vocab = e->model->cfg.vocab_size;
-    float *logits = malloc((size_t)vocab * sizeof(float));
-    tsr_seq seq = {0};
+    float *logits = malloc(2 * (size_t)vocab * sizeof(float));
+    tsr_seq seq = {0}, other = {0};
+    tsr_pick pick = {-1, 0.0f};
+    const int32_t other_token = 1;
     tsr_feed f = {&seq, prompt, len, TSR_LOGITS_LAST, logits, NULL};
     for (int i = 0; i < n; i++) {
-        if (tsr_engine_feed(e, &f, 1) != TSR_OK) fail_msg("forward: %s", tsr_last_error());
-        out[i] = tsr_argmax(logits, vocab);
-        f = (tsr_feed){&seq, &out[i], 1, TSR_LOGITS_LAST, logits, NULL};
+        const int way = i % 3;
+        tsr_feed calls[2] = {f, {&other, &other_token, 1, TSR_LOGITS_LAST, logits + vocab, NULL}};
+        if (tsr_engine_feed(e, calls, way == 2 ? 2 : 1) != TSR_OK) fail_msg("forward: %s", tsr_last_error());
+        if (way != 0 && !isfinite(pick.value)) fail_msg("step %d: pick %d has a non-finite value", i, pick.id);
+        out[i] = way == 0 ? tsr_argmax(logits, vocab) : pick.id;
+        const int next_way = (i + 1) % 3;
+        f = (tsr_feed){&seq, &out[i], 1, TSR_LOGITS_LAST, next_way == 0 ? logits : NULL, next_way == 0 ? NULL : &pick};
     }
     tsr_engine_seq_release(e, &seq);
+    tsr_engine_seq_release(e, &other);
     free(logits);
 }
 

@@ -675,15 +675,17 @@ static void run_model(const char *name, tsr_dtype kv, const tsr_ops *ops, int32_
     assert_int_equal(tsr_engine_feed(e, feeds, n), TSR_OK);
     for (int i = 0; i < n; i++)
         tsr_engine_seq_release(e, &seqs[i]);
-    /* greedy 48 tokens after prompt 0, decoded one step at a time: returned after the logits */
+    /* greedy 48 tokens after prompt 0, decoded one step at a time: returned after the logits. Odd steps take the
+     * backend's pick (tsr_feed.pick: argmax_rows on the GPU), even ones the row, picked here. */
     float *logits = malloc((size_t)vocab * 4);
     tsr_seq seq = {0};
+    tsr_pick pick = {-1, 0.0f};
     tsr_feed f = {&seq, ids[0], lens[0], TSR_LOGITS_LAST, logits, NULL};
     int32_t *toks = malloc(48 * sizeof(int32_t));
     for (int i = 0; i < 48; i++) {
         assert_int_equal(tsr_engine_feed(e, &f, 1), TSR_OK);
-        toks[i] = tsr_argmax(logits, vocab);
-        f = (tsr_feed){&seq, &toks[i], 1, TSR_LOGITS_LAST, logits, NULL};
+        toks[i] = i % 2 ? pick.id : tsr_argmax(logits, vocab);
+        f = (tsr_feed){&seq, &toks[i], 1, TSR_LOGITS_LAST, i % 2 ? logits : NULL, i % 2 ? NULL : &pick};
     }
     out[n] = (float *)toks;
     tsr_engine_seq_release(e, &seq);
