@@ -3,7 +3,6 @@
 
 #include "runtime/sampler.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -175,7 +174,7 @@ tsr_status tsr_engine_feed(tsr_engine *e, tsr_feed *feeds, int n)
             } else if (rows) { /* a pick in a call that brought the rows over: picked here */
                 const float *r = logits + (size_t)row * vocab;
                 const int32_t id = tsr_argmax(r, vocab);
-                *f->pick = (tsr_pick){id, r[id] == r[id] ? r[id] : NAN};
+                *f->pick = (tsr_pick){id, r[id]}; /* NaN when the row is all NaN */
             }
             row += rows;
             done[owner[b]] += batch[b].n_tokens;

@@ -262,24 +262,31 @@ static void free_view(tsr_batch_layout *b)
     gpu->release((void *)b->page_tables), gpu->release((void *)b->inv_freq), gpu->release((void *)b->attn_factor);
 }
 
-static void check_attention(int d, tsr_dtype kv_dtype, int window, int decode)
+/* The test batches: decode (1) 4 sequences, one new row each, long contexts; prefill (0) 3 sequences with chunks;
+ * mixed (2) a decode row with a long context beside two prefill chunks, as chunked prefill batches them. Returns
+ * the largest position of any row. */
+static int test_batch(host_layout *h, int kind, int page, int n_pages, int half)
 {
-    const int nh = 8, nkv = 2, page = 16, n_pages = 1024;
-    /* decode (1): 4 sequences, one new row each, long contexts; prefill (0): 3 sequences with chunks; mixed (2):
-     * a decode row with a long context beside two prefill chunks, as chunked prefill batches them */
     int pos0_dec[] = {1700, 3, 950, 0}, n_dec[] = {1, 1, 1, 1};
     int pos0_pre[] = {0, 40, 0}, n_pre[] = {70, 33, 129};
     int pos0_mix[] = {1700, 0, 40}, n_mix[] = {1, 129, 33};
-    host_layout h;
-    if (decode == 1)
-        make_layout(&h, 4, pos0_dec, n_dec, page, n_pages, d / 2);
-    else if (decode == 2)
-        make_layout(&h, 3, pos0_mix, n_mix, page, n_pages, d / 2);
+    if (kind == 1)
+        make_layout(h, 4, pos0_dec, n_dec, page, n_pages, half);
+    else if (kind == 2)
+        make_layout(h, 3, pos0_mix, n_mix, page, n_pages, half);
     else
-        make_layout(&h, 3, pos0_pre, n_pre, page, n_pages, d / 2);
+        make_layout(h, 3, pos0_pre, n_pre, page, n_pages, half);
     int max_pos = 0;
-    for (int r = 0; r < h.n_rows; r++)
-        if (h.positions[r] > max_pos) max_pos = h.positions[r];
+    for (int r = 0; r < h->n_rows; r++)
+        if (h->positions[r] > max_pos) max_pos = h->positions[r];
+    return max_pos;
+}
+
+static void check_attention(int d, tsr_dtype kv_dtype, int window, int decode)
+{
+    const int nh = 8, nkv = 2, page = 16, n_pages = 1024;
+    host_layout h;
+    const int max_pos = test_batch(&h, decode, page, n_pages, d / 2);
     tsr_kv_cache kc, kg;
     assert_int_equal(tsr_kv_init(&kc, cpu, 1, nkv, d, page, n_pages, kv_dtype), TSR_OK);
     assert_int_equal(tsr_kv_init(&kg, gpu, 1, nkv, d, page, n_pages, kv_dtype), TSR_OK);
@@ -358,16 +365,8 @@ static void *host_bytes(const tsr_ops *ops, const void *p, size_t bytes)
 static void check_rope_store(int d, tsr_dtype kv_dtype, int rot_dim, int decode)
 {
     const int nh = 8, nkv = 2, page = 16, n_pages = 256;
-    int pos0_dec[] = {1700, 3, 950, 0}, n_dec[] = {1, 1, 1, 1};
-    int pos0_pre[] = {0, 40, 0}, n_pre[] = {70, 33, 129};
     host_layout h;
-    if (decode)
-        make_layout(&h, 4, pos0_dec, n_dec, page, n_pages, rot_dim / 2);
-    else
-        make_layout(&h, 3, pos0_pre, n_pre, page, n_pages, rot_dim / 2);
-    int max_pos = 0;
-    for (int r = 0; r < h.n_rows; r++)
-        if (h.positions[r] > max_pos) max_pos = h.positions[r];
+    const int max_pos = test_batch(&h, decode ? 1 : 0, page, n_pages, rot_dim / 2);
     tsr_kv_cache kc, kg;
     assert_int_equal(tsr_kv_init(&kc, cpu, 1, nkv, d, page, n_pages, kv_dtype), TSR_OK);
     assert_int_equal(tsr_kv_init(&kg, gpu, 1, nkv, d, page, n_pages, kv_dtype), TSR_OK);
@@ -428,16 +427,8 @@ static void test_rope_store(void **state)
 static void check_attention_quant(int d, tsr_dtype mode, int window, int decode)
 {
     const int nh = 8, nkv = 2, page = 16, n_pages = 1024;
-    int pos0_dec[] = {1700, 3, 950, 0}, n_dec[] = {1, 1, 1, 1};
-    int pos0_pre[] = {0, 40, 0}, n_pre[] = {70, 33, 129};
     host_layout h;
-    if (decode)
-        make_layout(&h, 4, pos0_dec, n_dec, page, n_pages, d / 2);
-    else
-        make_layout(&h, 3, pos0_pre, n_pre, page, n_pages, d / 2);
-    int max_pos = 0;
-    for (int r = 0; r < h.n_rows; r++)
-        if (h.positions[r] > max_pos) max_pos = h.positions[r];
+    const int max_pos = test_batch(&h, decode ? 1 : 0, page, n_pages, d / 2);
     tsr_kv_cache kc, kg;
     assert_int_equal(tsr_kv_init(&kc, cpu, 2, nkv, d, page, n_pages, mode), TSR_OK);
     assert_int_equal(tsr_kv_init(&kg, gpu, 2, nkv, d, page, n_pages, mode), TSR_OK);
