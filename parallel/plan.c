@@ -207,7 +207,7 @@ tsr_status tsr_plan_make(const tsr_model *m, const tsr_plan_input *in, tsr_plan 
     /* bytes per worker */
     const int tied = tsr_model_head_tied(m);
     const uint64_t embed = tsr_model_embed_bytes(m), head = tsr_model_head_bytes(m);
-    const int nh = c->n_heads / tp, nkv = c->n_kv_heads / tp, inter = c->intermediate / tp;
+    const int nh = c->n_heads / tp, nkv = tsr_shard_kv_heads(c, tp), inter = c->intermediate / tp;
     const int vocab = (c->vocab_size + tp - 1) / tp;
     const uint64_t per_row = 4ull * (4ull * c->hidden + 3ull * nh * c->head_dim + 2ull * inter);
     const uint64_t work = per_row * (uint64_t)out->max_tokens +

@@ -1,4 +1,5 @@
 /* Tensor-parallel shards (see shard.h): column slices gather, row slices re-pack EXL2 bit streams group by group.
+ * A group larger than the model's KV head count replicates each KV head on the members that share it.
  *
  * Row re-packing moves each kept code from its place in the source group's stream (row j at bit j·b) to its place
  * in the new group's stream (row t at bit t·b), for every column; the work is split over column blocks with the
@@ -10,18 +11,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Whether the group replicates KV heads: more members than KV heads, each KV head on size / n_kv members. */
+static int replicates_kv(const tsr_model_config *c, int size) { return size > c->n_kv_heads; }
+
 tsr_status tsr_shard_check(const tsr_model_config *c, int size)
 {
     if (size < 1) return tsr_fail(TSR_ERR_ARG, "tensor split: %d members", size);
     if (size == 1) return TSR_OK;
-    if (c->n_kv_heads % size)
-        return tsr_fail(TSR_ERR_UNSUPPORTED,
-                        "tensor split: the model's %d key/value heads do not split evenly over %d workers (use a "
-                        "divisor of %d, or --split layers)",
-                        c->n_kv_heads, size, c->n_kv_heads);
-    if (c->n_heads % c->n_kv_heads)
+    if (c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
         return tsr_fail(TSR_ERR_UNSUPPORTED, "tensor split: %d query heads are not a multiple of %d key/value heads",
                         c->n_heads, c->n_kv_heads);
+    if (replicates_kv(c, size) ? size % c->n_kv_heads || c->n_heads % size : c->n_kv_heads % size)
+        return tsr_fail(TSR_ERR_UNSUPPORTED,
+                        "tensor split: the model's %d key/value heads (%d query heads) neither split evenly over %d "
+                        "workers nor replicate evenly on them (use a divisor of %d, or a multiple of it that divides "
+                        "%d; or --split layers)",
+                        c->n_kv_heads, c->n_heads, size, c->n_kv_heads, c->n_heads);
     if (c->intermediate % size)
         return tsr_fail(TSR_ERR_UNSUPPORTED, "tensor split: the MLP's %d features do not split evenly over %d workers",
                         c->intermediate, size);
@@ -31,13 +36,27 @@ tsr_status tsr_shard_check(const tsr_model_config *c, int size)
     return TSR_OK;
 }
 
+int tsr_shard_kv_heads(const tsr_model_config *c, int size)
+{
+    return replicates_kv(c, size) ? 1 : c->n_kv_heads / size;
+}
+
 void tsr_shard_range_of(const tsr_model_config *c, int rank, int size, tsr_shard_range *r)
 {
-    const int group = c->n_heads / c->n_kv_heads;
-    r->kv0 = c->n_kv_heads / size * rank;
-    r->kv1 = r->kv0 + c->n_kv_heads / size;
-    r->h0 = r->kv0 * group;
-    r->h1 = r->kv1 * group;
+    if (replicates_kv(c, size)) {
+        /* size / n_kv consecutive members share a KV head and split its query heads */
+        const int per = c->n_heads / size;
+        r->kv0 = rank / (size / c->n_kv_heads);
+        r->kv1 = r->kv0 + 1;
+        r->h0 = per * rank;
+        r->h1 = r->h0 + per;
+    } else {
+        const int group = c->n_heads / c->n_kv_heads;
+        r->kv0 = c->n_kv_heads / size * rank;
+        r->kv1 = r->kv0 + c->n_kv_heads / size;
+        r->h0 = r->kv0 * group;
+        r->h1 = r->kv1 * group;
+    }
     r->i0 = c->intermediate / size * rank;
     r->i1 = r->i0 + c->intermediate / size;
     /* vocabulary: 32-column pieces, the last member takes the remainder */

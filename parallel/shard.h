@@ -1,7 +1,9 @@
 /* Tensor-parallel shards: cutting a loaded model part down to one member's slice of every matrix.
  *
  * Member r of a group of n holds KV heads [r·nkv/n, (r+1)·nkv/n) with their query heads, MLP features
- * [r·I/n, (r+1)·I/n) and a 32-aligned range of the vocabulary. q, k, v, gate, up and the head are cut along their
+ * [r·I/n, (r+1)·I/n) and a 32-aligned range of the vocabulary. With more members than KV heads (n a multiple of nkv),
+ * member r holds KV head r / (n/nkv), replicated on the n/nkv members that share it, and query heads
+ * [r·nh/n, (r+1)·nh/n) of that head's group: k_proj and v_proj columns are then copied rather than split. q, k, v, gate, up and the head are cut along their
  * output columns; o_proj and down_proj along their input rows, so that each member's product is a partial sum of
  * the full one and one all-reduce after each restores it (the forward pass does that, forward.h).
  *
@@ -14,8 +16,8 @@
  * the kernels read ceil(rows·bits/32) words per chunk and need no more); groups left empty are dropped. Dense
  * matrices: output slices are views into the mapped file, input slices are copies.
  *
- * Shapes that cannot be split evenly (KV heads or MLP features not divisible by n) fail with TSR_ERR_UNSUPPORTED
- * and a message naming the dimension. All buffers belong to the model (tsr_model_own). */
+ * Shapes that cannot be split evenly (KV heads that neither divide nor replicate evenly, MLP features not divisible
+ * by n) fail with TSR_ERR_UNSUPPORTED and a message naming the dimension. All buffers belong to the model (tsr_model_own). */
 #ifndef TSR_PARALLEL_SHARD_H
 #define TSR_PARALLEL_SHARD_H
 
@@ -28,8 +30,13 @@ typedef struct tsr_shard_range {
     int v0, v1;   /* vocabulary columns of the head */
 } tsr_shard_range;
 
-/* Checks that cfg splits `size` ways; TSR_ERR_UNSUPPORTED with the reason otherwise. */
+/* Checks that cfg splits `size` ways; TSR_ERR_UNSUPPORTED with the reason otherwise. KV heads either split evenly
+ * (size divides n_kv_heads) or, with more members than KV heads, replicate evenly: size a multiple of n_kv_heads
+ * that divides n_heads, each KV head then held by size / n_kv_heads consecutive members that split its query heads. */
 tsr_status tsr_shard_check(const tsr_model_config *cfg, int size);
+
+/* KV heads each member holds (1 when they are replicated); tsr_shard_check must have passed. */
+int tsr_shard_kv_heads(const tsr_model_config *cfg, int size);
 
 /* Member rank's ranges (tsr_shard_check must have passed). */
 void tsr_shard_range_of(const tsr_model_config *cfg, int rank, int size, tsr_shard_range *r);

@@ -4,9 +4,9 @@
 #   test_mpi.sh layers|tensor|hybrid|faults MPIEXEC LOGITS_DIFF
 #
 # layers / tensor / hybrid: for every fixture model, `tessera generate` (greedy ids) and `tessera logits` (FP32 KV)
-# under `mpirun -np 3 --split layers` (and uneven ratios), `--split tensor`, or `-np 5 --split layers --tp 2`
-# must give the same tokens as one process and logits within 1e-3 with the same argmax everywhere (the layer split:
-# bit-identical). faults: a worker that cannot load, one that dies and one that stops answering must each end the
+# under `mpirun -np 3 --split layers` (and uneven ratios), `--split tensor` (and `-np 5`: KV heads replicated), or
+# `-np 5 --split layers --tp 2` must give the same tokens as one process and logits within 1e-3 with the same argmax
+# everywhere (the layer split: bit-identical). faults: a worker that cannot load, one that dies and one that stops answering must each end the
 # job with a non-zero exit and a message naming the rank, within seconds; an impossible split is refused cleanly.
 set -u
 mode=$1
@@ -83,6 +83,9 @@ tensor)
     reference "$m"
     compare "$m" 3 1e-3 --split tensor
   done
+  # four workers over the fixtures' two KV heads: each KV head replicated on two of them
+  compare "${models[0]}" 5 1e-3 --split tensor
+  compare "${models[3]:-${models[0]}}" 5 1e-3 --split tensor
   ;;
 hybrid)
   reference "${models[0]}"

@@ -203,9 +203,19 @@ static void test_tensor_and_hybrid(void **state)
         assert_int_equal(p.w[w].tp_rank, w);
         assert_true(p.w[w].weight_bytes < 8 * 64 * MB / 4 + 3 * MB);
     }
-    /* KV heads that do not split */
-    in = input(8, TSR_SPLIT_TENSOR);
+    /* KV heads that neither split nor replicate evenly (3 workers, 4 KV heads; 16 workers, 8 query heads) */
+    in = input(3, TSR_SPLIT_TENSOR);
     assert_int_equal(tsr_plan_make(&f->m, &in, &p), TSR_ERR_UNSUPPORTED);
+    in = input(16, TSR_SPLIT_TENSOR);
+    assert_int_equal(tsr_plan_make(&f->m, &in, &p), TSR_ERR_UNSUPPORTED);
+    /* 8 workers over 4 KV heads: each holds one, replicated on two workers, and its KV pool counts one head */
+    in = input(8, TSR_SPLIT_TENSOR);
+    assert_int_equal(tsr_plan_make(&f->m, &in, &p), TSR_OK);
+    assert_int_equal(p.tp, 8);
+    tsr_plan p4;
+    in = input(4, TSR_SPLIT_TENSOR);
+    assert_int_equal(tsr_plan_make(&f->m, &in, &p4), TSR_OK);
+    assert_true(p.w[0].kv_bytes == p4.w[0].kv_bytes); /* one KV head per worker in both */
     /* two stages of two-way tensor groups */
     in = input(4, TSR_SPLIT_LAYERS);
     in.tp = 2;

@@ -176,6 +176,61 @@ static void *shard_thread(void *arg)
     return NULL;
 }
 
+/* One model, tensor-split over S members in threads, against the whole model's logits. */
+static void check_tensor_split(const char *name, const char *dir, const prompts *p, int S, int *tested)
+{
+    tsr_engine_opts o = {.max_tokens = 512, .page_size = 16, .kv_tokens = 1024, .kv_dtype = TSR_F32};
+    tsr_engine *whole = NULL;
+    if (tsr_engine_open(dir, &o, &whole) != TSR_OK) fail_msg("%s: %s", dir, tsr_last_error());
+    const int vocab = whole->model->cfg.vocab_size;
+    if (tsr_shard_check(&whole->model->cfg, S) != TSR_OK) {
+        tsr_engine_close(whole);
+        return;
+    }
+    float *ref[MAX_PROMPTS];
+    if (feed_all(whole, p, ref) != TSR_OK) fail_msg("%s: %s", dir, tsr_last_error());
+    tsr_engine_close(whole);
+
+    enum { MAX_S = 4 };
+    assert_true(S <= MAX_S);
+    tsr_comm *comms[MAX_S];
+    assert_int_equal(tsr_comm_local_group(S, 120, comms), TSR_OK);
+    shard_job jobs[MAX_S];
+    pthread_t th[MAX_S];
+    for (int r = 0; r < S; r++) {
+        jobs[r] = (shard_job){.dir = dir, .p = p, .rank = r, .size = S, .comm = comms[r]};
+        assert_int_equal(pthread_create(&th[r], NULL, shard_thread, &jobs[r]), 0);
+    }
+    for (int r = 0; r < S; r++)
+        pthread_join(th[r], NULL);
+    for (int r = 0; r < S; r++)
+        if (jobs[r].st != TSR_OK) fail_msg("%s shard %d: %s", name, r, jobs[r].err);
+    double worst = 0;
+    long disagree = 0;
+    for (int k = 0; k < p->n; k++) {
+        float *full = malloc((size_t)p->len[k] * vocab * sizeof(float));
+        for (int r = 0; r < S; r++)
+            for (int t = 0; t < p->len[k]; t++)
+                memcpy(full + (size_t)t * vocab + jobs[r].v0, jobs[r].out[k] + (size_t)t * jobs[r].vocab,
+                       (size_t)jobs[r].vocab * sizeof(float));
+        tsr_logit_diff d = tsr_compare_logits(full, ref[k], p->len[k], vocab);
+        if (d.max_abs > worst) worst = d.max_abs;
+        for (int t = 0; t < p->len[k]; t++)
+            disagree += tsr_argmax(full + (size_t)t * vocab, vocab) != tsr_argmax(ref[k] + (size_t)t * vocab, vocab);
+        free(full);
+        free(ref[k]);
+        for (int r = 0; r < S; r++)
+            free(jobs[r].out[k]);
+    }
+    for (int r = 0; r < S; r++)
+        tsr_comm_free(comms[r]);
+    printf("tensor split x%d %-36s max |diff| %.3g, argmax disagreements %ld\n", S, name, worst, disagree);
+    if (worst > 1e-3) fail_msg("%s: tensor-split logits differ by %g", name, worst);
+    assert_int_equal(disagree, 0);
+    (*tested)++;
+}
+
+/* Two members split the KV heads; four (more than the fixtures' two KV heads) replicate them. */
 static void test_tensor_split(void **state)
 {
     (void)state;
@@ -184,51 +239,8 @@ static void test_tensor_split(void **state)
     for (size_t i = 0; i < N_MODELS; i++) {
         char dir[4096];
         if (!model_dir(models[i], dir, sizeof dir)) continue;
-        tsr_engine_opts o = {.max_tokens = 512, .page_size = 16, .kv_tokens = 1024, .kv_dtype = TSR_F32};
-        tsr_engine *whole = NULL;
-        if (tsr_engine_open(dir, &o, &whole) != TSR_OK) fail_msg("%s: %s", dir, tsr_last_error());
-        const int vocab = whole->model->cfg.vocab_size;
-        float *ref[MAX_PROMPTS];
-        if (feed_all(whole, &p, ref) != TSR_OK) fail_msg("%s: %s", dir, tsr_last_error());
-        tsr_engine_close(whole);
-
-        enum { S = 2 };
-        tsr_comm *comms[S];
-        assert_int_equal(tsr_comm_local_group(S, 120, comms), TSR_OK);
-        shard_job jobs[S];
-        pthread_t th[S];
-        for (int r = 0; r < S; r++) {
-            jobs[r] = (shard_job){.dir = dir, .p = &p, .rank = r, .size = S, .comm = comms[r]};
-            assert_int_equal(pthread_create(&th[r], NULL, shard_thread, &jobs[r]), 0);
-        }
-        for (int r = 0; r < S; r++)
-            pthread_join(th[r], NULL);
-        for (int r = 0; r < S; r++)
-            if (jobs[r].st != TSR_OK) fail_msg("%s shard %d: %s", models[i], r, jobs[r].err);
-        double worst = 0;
-        long disagree = 0;
-        for (int k = 0; k < p.n; k++) {
-            float *full = malloc((size_t)p.len[k] * vocab * sizeof(float));
-            for (int r = 0; r < S; r++)
-                for (int t = 0; t < p.len[k]; t++)
-                    memcpy(full + (size_t)t * vocab + jobs[r].v0, jobs[r].out[k] + (size_t)t * jobs[r].vocab,
-                           (size_t)jobs[r].vocab * sizeof(float));
-            tsr_logit_diff d = tsr_compare_logits(full, ref[k], p.len[k], vocab);
-            if (d.max_abs > worst) worst = d.max_abs;
-            for (int t = 0; t < p.len[k]; t++)
-                disagree +=
-                    tsr_argmax(full + (size_t)t * vocab, vocab) != tsr_argmax(ref[k] + (size_t)t * vocab, vocab);
-            free(full);
-            free(ref[k]);
-            for (int r = 0; r < S; r++)
-                free(jobs[r].out[k]);
-        }
-        for (int r = 0; r < S; r++)
-            tsr_comm_free(comms[r]);
-        printf("tensor split x2 %-36s max |diff| %.3g, argmax disagreements %ld\n", models[i], worst, disagree);
-        if (worst > 1e-3) fail_msg("%s: tensor-split logits differ by %g", models[i], worst);
-        assert_int_equal(disagree, 0);
-        tested++;
+        check_tensor_split(models[i], dir, &p, 2, &tested);
+        check_tensor_split(models[i], dir, &p, 4, &tested);
     }
     free_prompts(&p);
     if (!tested) skip();
@@ -295,8 +307,22 @@ static void test_uneven_shapes(void **state)
     (void)state;
     tsr_model_config c = {.n_heads = 8, .n_kv_heads = 2, .intermediate = 96, .vocab_size = 1000};
     assert_int_equal(tsr_shard_check(&c, 2), TSR_OK);
-    assert_int_equal(tsr_shard_check(&c, 4), TSR_ERR_UNSUPPORTED);
+    assert_int_equal(tsr_shard_check(&c, 3), TSR_ERR_UNSUPPORTED); /* neither divides nor replicates the 2 KV heads */
     assert_non_null(strstr(tsr_last_error(), "key/value heads"));
+    assert_int_equal(tsr_shard_check(&c, 16), TSR_ERR_UNSUPPORTED); /* replicates, but 8 query heads over 16 */
+    assert_int_equal(tsr_shard_kv_heads(&c, 2), 1);
+    /* 4 members over 2 KV heads: each KV head on two members, which take two of its four query heads each */
+    assert_int_equal(tsr_shard_check(&c, 4), TSR_OK);
+    assert_int_equal(tsr_shard_kv_heads(&c, 4), 1);
+    const int want[4][4] = {{0, 1, 0, 2}, {0, 1, 2, 4}, {1, 2, 4, 6}, {1, 2, 6, 8}};
+    for (int r = 0; r < 4; r++) {
+        tsr_shard_range q;
+        tsr_shard_range_of(&c, r, 4, &q);
+        assert_int_equal(q.kv0, want[r][0]);
+        assert_int_equal(q.kv1, want[r][1]);
+        assert_int_equal(q.h0, want[r][2]);
+        assert_int_equal(q.h1, want[r][3]);
+    }
     c.n_kv_heads = 8;
     c.intermediate = 100;
     assert_int_equal(tsr_shard_check(&c, 8), TSR_ERR_UNSUPPORTED);
