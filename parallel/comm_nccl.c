@@ -1,6 +1,7 @@
 /* NCCL comm (see comm_nccl.h). MPI carries only the unique id; every buffer given to NCCL is device memory. */
 #include "parallel/comm_nccl.h"
 
+#include "kernels/cuda/ops_cuda.h"
 #include "parallel/mpi_util.h"
 
 #include <cuda_runtime_api.h>
@@ -180,14 +181,14 @@ static void n_destroy(tsr_comm *c)
             pthread_join(n->watchdog, NULL);
         }
         /* A communicator whose collectives were captured into CUDA graphs must outlive those graphs (NCCL frees
-         * its captured plans when a graph is destroyed, and the CUDA backend keeps its graphs until the process
-         * ends): a healthy communicator is therefore left to the process exit unless TSR_NCCL_DESTROY=1. */
-        const char *d = getenv("TSR_NCCL_DESTROY");
+         * its captured plans when a graph is destroyed): the backend's graphs go first, then the communicator. */
         if (n->comm) {
-            if (c->broken && !n->aborted)
+            if (c->broken && !n->aborted) {
                 ncclCommAbort(n->comm);
-            else if (!c->broken && d && !strcmp(d, "1"))
+            } else if (!c->broken) {
+                tsr_cuda_release_graphs();
                 ncclCommDestroy(n->comm);
+            }
         }
         pthread_mutex_destroy(&n->mu);
         free(n);

@@ -217,6 +217,13 @@ static void drop_graphs(void)
     g_graphs.clear();
 }
 
+extern "C" void tsr_cuda_release_graphs(void)
+{
+    if (g_device < 0) return;
+    TSR_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    drop_graphs();
+}
+
 static int graphs_enabled(void)
 {
     static int enabled = -1;

@@ -29,6 +29,9 @@ void tsr_cuda_memory(size_t *free_bytes, size_t *total_bytes);
 size_t tsr_cuda_peak_allocated(void);
 /* Waits for all queued work. */
 void tsr_cuda_synchronize(void);
+/* Waits for queued work, then destroys every recorded decode graph (they are recorded again when next needed).
+ * A communicator whose collectives those graphs captured (NCCL) may be destroyed only after this. */
+void tsr_cuda_release_graphs(void);
 /* Measures device-to-device copy bandwidth (bytes read + written per second) over `bytes`-sized buffers. */
 double tsr_cuda_copy_bandwidth(size_t bytes);
 

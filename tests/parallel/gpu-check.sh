@@ -40,7 +40,7 @@ env)
 diag)
   # exit paths of a tensor-split run with NCCL, under variants (rc and seconds per run)
   m=models/tiny-llama-exl2-4.0bpw
-  for variant in "" TSR_NCCL_DESTROY=1 TSR_CUDA_GRAPHS=0; do
+  for variant in "" TSR_CUDA_GRAPHS=0; do
     SECONDS=0
     env $variant NCCL_DEBUG=WARN timeout 90 mpirun --bind-to none --tag-output -np 3 "$bin" generate --model $m \
       --device "$dev" --ids 0,1392,1329,263,680 --max-tokens 8 --ignore-eos --print-ids --split tensor \
