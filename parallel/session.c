@@ -169,7 +169,7 @@ static tsr_status open_coordinator(const tsr_session_req *req, const tsr_par_opt
     MPI_Comm_split(MPI_COMM_WORLD, MPI_UNDEFINED, 0, &none);
 
     /* READY from every worker */
-    int failed = 0, answered = 0;
+    int failed = 0, answered = 0, first_remote = 0;
     char first[1500] = "";
     while (answered < W) {
         MPI_Status probe;
@@ -193,14 +193,18 @@ static tsr_status open_coordinator(const tsr_session_req *req, const tsr_par_opt
             snprintf(line, sizeof line, "%s cannot load its part: %.*s", who, (int)m.payload,
                      (const char *)buf + sizeof m);
             fprintf(stderr, "tessera %s: %s\n", req->cmd, line);
-            if (!failed++) snprintf(first, sizeof first, "%s", line);
+            /* the summary names a worker's own failure rather than one that stopped because of another's */
+            if (!failed++ || (first_remote && m.status != TSR_ERR_REMOTE)) {
+                snprintf(first, sizeof first, "%s", line);
+                first_remote = m.status == TSR_ERR_REMOTE;
+            }
         }
         free(buf);
     }
     if (failed) {
         tsr_coordinator_shutdown(ctrl, W, o->comm_timeout);
         MPI_Comm_free(&ctrl);
-        return tsr_fail(TSR_ERR_REMOTE, "%d worker%s failed to load; the first: %s", failed, failed > 1 ? "s" : "",
+        return tsr_fail(TSR_ERR_REMOTE, "%d worker%s failed to load; the cause: %s", failed, failed > 1 ? "s" : "",
                         first);
     }
     return tsr_coordinator_executor(ctrl, &s->plan, &s->cfg, o->comm_timeout, &s->x);
@@ -307,8 +311,19 @@ static int run_worker(const tsr_session_req *req, const tsr_par_opts *o)
     MPI_Comm_split(MPI_COMM_WORLD, me->stage, ri->rank, &group);
     tsr_comm *pipe = NULL, *tp = NULL, *tp_host = NULL;
     tsr_engine *engine = NULL;
-    const int device_comm = st == TSR_OK && hello.gpu;
     if (st == TSR_OK) st = tsr_plan_check(&plan, plan.n_layers);
+    if (st != TSR_OK && !fail_msg[0]) snprintf(fail_msg, sizeof fail_msg, "%s", tsr_last_error());
+    /* every worker must be able to go on before any communicator is made: one that skipped a collective (its
+     * device failed) would leave the others of its group waiting in it */
+    int all_ok = st == TSR_OK, mine = all_ok;
+    err = MPI_Iallreduce(&mine, &all_ok, 1, MPI_INT, MPI_MIN, workers, &r);
+    tsr_status ast = err == MPI_SUCCESS ? tsr_mpi_wait(&r, 1, o->load_timeout, "agreeing to load")
+                                        : tsr_mpi_fail(err, "MPI_Iallreduce");
+    if (st == TSR_OK && (ast != TSR_OK || !all_ok)) {
+        st = ast != TSR_OK ? ast : tsr_fail(TSR_ERR_REMOTE, "another worker could not start");
+        snprintf(fail_msg, sizeof fail_msg, "stopped: %s", tsr_last_error());
+    }
+    const int device_comm = st == TSR_OK && hello.gpu;
     if (st == TSR_OK && plan.n_stages > 1) st = make_comm(workers, device_comm, o->comm_timeout, &pipe);
     if (st == TSR_OK && plan.tp > 1) st = tsr_comm_mpi_new(group, o->comm_timeout, &tp_host);
     if (st == TSR_OK && plan.tp > 1) {

@@ -104,6 +104,17 @@ faults)
   [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "load failure: exit $rc"
   grep -q "rank 2 .*cannot load its part" "$tmp/err" || fail "load failure message: $(cat "$tmp/err")"
   echo "load failure: exit $rc after ${SECONDS}s: $(grep -m1 'cannot load' "$tmp/err")"
+  # a worker whose device cannot start, in a tensor group: its peer must not wait for it in a collective (it hung
+  # until --load-timeout before), and the summary names the device, not the peer that stopped because of it
+  SECONDS=0
+  timeout 120 "$mpiexec" --bind-to none -np 2 "$bin" generate --model "$m" --ids "$ids" --max-tokens 4 --split tensor \
+    --quiet-ranks : -np 1 "$bin" generate --model "$m" --ids "$ids" --max-tokens 4 --split tensor --device tpu \
+    --quiet-ranks > "$tmp/out" 2> "$tmp/err"
+  rc=$?
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "device failure in a tensor group: exit $rc"
+  [ $SECONDS -lt 60 ] || fail "device failure in a tensor group: took ${SECONDS}s"
+  grep -q "the cause: rank 2 .*unknown device 'tpu'" "$tmp/err" || fail "device failure message: $(cat "$tmp/err")"
+  echo "device failure in a tensor group: exit $rc after ${SECONDS}s"
   # a worker that dies after two steps: rank 0 fails the step and the job ends non-zero within seconds
   for split in layers tensor; do
     SECONDS=0
