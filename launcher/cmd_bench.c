@@ -1,14 +1,14 @@
 /* tessera bench: prefill and decode throughput, weight bandwidth and memory of one model on the CPU backend.
  *
- * For each batch size: a fresh engine with a KV pool of batch × (prompt-len + gen) tokens; `batch` random prompts
- * (ids < vocab from a fixed seed) prefilled together in one tsr_engine_feed call (the engine chunks them into
- * forward calls of --max-tokens), then `gen` decode steps that feed one greedily chosen token per sequence, all
- * sequences in one call (each row's pick made on the device when the backend can, so that only the picks come
- * back, as in serving; a non-finite logit is then noticed only as a non-finite maximum). Before timing, one token
- * is run through the model so page faults of the mapped weights are not billed to prefill. Bytes per decode step = stored bytes of every linear layer (the head included) +
- * the embedding rows of the step's tokens. The CPU reference bandwidth is the best of a few 256 MiB memcpy runs,
- * counted as read + write bytes (STREAM "copy" convention), measured in a child process so its buffers do not
- * count toward this process's peak RSS (VmHWM). Exit codes: 0 ok, 1 failure, 2 usage error. */
+ * For each batch size: a fresh engine with a KV pool of batch × (prompt-len + gen) tokens; `batch` random prompts (ids
+ * < vocab from a fixed seed) prefilled together in one tsr_engine_feed call (the engine chunks them into forward calls
+ * of --max-tokens), then `gen` decode steps that feed one greedily chosen token per sequence, all sequences in one call
+ * (each row's pick made on the device when the backend can, so that only the picks come back, as in serving; a
+ * non-finite logit is then noticed only as a non-finite maximum). Before timing, one token is run through the model so
+ * page faults of the mapped weights are not billed to prefill. Bytes per decode step = stored bytes of every linear
+ * layer (the head included) + the embedding rows of the step's tokens. The CPU reference bandwidth is the best of a few
+ * 256 MiB memcpy runs, counted as read + write bytes (STREAM "copy" convention), measured in a child process so its
+ * buffers do not count toward this process's peak RSS (VmHWM). Exit codes: 0 ok, 1 failure, 2 usage error. */
 #include "kernels/cpu/threadpool.h"
 #ifdef TSR_HAVE_CUDA
 #include "kernels/cuda/ops_cuda.h"

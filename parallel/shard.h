@@ -1,11 +1,11 @@
 /* Tensor-parallel shards: cutting a loaded model part down to one member's slice of every matrix.
  *
- * Member r of a group of n holds KV heads [r·nkv/n, (r+1)·nkv/n) with their query heads, MLP features
- * [r·I/n, (r+1)·I/n) and a 32-aligned range of the vocabulary. With more members than KV heads (n a multiple of nkv),
- * member r holds KV head r / (n/nkv), replicated on the n/nkv members that share it, and query heads
- * [r·nh/n, (r+1)·nh/n) of that head's group: k_proj and v_proj columns are then copied rather than split. q, k, v, gate, up and the head are cut along their
- * output columns; o_proj and down_proj along their input rows, so that each member's product is a partial sum of
- * the full one and one all-reduce after each restores it (the forward pass does that, forward.h).
+ * Member r of a group of n holds KV heads [r·nkv/n, (r+1)·nkv/n) with their query heads, MLP features [r·I/n,
+ * (r+1)·I/n) and a 32-aligned range of the vocabulary. With more members than KV heads (n a multiple of nkv), member r
+ * holds KV head r / (n/nkv), replicated on the n/nkv members that share it, and query heads [r·nh/n, (r+1)·nh/n) of
+ * that head's group: k_proj and v_proj columns are then copied rather than split. q, k, v, gate, up and the head are
+ * cut along their output columns; o_proj and down_proj along their input rows, so that each member's product is a
+ * partial sum of the full one and one all-reduce after each restores it (the forward pass does that, forward.h).
  *
  * EXL2 (and GPTQ-mode) matrices are cut without dequantizing. Columns: q_weight columns, the 4-bit scale codes (or
  * GPTQ zero codes and scales) and the bias are gathered, the group table and permutation kept. Rows: the act-order
@@ -16,8 +16,9 @@
  * the kernels read ceil(rows·bits/32) words per chunk and need no more); groups left empty are dropped. Dense
  * matrices: output slices are views into the mapped file, input slices are copies.
  *
- * Shapes that cannot be split evenly (KV heads that neither divide nor replicate evenly, MLP features not divisible
- * by n) fail with TSR_ERR_UNSUPPORTED and a message naming the dimension. All buffers belong to the model (tsr_model_own). */
+ * Shapes that cannot be split evenly (KV heads that neither divide nor replicate evenly, MLP features not divisible by
+ * n) fail with TSR_ERR_UNSUPPORTED and a message naming the dimension. All buffers belong to the model
+ * (tsr_model_own). */
 #ifndef TSR_PARALLEL_SHARD_H
 #define TSR_PARALLEL_SHARD_H
 

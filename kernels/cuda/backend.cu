@@ -556,7 +556,10 @@ static const tsr_ops cuda_ops = {
  * Forwards whose largest linear has M <= 32 count as decode steps, the rest as prefill. For attribution, not for
  * throughput. ---- */
 
-enum { P_EMBED, P_NORM, P_LINEAR, P_ROPE, P_KV, P_ATTN, P_SILU, P_ADD, P_GATHER, P_ADD_NORM, P_ROPE_STORE, P_ARGMAX, P_COUNT };
+enum {
+    P_EMBED, P_NORM, P_LINEAR, P_ROPE, P_KV, P_ATTN, P_SILU, P_ADD, P_GATHER, P_ADD_NORM, P_ROPE_STORE, P_ARGMAX,
+    P_COUNT
+};
 static const char *p_names[P_COUNT] = {"embed", "rmsnorm", "linear", "rope", "kv_store", "attention", "silu_mul", "add",
                                        "gather_rows", "add_rmsnorm", "rope_store", "argmax_rows"};
 

@@ -6,8 +6,9 @@
 # layers / tensor / hybrid: for every fixture model, `tessera generate` (greedy ids) and `tessera logits` (FP32 KV)
 # under `mpirun -np 3 --split layers` (and uneven ratios), `--split tensor` (and `-np 5`: KV heads replicated), or
 # `-np 5 --split layers --tp 2` must give the same tokens as one process and logits within 1e-3 with the same argmax
-# everywhere (the layer split: bit-identical). faults: a worker that cannot load, one that dies and one that stops answering must each end the
-# job with a non-zero exit and a message naming the rank, within seconds; an impossible split is refused cleanly.
+# everywhere (the layer split: bit-identical). faults: a worker that cannot load, one that dies and one that stops
+# answering must each end the job with a non-zero exit and a message naming the rank, within seconds; an impossible
+# split is refused cleanly.
 set -u
 mode=$1
 mpiexec=$2
