@@ -275,7 +275,9 @@ static int argmax_of(const float *x, int n)
             block = b;
         }
     }
-    if (best > OKEY_PINF) { /* a NaN won: take the slow path that skips them */
+    /* a NaN won, or the maximum is +0, which the keys order above an earlier -0 that ties with it: take the slow
+     * path, which skips NaNs and compares values */
+    if (best > OKEY_PINF || best == 0) {
         int at = -1;
         for (int i = 0; i < n; i++)
             if (x[i] == x[i] && (at < 0 || x[i] > x[at])) at = i;

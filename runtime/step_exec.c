@@ -103,8 +103,8 @@ tsr_status tsr_engine_run_step(tsr_engine *e, tsr_step_scratch *scratch, const t
         }
         if (nb == 0) break;
         /* when every row only feeds a greedy choice, the rows stay on the device and only their picks come back */
-        const int pick = rows && tsr_step_call_picks(step, scratch->in, scratch->owner, nb, rows,
-                                                     tsr_forward_pick_rows(e->fwd));
+        const int pick =
+            tsr_step_call_picks(step, scratch->in, scratch->owner, nb, rows, tsr_forward_pick_rows(e->fwd));
         if ((st = scratch_reserve(scratch, n, pick ? 0 : rows, vocab)) != TSR_OK) break;
         if (pick)
             st = tsr_forward_argmax(e->fwd, scratch->in, nb, scratch->pick_ids, scratch->pick_vals);

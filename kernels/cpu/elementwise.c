@@ -3,6 +3,7 @@
  * fp32 math; norms accumulate their sum of squares in double. */
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/threadpool.h"
+#include "runtime/sampler.h"
 
 #include <math.h>
 #include <string.h>
@@ -75,10 +76,7 @@ void tsr_cpu_argmax_rows(const float *x, int rows, int n, int32_t *ids, float *v
 {
     for (int r = 0; r < rows; r++) {
         const float *row = x + (size_t)r * n;
-        int best = -1;
-        for (int i = 0; i < n; i++)
-            if (row[i] == row[i] && (best < 0 || row[i] > row[best])) best = i;
-        ids[r] = best < 0 ? 0 : best;
-        vals[r] = best < 0 ? NAN : row[best];
+        ids[r] = tsr_argmax(row, n); /* 0 when the row is all NaN, whose value is then NaN */
+        vals[r] = row[ids[r]];
     }
 }

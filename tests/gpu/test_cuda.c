@@ -177,13 +177,17 @@ static void test_argmax_rows(void **state)
                 float *row = x + (size_t)r * n;
                 const int a = (int)((unsigned)(r * 7919 + 13) % (unsigned)n);
                 const int b = (int)((unsigned)(r * 104729) % (unsigned)n);
-                switch (r % 6) {
+                switch (r % 7) {
                 case 0: row[a] = row[b] = 9.0f; break;                /* a tie: the lower index */
                 case 1: row[a] = NAN, row[b] = 8.0f; break;           /* NaN skipped */
                 case 2: for (int i = 0; i < n; i++) row[i] = NAN; break;
                 case 3: row[b] = INFINITY; break;
                 case 4: for (int i = 0; i < n; i++) row[i] = i % 2 ? -INFINITY : NAN; break;
-                default: row[n - 1] = 50.0f; break;                  /* the last element */
+                case 5: row[n - 1] = 50.0f; break;                   /* the last element */
+                default: /* -0 before +0: a tie, the first wins */
+                    for (int i = 0; i < n; i++) row[i] = -1.0f;
+                    row[a < b ? a : b] = -0.0f, row[a < b ? b : a] = 0.0f;
+                    break;
                 }
             }
             int32_t *want_ids = malloc((size_t)rows * sizeof *want_ids), *got_ids = malloc((size_t)rows * 4);

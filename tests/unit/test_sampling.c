@@ -533,6 +533,11 @@ static void test_greedy(void **state)
     }
     float nan_first[3] = {NAN, 1, 2};
     assert_int_equal(tsr_argmax(nan_first, 3), 2);
+    /* -0 and +0 tie: the first wins, with and without a NaN in the row */
+    float zeros[4] = {-1, -0.0f, 0.0f, -2};
+    assert_int_equal(tsr_argmax(zeros, 4), 1);
+    zeros[3] = NAN;
+    assert_int_equal(tsr_argmax(zeros, 4), 1);
     /* long vocabularies: the first maximum across blocks */
     float *big = calloc(100000, sizeof *big);
     big[70001] = 3;
