@@ -66,7 +66,8 @@ static tsr_status check_running(const tsr_sched *s, const sched_seq *q, int idx,
                             "count %d", id, page, k, tsr_pages_refcount(&s->pages, page));
     }
     if (q->planned) {
-        if (!s->outstanding || q->plan_pos0 != q->n_computed || q->plan_n < 1 ||
+        int slot = q->planned - 1, age = (slot - s->plan_head + s->o.max_plans) % s->o.max_plans;
+        if (slot >= s->o.max_plans || age >= s->n_plans || q->plan_pos0 != q->n_computed || q->plan_n < 1 ||
             q->plan_pos0 + q->plan_n > q->n_total || q->n_table < sched_pages_for(q->plan_pos0 + q->plan_n, ps))
             return tsr_fail(TSR_ERR_INTERNAL, "scheduler: sequence %llu planned at %d for %d tokens (%d computed, %d "
                             "known, %d pages)", id, q->plan_pos0, q->plan_n, q->n_computed, q->n_total, q->n_table);
@@ -85,17 +86,25 @@ tsr_status tsr_sched_check(const tsr_sched *s)
         return tsr_fail(TSR_ERR_INTERNAL, "scheduler: %d running, ceiling %d", s->running.n, s->o.max_running);
     if (s->n_events > s->cap_events)
         return tsr_fail(TSR_ERR_INTERNAL, "scheduler: %d events in %d slots", s->n_events, s->cap_events);
-    int planned_tokens = 0;
-    for (int i = 0; i < s->planned.n; i++) {
-        const sched_seq *q = s->planned.v[i];
-        if (!s->outstanding || q->state != SEQ_RUNNING || !q->planned)
-            return tsr_fail(TSR_ERR_INTERNAL, "scheduler: planned sequence %llu is not a running one in flight",
-                            (unsigned long long)q->id);
-        planned_tokens += q->plan_n;
+    if (s->n_plans < 0 || s->n_plans > s->o.max_plans)
+        return tsr_fail(TSR_ERR_INTERNAL, "scheduler: %d plans outstanding, at most %d", s->n_plans, s->o.max_plans);
+    int planned_seqs = 0;
+    for (int k = 0; k < s->n_plans; k++) {
+        const int slot = (s->plan_head + k) % s->o.max_plans;
+        const seq_list *plan = &s->plans[slot];
+        int planned_tokens = 0;
+        for (int i = 0; i < plan->n; i++) {
+            const sched_seq *q = plan->v[i];
+            if (q->state != SEQ_RUNNING || q->planned != slot + 1)
+                return tsr_fail(TSR_ERR_INTERNAL, "scheduler: planned sequence %llu is not a running one in flight "
+                                "in plan slot %d", (unsigned long long)q->id, slot);
+            planned_tokens += q->plan_n;
+        }
+        if (planned_tokens > s->o.max_step_tokens || plan->n == 0)
+            return tsr_fail(TSR_ERR_INTERNAL, "scheduler: plan of %d sequences, %d tokens (budget %d)", plan->n,
+                            planned_tokens, s->o.max_step_tokens);
+        planned_seqs += plan->n;
     }
-    if (planned_tokens > s->o.max_step_tokens || (s->outstanding && s->planned.n == 0))
-        return tsr_fail(TSR_ERR_INTERNAL, "scheduler: plan of %d sequences, %d tokens (budget %d)", s->planned.n,
-                        planned_tokens, s->o.max_step_tokens);
 
     int n = s->o.n_pages;
     int32_t *expect = calloc((size_t)n, sizeof *expect), *seen = malloc((size_t)n * sizeof *seen);
@@ -109,11 +118,11 @@ tsr_status tsr_sched_check(const tsr_sched *s)
     int in_flight = 0;
     for (int i = 0; i < s->running.n && st == TSR_OK; i++) {
         st = check_running(s, s->running.v[i], i, expect, seen);
-        in_flight += s->running.v[i]->planned;
+        in_flight += s->running.v[i]->planned != 0;
     }
-    if (st == TSR_OK && in_flight != s->planned.n)
+    if (st == TSR_OK && in_flight != planned_seqs)
         st = tsr_fail(TSR_ERR_INTERNAL, "scheduler: %d running sequences in flight, %d planned", in_flight,
-                      s->planned.n);
+                      planned_seqs);
     for (int p = 0; p < n && st == TSR_OK; p++) {
         int want = expect[p] + (s->prefix.cached[p] ? 1 : 0);
         if (tsr_pages_refcount(&s->pages, p) != want)

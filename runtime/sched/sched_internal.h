@@ -35,8 +35,8 @@ typedef struct sched_seq {
     int n_stop;
     tsr_logit_bias *bias;   /* the request's n_bias entries, then room for n_stop masking entries */
     int n_bias;
-    /* the outstanding plan */
-    int planned;            /* 1 while in the step planned and not yet committed */
+    /* the outstanding plans */
+    int planned;            /* 0, or 1 + the ring slot of the plan (planned, not yet committed) it is in */
     int plan_pos0, plan_n;
     tsr_finish_reason pending; /* ended (cancel/finish) while in flight: applied at commit */
 } sched_seq;
@@ -50,8 +50,10 @@ struct tsr_sched {
     tsr_sched_opts o;       /* effective options (defaults filled in) */
     tsr_pages pages;
     tsr_prefix_index prefix;
-    seq_list waiting, running, dead, planned;
-    int outstanding;        /* a plan with sequences awaits tsr_sched_commit */
+    seq_list waiting, running, dead;
+    seq_list plans[TSR_SCHED_MAX_PLANS]; /* a ring of the plans awaiting commit, oldest at plan_head */
+    int plan_head, n_plans;
+    int building;           /* ring slot of the plan tsr_sched_plan is building */
     int budget;             /* tokens left while planning */
     int preempted_now;      /* a preemption happened during this plan: admit nothing */
     /* events: ev_res[i] holds the result copy of events[i] when has_res[i] */

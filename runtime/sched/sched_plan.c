@@ -17,7 +17,11 @@
  *
  * Commit advances each planned sequence by its chunk, registers newly full pages in the prefix index (prompt and
  * generated pages alike), appends sampled tokens and decides stop / length; sequences ended while their step was
- * in flight are only released here, so a page being written is never reused before the step is done. */
+ * in flight are only released here, so a page being written is never reused before the step is done.
+ *
+ * Several plans may await commit (opts.max_plans): they sit in a ring, oldest first, and commits take them in
+ * that order. A sequence is in at most one of them (q->planned names the slot); planning skips, never preempts
+ * and never ends (deadlines, pending ends) a sequence in flight in another plan: commit does that. */
 #include "runtime/sched/sched_internal.h"
 
 #include <stdlib.h>
@@ -30,21 +34,25 @@ static int penalties_active(const tsr_sampling *p)
     return p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
 }
 
+/* In a plan other than the one being built: its step is in flight. */
+static int in_flight(const tsr_sched *s, const sched_seq *q) { return q->planned && q->planned != s->building + 1; }
+
 static void plan_add(tsr_sched *s, sched_seq *q, int n)
 {
-    q->planned = 1;
+    seq_list *l = &s->plans[s->building];
+    q->planned = s->building + 1;
     q->plan_pos0 = q->n_computed;
     q->plan_n = n;
-    s->planned.v[s->planned.n++] = q; /* room reserved */
+    l->v[l->n++] = q; /* room reserved */
     s->budget -= n;
 }
 
 static void plan_drop(tsr_sched *s, sched_seq *q)
 {
-    if (!q->planned) return;
+    if (q->planned != s->building + 1) return;
     q->planned = 0;
     s->budget += q->plan_n;
-    sched_list_remove(&s->planned, q);
+    sched_list_remove(&s->plans[s->building], q);
 }
 
 static int grow_table(sched_seq *q, int need)
@@ -60,7 +68,8 @@ static int grow_table(sched_seq *q, int need)
 }
 
 /* Gives q pages covering its first `upto` tokens, preempting the newest running sequences when the pool is
- * exhausted. Returns 1, or 0 when q itself was preempted or ended. */
+ * exhausted. Returns 1, or 0 when q itself was preempted or ended, or must wait because the newest running
+ * sequence is in flight (it can be preempted once its step is committed). */
 static int ensure_pages(tsr_sched *s, sched_seq *q, int upto)
 {
     int need = sched_pages_for(upto, s->o.page_size);
@@ -78,6 +87,10 @@ static int ensure_pages(tsr_sched *s, sched_seq *q, int upto)
             continue;
         }
         sched_seq *victim = s->running.v[s->running.n - 1];
+        if (in_flight(s, victim)) {
+            s->preempted_now = 1; /* the pool is short: admit nothing either */
+            return 0;
+        }
         if (victim == q && s->running.n == 1) {
             /* alone and still short of pages: it can never fit (submit refuses such requests; kept as a guard) */
             tsr_fail(TSR_ERR_INTERNAL, "scheduler: sequence %llu needs %d KV pages, more than the pool's %d",
@@ -126,13 +139,15 @@ static int admit(tsr_sched *s, sched_seq *q)
     return 1;
 }
 
-/* Ends sequences whose end was requested without room for the event, and those past their deadline. */
+/* Ends sequences whose end was requested without room for the event, and those past their deadline (not those in
+ * flight: their commit or a later plan does). */
 static void end_expired(tsr_sched *s, double now)
 {
     seq_list *lists[2] = {&s->running, &s->waiting};
     for (int k = 0; k < 2; k++)
         for (int i = lists[k]->n - 1; i >= 0; i--) {
             sched_seq *q = lists[k]->v[i];
+            if (q->planned) continue;
             if (q->pending != TSR_FINISH_NONE) sched_end(s, q, -1, NULL, q->pending);
             else if (q->deadline > 0 && now >= q->deadline) sched_end(s, q, -1, NULL, TSR_FINISH_DEADLINE);
         }
@@ -175,20 +190,27 @@ tsr_status tsr_sched_plan(tsr_sched *s, double now, tsr_step *step)
 {
     sched_settle(s);
     tsr_step_clear(step);
-    if (s->outstanding)
-        return tsr_fail(TSR_ERR_ARG, "scheduler: the step planned before was not committed (commit it, with NULL "
-                        "results if it failed)");
+    if (s->n_plans >= s->o.max_plans)
+        return tsr_fail(TSR_ERR_ARG, "scheduler: %d planned step%s not committed (commit the oldest, with NULL "
+                        "results if it failed)", s->n_plans, s->n_plans == 1 ? " was" : "s were");
     TSR_TRY(sched_reserve(s, 0));
+    s->building = (s->plan_head + s->n_plans) % s->o.max_plans;
     end_expired(s, now);
-    s->planned.n = 0;
+    seq_list *plan = &s->plans[s->building];
+    plan->n = 0;
     s->budget = s->o.max_step_tokens;
     s->preempted_now = 0;
 
-    /* decode tokens first; a sequence failing to get its page is the last one, so the loop ends there */
-    for (int i = 0; i < s->running.n && s->budget > 0; i++) {
+    /* decode tokens first (with plans in flight, this plan's share of the running sequences); a sequence failing
+     * to get its page is the last one, or waits for a plan in flight, so the loop goes on */
+    int decode_cap = (s->running.n + s->o.max_plans - 1) / s->o.max_plans, decodes = 0;
+    for (int i = 0; i < s->running.n && s->budget > 0 && decodes < decode_cap; i++) {
         sched_seq *q = s->running.v[i];
-        if (q->n_total - q->n_computed != 1) continue;
-        if (ensure_pages(s, q, q->n_total)) plan_add(s, q, 1);
+        if (q->planned || q->n_total - q->n_computed != 1) continue;
+        if (ensure_pages(s, q, q->n_total)) {
+            plan_add(s, q, 1);
+            decodes++;
+        }
     }
     /* then prefill chunks of running sequences, oldest first */
     for (int i = 0; i < s->running.n && s->budget > 0; i++) {
@@ -206,22 +228,24 @@ tsr_status tsr_sched_plan(tsr_sched *s, double now, tsr_step *step)
         plan_add(s, q, left < s->budget ? left : s->budget);
     }
 
-    for (int i = 0; i < s->planned.n; i++) {
-        tsr_status st = add_to_step(s, s->planned.v[i], step);
+    for (int i = 0; i < plan->n; i++) {
+        tsr_status st = add_to_step(s, plan->v[i], step);
         if (st != TSR_OK) {
-            for (int j = 0; j < s->planned.n; j++) s->planned.v[j]->planned = 0;
-            s->planned.n = 0;
+            for (int j = 0; j < plan->n; j++) plan->v[j]->planned = 0;
+            plan->n = 0;
             tsr_step_clear(step);
             return st;
         }
     }
-    for (int i = 0; i < s->planned.n; i++) {
-        const sched_seq *q = s->planned.v[i];
+    for (int i = 0; i < plan->n; i++) {
+        const sched_seq *q = plan->v[i];
         if (q->plan_n == 1 && q->plan_pos0 + 1 == q->n_total && seq_generated(q) > 0) s->decode_tokens++;
         else s->prefill_tokens += (uint64_t)q->plan_n;
     }
-    if (s->planned.n > 0) s->steps++;
-    s->outstanding = s->planned.n > 0;
+    if (plan->n > 0) {
+        s->steps++;
+        s->n_plans++;
+    }
     return TSR_OK;
 }
 
@@ -266,25 +290,27 @@ tsr_status tsr_sched_commit(tsr_sched *s, const tsr_step *step, const tsr_step_r
 {
     (void)now;
     sched_settle(s);
-    if (!s->outstanding) {
+    if (s->n_plans == 0) {
         if (step->n_seqs == 0) return TSR_OK;
         return tsr_fail(TSR_ERR_ARG, "scheduler: commit of a %d-sequence step but none is outstanding", step->n_seqs);
     }
-    if (step->n_seqs != s->planned.n)
-        return tsr_fail(TSR_ERR_ARG, "scheduler: committed step has %d sequences, the plan %d", step->n_seqs,
-                        s->planned.n);
+    seq_list *plan = &s->plans[s->plan_head];
+    if (step->n_seqs != plan->n)
+        return tsr_fail(TSR_ERR_ARG, "scheduler: committed step has %d sequences, the oldest plan %d", step->n_seqs,
+                        plan->n);
     for (int i = 0; i < step->n_seqs; i++) {
         const tsr_step_seq *ss = &step->seqs[i];
-        const sched_seq *q = s->planned.v[i];
+        const sched_seq *q = plan->v[i];
         if (ss->id != q->id || ss->pos0 != q->plan_pos0 || ss->n_tokens != q->plan_n)
             return tsr_fail(TSR_ERR_ARG, "scheduler: committed step's sequence %d (id %llu, pos0 %d, %d tokens) is "
                             "not the one planned (id %llu, pos0 %d, %d tokens)", i, (unsigned long long)ss->id,
                             ss->pos0, ss->n_tokens, (unsigned long long)q->id, q->plan_pos0, q->plan_n);
     }
     TSR_TRY(sched_reserve(s, 0));
-    s->outstanding = 0;
-    for (int i = 0; i < s->planned.n; i++) {
-        sched_seq *q = s->planned.v[i];
+    s->plan_head = (s->plan_head + 1) % s->o.max_plans;
+    s->n_plans--;
+    for (int i = 0; i < plan->n; i++) {
+        sched_seq *q = plan->v[i];
         q->planned = 0;
         if (q->pending != TSR_FINISH_NONE) {
             sched_end(s, q, -1, NULL, q->pending);
@@ -312,6 +338,6 @@ tsr_status tsr_sched_commit(tsr_sched *s, const tsr_step *step, const tsr_step_r
         if (why != TSR_FINISH_NONE) sched_end(s, q, r->token, r, why);
         else sched_emit(s, q, r->token, r, TSR_FINISH_NONE);
     }
-    s->planned.n = 0;
+    plan->n = 0;
     return TSR_OK;
 }

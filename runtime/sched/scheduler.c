@@ -78,8 +78,11 @@ tsr_status sched_reserve(tsr_sched *s, int extra_seqs)
         s->cap_events = cap;
     }
     if (!list_grow(&s->waiting, live + 1) || !list_grow(&s->running, live + 1) ||
-        !list_grow(&s->dead, s->dead.n + live + 1) || !list_grow(&s->planned, live + 1))
+        !list_grow(&s->dead, s->dead.n + live + 1))
         return tsr_fail(TSR_ERR_NOMEM, "scheduler: out of memory for %d sequences", live);
+    for (int k = 0; k < s->o.max_plans; k++)
+        if (!list_grow(&s->plans[k], live + 1))
+            return tsr_fail(TSR_ERR_NOMEM, "scheduler: out of memory for %d sequences", live);
     return TSR_OK;
 }
 
@@ -168,15 +171,17 @@ tsr_status tsr_sched_new(const tsr_sched_opts *opts, tsr_sched **out)
         return tsr_fail(TSR_ERR_ARG, "scheduler: page_size %d, n_pages %d and max_step_tokens %d must be >= 1",
                         o.page_size, o.n_pages, o.max_step_tokens);
     if (o.max_running < 0 || o.max_waiting < 0 || o.max_context < 0 || o.vocab < 0 || o.prefix_cache < -1 ||
-        o.prefix_cache > 1)
-        return tsr_fail(TSR_ERR_ARG, "scheduler: invalid max_running %d, max_waiting %d, max_context %d, vocab %d or "
-                        "prefix_cache %d", o.max_running, o.max_waiting, o.max_context, o.vocab, o.prefix_cache);
+        o.prefix_cache > 1 || o.max_plans < 0 || o.max_plans > TSR_SCHED_MAX_PLANS)
+        return tsr_fail(TSR_ERR_ARG, "scheduler: invalid max_running %d, max_waiting %d, max_context %d, vocab %d, "
+                        "prefix_cache %d or max_plans %d", o.max_running, o.max_waiting, o.max_context, o.vocab,
+                        o.prefix_cache, o.max_plans);
     if (o.max_running == 0) o.max_running = 64;
     /* every running sequence must be able to take its decode token in every step, or some would starve */
     if (o.max_running > o.max_step_tokens) o.max_running = o.max_step_tokens;
     if (o.max_waiting == 0) o.max_waiting = 1024;
     if (o.prefix_cache == 0) o.prefix_cache = 1;
     if (o.max_context == 0) o.max_context = INT_MAX / 2;
+    if (o.max_plans == 0) o.max_plans = 1;
     tsr_sched *s = calloc(1, sizeof *s);
     if (!s) return tsr_fail(TSR_ERR_NOMEM, "scheduler: out of memory");
     s->o = o;
@@ -200,7 +205,8 @@ void tsr_sched_free(tsr_sched *s)
         for (int i = 0; i < lists[k]->n; i++) seq_free(lists[k]->v[i]);
         free(lists[k]->v);
     }
-    free(s->planned.v);
+    for (int k = 0; k < TSR_SCHED_MAX_PLANS; k++)
+        free(s->plans[k].v);
     free(s->events);
     free(s->ev_res);
     free(s->has_res);

@@ -28,7 +28,12 @@ typedef struct tsr_sched_opts {
     int max_context;         /* prompt + generated tokens a sequence may reach (the model's context) */
     int vocab;               /* logits per row, 0 = unknown; when set, submit refuses prompt tokens, stop ids and
                                 bias tokens outside it (one bad id would otherwise fail its whole step) */
+    int max_plans;           /* steps that may be planned before the oldest is committed (default 1, at most
+                                TSR_SCHED_MAX_PLANS): an executor that pipelines steps over layer stages runs
+                                several at once, each with its own sequences */
 } tsr_sched_opts;
+
+#define TSR_SCHED_MAX_PLANS 8
 
 /* What one request asks of its sequence. */
 typedef struct tsr_seq_params {
@@ -91,12 +96,19 @@ void tsr_sched_cancel(tsr_sched *s, uint64_t id);
 void tsr_sched_finish(tsr_sched *s, uint64_t id, tsr_finish_reason reason);
 
 /* Builds the next step into `step` (cleared first). Expired deadlines end sequences here. Returns TSR_OK with
- * step->n_seqs == 0 when there is nothing to run; TSR_ERR_ARG while the previous non-empty step awaits
- * tsr_sched_commit (commit it first, with NULL results if it failed). */
+ * step->n_seqs == 0 when there is nothing to run; TSR_ERR_ARG while max_plans non-empty steps await
+ * tsr_sched_commit (commit the oldest first, with NULL results if it failed).
+ *
+ * With max_plans > 1 a step may be planned while earlier ones are in flight: it takes only sequences that are in
+ * none of them, at most ceil(running / max_plans) decode tokens (so that the running sequences spread over the
+ * plans in flight), never preempts a sequence in flight (a sequence short of a page then waits for the next plan)
+ * and never hands out a page that a step in flight still writes: pages of sequences that end meanwhile are freed
+ * when their step is committed, and pages enter the prefix index only at commit. */
 tsr_status tsr_sched_plan(tsr_sched *s, double now, tsr_step *step);
 
-/* Applies the results of the step last planned (results[i] belongs to step->seqs[i]; NULL results means the
- * step failed: its sequences end with TSR_FINISH_ERROR) and queues the events. */
+/* Applies the results of the oldest step awaiting commit (results[i] belongs to step->seqs[i]; NULL results means
+ * the step failed: its sequences end with TSR_FINISH_ERROR) and queues the events. Steps are committed in the
+ * order they were planned; any other step is refused with TSR_ERR_ARG. */
 tsr_status tsr_sched_commit(tsr_sched *s, const tsr_step *step, const tsr_step_result *results, double now);
 
 /* Hands out the queued events (valid until the next call into the scheduler). */

@@ -44,6 +44,8 @@ void drv_free(driver *d)
     tsr_sched_free(d->s);
     fake_free(&d->f);
     tsr_step_free(&d->step);
+    for (int i = 0; i < d->n_older; i++)
+        tsr_step_free(&d->older[i]);
     free(d->res);
     for (int i = 0; i < d->n_req; i++) free(d->req[i].hist);
     free(d->req);
@@ -147,10 +149,54 @@ int drv_drain(driver *d)
     return n;
 }
 
+int drv_outstanding(const driver *d) { return d->n_older + d->step_out; }
+
+/* Whether page `page` is written by step t (a position in [pos0, pos0 + n_tokens) of one of its sequences). */
+static int step_writes(const tsr_step *t, int page_size, int32_t page)
+{
+    for (int i = 0; i < t->n_seqs; i++) {
+        const tsr_step_seq *q = &t->seqs[i];
+        for (int k = q->pos0 / page_size; k <= (q->pos0 + q->n_tokens - 1) / page_size; k++)
+            if (t->pages[q->page0 + k] == page) return 1;
+    }
+    return 0;
+}
+
+/* The new plan `t` may not touch a page that an outstanding step writes. */
+static int check_disjoint(driver *d, const tsr_step *t)
+{
+    for (int i = 0; i < t->n_seqs; i++) {
+        const tsr_step_seq *q = &t->seqs[i];
+        for (int k = 0; k < q->n_pages; k++) {
+            int32_t page = t->pages[q->page0 + k];
+            for (int o = 0; o < d->n_older; o++)
+                if (step_writes(&d->older[o], d->opts.page_size, page))
+                    return fail(d, "plan: sequence %llu uses page %d, which a step in flight writes",
+                                (unsigned long long)q->id, page);
+        }
+    }
+    return 0;
+}
+
 int drv_plan(driver *d)
 {
-    if (tsr_sched_plan(d->s, d->now, &d->step) != TSR_OK) return fail(d, "plan: %s", tsr_last_error());
-    if (drv_check(d)) return -1;
+    if (d->step_out) {
+        if (d->n_older == TSR_SCHED_MAX_PLANS) return fail(d, "plan: too many outstanding plans in the driver");
+        d->older[d->n_older++] = d->step; /* moved: `step` starts empty */
+        memset(&d->step, 0, sizeof d->step);
+        d->step_out = 0;
+    }
+    tsr_status st = tsr_sched_plan(d->s, d->now, &d->step);
+    if (st != TSR_OK) {
+        if (d->n_older > 0) { /* refused (no slot free): the newest outstanding plan goes back to `step` */
+            tsr_step_free(&d->step);
+            d->step = d->older[--d->n_older];
+            d->step_out = 1;
+        }
+        return fail(d, "plan: %s", tsr_last_error());
+    }
+    d->step_out = d->step.n_seqs > 0;
+    if (drv_check(d) || check_disjoint(d, &d->step)) return -1;
     int tokens = 0;
     for (int i = 0; i < d->step.n_seqs; i++) {
         tokens += d->step.seqs[i].n_tokens;
@@ -163,13 +209,21 @@ int drv_plan(driver *d)
 
 int drv_run_commit(driver *d, int failed)
 {
-    if (d->step.n_seqs > d->cap_res) {
-        d->cap_res = d->step.n_seqs * 2;
+    tsr_step *t = d->n_older > 0 ? &d->older[0] : &d->step;
+    if (t->n_seqs > d->cap_res) {
+        d->cap_res = t->n_seqs * 2;
         d->res = realloc(d->res, (size_t)d->cap_res * sizeof *d->res);
     }
-    if (!failed && fake_run(&d->f, &d->step, d->res) != 0) return fail(d, "executor: %s", d->f.error);
-    if (tsr_sched_commit(d->s, &d->step, failed ? NULL : d->res, d->now) != TSR_OK)
+    if (!failed && fake_run(&d->f, t, d->res) != 0) return fail(d, "executor: %s", d->f.error);
+    if (tsr_sched_commit(d->s, t, failed ? NULL : d->res, d->now) != TSR_OK)
         return fail(d, "commit: %s", tsr_last_error());
+    if (d->n_older > 0) {
+        tsr_step_free(&d->older[0]);
+        memmove(&d->older[0], &d->older[1], (size_t)(d->n_older - 1) * sizeof d->older[0]);
+        d->n_older--;
+    } else {
+        d->step_out = 0;
+    }
     return drv_check(d);
 }
 
@@ -177,19 +231,30 @@ int drv_step(driver *d)
 {
     int n = drv_plan(d);
     if (n < 0) return -1;
-    if (n > 0 && drv_run_commit(d, 0)) return -1;
+    if (drv_outstanding(d) > 0 && drv_run_commit(d, 0)) return -1;
     if (drv_drain(d) < 0) return -1;
     return n;
 }
 
 int drv_run_all(driver *d, int max_steps)
 {
+    const int depth = d->opts.max_plans > 1 ? d->opts.max_plans : 1;
     int steps = 0;
-    while (!tsr_sched_idle(d->s)) {
+    while (drv_outstanding(d) > 0 || !tsr_sched_idle(d->s)) {
         if (steps >= max_steps) return fail(d, "not idle after %d steps", steps);
-        int n = drv_step(d);
-        if (n < 0) return -1;
-        if (n == 0 && drv_drain(d) == 0 && !tsr_sched_idle(d->s)) {
+        /* keep up to `depth` plans in flight, then commit the oldest */
+        int planned = 0;
+        while (drv_outstanding(d) < depth) {
+            int n = drv_plan(d);
+            if (n < 0) return -1;
+            if (n == 0) break;
+            planned += n;
+        }
+        int had = drv_outstanding(d);
+        if (had > 0 && drv_run_commit(d, 0)) return -1;
+        int events = drv_drain(d);
+        if (events < 0) return -1;
+        if (planned == 0 && had == 0 && events == 0 && !tsr_sched_idle(d->s)) {
             tsr_sched_stats st;
             tsr_sched_get_stats(d->s, &st);
             return fail(d, "stuck: nothing planned with %d waiting, %d running", st.waiting, st.running);

@@ -4,7 +4,11 @@
  * against what the request must see: every token equal to the fake model's next token for the request's own
  * history (so preemption, re-prefill and the prefix cache can never change a stream), n_generated counting up
  * by one, nothing after the final event, and a final reason consistent with the tokens (stop ids, min_tokens,
- * max_tokens). Any violation is recorded in error[] and reported as -1. */
+ * max_tokens). Any violation is recorded in error[] and reported as -1.
+ *
+ * With opts.max_plans > 1 several planned steps may be outstanding: drv_plan keeps the newest in `step` and the
+ * older ones in `older` (oldest first), drv_run_commit runs and commits the oldest, and drv_plan checks that a new
+ * plan references no page that an outstanding step writes (they would run at the same time). */
 #ifndef TSR_TESTS_SCHED_DRIVE_H
 #define TSR_TESTS_SCHED_DRIVE_H
 
@@ -26,7 +30,10 @@ typedef struct driver {
     tsr_sched *s;
     tsr_sched_opts opts;
     fake_exec f;
-    tsr_step step;
+    tsr_step step;             /* the newest plan */
+    int step_out;              /* `step` awaits its commit */
+    tsr_step older[TSR_SCHED_MAX_PLANS]; /* outstanding plans older than `step`, oldest first */
+    int n_older;
     tsr_step_result *res;
     int cap_res;
     drv_req *req;              /* by id - 1 */
@@ -43,9 +50,12 @@ void drv_free(driver *d);
 uint64_t drv_submit(driver *d, const int32_t *prompt, int n, const tsr_seq_params *p, tsr_status *st);
 /* Plans into d->step (no run, no commit). Returns the number of sequences planned or -1. */
 int drv_plan(driver *d);
-/* Runs d->step on the fake executor and commits it (fail: commit NULL results instead). 0 or -1. */
+/* Runs the oldest outstanding plan on the fake executor and commits it (fail: commit NULL results instead).
+ * 0 or -1. */
 int drv_run_commit(driver *d, int fail);
 /* drv_plan + drv_run_commit + drv_drain. Returns sequences planned or -1. */
+/* Plans outstanding (0 .. max_plans). */
+int drv_outstanding(const driver *d);
 int drv_step(driver *d);
 /* Takes and checks the pending events; returns how many or -1. */
 int drv_drain(driver *d);

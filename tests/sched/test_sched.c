@@ -638,6 +638,49 @@ static void test_plan_commit_misuse(void **state)
     finish_clean(&d);
 }
 
+/* Two plans in flight (max_plans 2, as over two layer stages): each takes half of the decoding sequences and none
+ * of the other's, a third plan waits for a commit, commits go oldest first, and the streams are the fake model's. */
+static void test_plans_in_flight(void **state)
+{
+    (void)state;
+    driver d;
+    tsr_sched_opts o = mkopts(4, 64, 32, 8);
+    o.max_plans = 2;
+    setup(&d, &o, 300);
+    int32_t p[6];
+    uint64_t id[4];
+    for (int k = 0; k < 4; k++) {
+        prompt_of(p, 6, 20 + k, 300);
+        tsr_seq_params q = drv_params(30 + (uint64_t)k, 12);
+        id[k] = drv_submit(&d, p, 6, &q, NULL);
+    }
+    assert_int_equal(drv_plan(&d), 4); /* the prefills: nothing is decoding yet */
+    assert_int_equal(drv_plan(&d), 0); /* all four are in flight */
+    DRV_OK(&d, drv_run_commit(&d, 0));
+    DRV_OK(&d, drv_drain(&d));
+    assert_int_equal(drv_plan(&d), 2); /* half of the four decoding sequences each */
+    assert_true(d.step.seqs[0].id == id[0] && d.step.seqs[1].id == id[1]);
+    assert_int_equal(drv_plan(&d), 2);
+    assert_true(d.step.seqs[0].id == id[2] && d.step.seqs[1].id == id[3]);
+    assert_int_equal(drv_outstanding(&d), 2);
+    tsr_step other;
+    memset(&other, 0, sizeof other);
+    assert_int_equal(tsr_sched_plan(d.s, 0, &other), TSR_ERR_ARG); /* both slots taken */
+    tsr_step_free(&other);
+    assert_int_equal(tsr_sched_commit(d.s, &d.step, NULL, 0), TSR_ERR_ARG); /* the newer one, not the oldest */
+    tsr_sched_cancel(d.s, id[3]); /* in flight: ended at its commit */
+    DRV_OK(&d, drv_run_commit(&d, 0));
+    DRV_OK(&d, drv_drain(&d));
+    assert_int_equal(drv_plan(&d), 2); /* the first two again, while the other plan is in flight */
+    assert_true(d.step.seqs[0].id == id[0] && d.step.seqs[1].id == id[1]);
+    DRV_OK(&d, drv_run_commit(&d, 0));
+    DRV_OK(&d, drv_drain(&d));
+    assert_true(last_event_is(&d, id[3], TSR_FINISH_CANCELLED, 1));
+    DRV_OK(&d, drv_run_all(&d, 200));
+    assert_true(last_event_is(&d, id[0], TSR_FINISH_LENGTH, 12));
+    finish_clean(&d);
+}
+
 /* Step contents: penalty history only with penalties, biases and logprobs only where sampling. */
 static void test_step_fields(void **state)
 {
@@ -691,7 +734,7 @@ int main(void)
         cmocka_unit_test(test_submit_refusals),     cmocka_unit_test(test_whole_pool_request),
         cmocka_unit_test(test_prefix_hits),         cmocka_unit_test(test_prefix_edges),
         cmocka_unit_test(test_eviction),            cmocka_unit_test(test_plan_commit_misuse),
-        cmocka_unit_test(test_step_fields),
+        cmocka_unit_test(test_step_fields),         cmocka_unit_test(test_plans_in_flight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

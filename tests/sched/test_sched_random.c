@@ -1,6 +1,7 @@
 /* Property test of the scheduler: hundreds of random configurations (page size, pool, budget, ceiling, context,
  * prefix cache on/off), each driven through a long random interleaving of submit / plan / run+commit / failed
- * commit / cancel / finish / forced preemption / drain / clock jumps, with prompts drawn from a few shared
+ * commit / cancel / finish / forced preemption / drain / clock jumps (a third of them with up to 2-3 planned steps
+ * outstanding, committed oldest first), with prompts drawn from a few shared
  * prefixes so the cache and the pool are under pressure.
  *
  * After every operation tsr_sched_check must pass; the fake executor checks that each written page has count 1
@@ -31,7 +32,7 @@ static uint32_t rnd(uint32_t n)
 }
 
 typedef struct counts {
-    uint64_t ops, steps, preempted, forced, hits, submitted, refused, cancels, failed_steps;
+    uint64_t ops, steps, preempted, forced, hits, submitted, refused, cancels, failed_steps, plans_in_flight;
     uint64_t finish[6];
 } counts;
 
@@ -54,12 +55,12 @@ static void run_scenario(int sc, counts *c)
     o.prefix_cache = rnd(3) == 0 ? -1 : 1;
     o.max_context = rnd(4) == 0 ? 20 + (int)rnd(60) : 100000;
     int vocab = 6 + (int)rnd(40);
+    o.max_plans = rnd(3) == 0 ? 2 + (int)rnd(2) : 1; /* several steps in flight, as over layer stages */
     driver d;
     if (drv_init(&d, &o, vocab) != 0) fail_msg("init: %s", d.error);
     int32_t base[3][64];
     for (int b = 0; b < 3; b++)
         for (int i = 0; i < 64; i++) base[b][i] = (int32_t)rnd((uint32_t)vocab);
-    int outstanding = 0;
     for (int op = 0; op < OPS; op++) {
         uint32_t r = rnd(100);
         const char *what = "?";
@@ -95,24 +96,22 @@ static void run_scenario(int sc, counts *c)
             }
         } else if (r < 55) {
             what = "step";
-            if (outstanding) rc = drv_run_commit(&d, 0);
-            outstanding = 0;
+            while (rc >= 0 && drv_outstanding(&d) > 0)
+                rc = drv_run_commit(&d, 0);
             if (rc >= 0) rc = drv_step(&d);
             c->steps++;
         } else if (r < 65) {
             what = "plan or commit";
-            if (outstanding) {
-                rc = drv_run_commit(&d, 0);
-                outstanding = 0;
-            } else {
+            if (drv_outstanding(&d) < o.max_plans && (drv_outstanding(&d) == 0 || rnd(2))) {
                 rc = drv_plan(&d);
-                outstanding = rc > 0;
+                c->plans_in_flight += drv_outstanding(&d) > 1;
+            } else {
+                rc = drv_run_commit(&d, 0);
             }
         } else if (r < 68) {
             what = "failed step";
-            if (outstanding) {
+            if (drv_outstanding(&d) > 0) {
                 rc = drv_run_commit(&d, 1);
-                outstanding = 0;
                 c->failed_steps++;
             }
         } else if (r < 78) {
@@ -138,7 +137,8 @@ static void run_scenario(int sc, counts *c)
         }
         check_or_die(&d, rc, sc, op, what);
     }
-    if (outstanding) check_or_die(&d, drv_run_commit(&d, 0), sc, OPS, "last commit");
+    while (drv_outstanding(&d) > 0)
+        check_or_die(&d, drv_run_commit(&d, 0), sc, OPS, "last commits");
     check_or_die(&d, drv_drain(&d), sc, OPS, "drain");
     check_or_die(&d, drv_run_all(&d, 100000), sc, OPS, "run to the end");
     check_or_die(&d, drv_all_final(&d), sc, OPS, "one final event each");
@@ -168,10 +168,10 @@ static void test_random_interleavings(void **state)
     for (int sc = 0; sc < scenarios; sc++) run_scenario(sc, &c);
     printf("random scheduler test: %d scenarios, %llu operations, %llu steps, %llu submits (%llu refused), "
            "%llu preemptions by page pressure + %llu forced, %llu prefix hits, %llu cancel calls, %llu failed "
-           "steps\n", scenarios, (unsigned long long)c.ops, (unsigned long long)c.steps,
-           (unsigned long long)c.submitted, (unsigned long long)c.refused,
+           "steps, %llu plans made with another in flight\n", scenarios, (unsigned long long)c.ops,
+           (unsigned long long)c.steps, (unsigned long long)c.submitted, (unsigned long long)c.refused,
            (unsigned long long)(c.preempted - c.forced), (unsigned long long)c.forced, (unsigned long long)c.hits,
-           (unsigned long long)c.cancels, (unsigned long long)c.failed_steps);
+           (unsigned long long)c.cancels, (unsigned long long)c.failed_steps, (unsigned long long)c.plans_in_flight);
     printf("final events: stop %llu, length %llu, cancelled %llu, deadline %llu, error %llu\n",
            (unsigned long long)c.finish[TSR_FINISH_STOP], (unsigned long long)c.finish[TSR_FINISH_LENGTH],
            (unsigned long long)c.finish[TSR_FINISH_CANCELLED], (unsigned long long)c.finish[TSR_FINISH_DEADLINE],
@@ -180,7 +180,7 @@ static void test_random_interleavings(void **state)
     const uint64_t least = 100u * (uint64_t)scenarios / SCENARIOS;
     assert_true(c.preempted - c.forced > least);
     assert_true(c.finish[TSR_FINISH_STOP] > least && c.finish[TSR_FINISH_LENGTH] > least);
-    assert_true(c.hits > least);
+    assert_true(c.hits > least && c.plans_in_flight > least);
 }
 
 int main(void)
