@@ -28,6 +28,74 @@ typedef struct {
     double prefill_s, decode_s;
 } bench_row;
 
+/* Decode step `at` of sequences [b0, b1) into *step (one token each, greedy). */
+static tsr_status decode_step(tsr_step *step, tsr_step_seq *q, int b0, int b1, int at, const tsr_bench_opts *o, int P,
+                              int page, const int32_t *pages, const int32_t *next)
+{
+    tsr_step_clear(step);
+    for (int b = b0; b < b1; b++) {
+        q->id = (uint64_t)b + 1;
+        q->pos0 = o->prompt_len + at;
+        q->n_tokens = 1;
+        q->n_pages = (q->pos0 + 1 + page - 1) / page;
+        q->sample = 1;
+        q->sample_index = (uint32_t)at + 1;
+        TSR_TRY(tsr_step_add(step, q, &next[b], pages + (size_t)b * P, NULL, NULL));
+    }
+    return TSR_OK;
+}
+
+/* The decode phase: o->gen steps after an untimed warm-up of step 0; *t0 is set when timing starts. With an
+ * executor that keeps several steps in flight (layer stages over ranks), the batch is cut into that many groups
+ * whose steps alternate, as the service's scheduler does (each group's next step is submitted as soon as its
+ * previous one is collected); otherwise every step holds the whole batch. */
+static tsr_status decode(tsr_executor *x, tsr_step_seq *q, int B, const tsr_bench_opts *o, int P,
+                         const int32_t *pages, int32_t *next, tsr_step_result *res, double *t0)
+{
+    const int page = x->page_size;
+    const int G = x->depth > 1 && x->submit && x->collect ? (B < x->depth ? B : x->depth) : 1;
+    int b0[TSR_EXECUTOR_MAX_DEPTH + 1];
+    for (int k = 0; k <= G; k++) b0[k] = (int)((long)k * B / G);
+    tsr_step steps[TSR_EXECUTOR_MAX_DEPTH];
+    memset(steps, 0, sizeof steps);
+    tsr_status st = TSR_OK;
+    for (int k = 0; k < G && st == TSR_OK; k++) { /* warm-up */
+        st = decode_step(&steps[k], q, b0[k], b0[k + 1], 0, o, P, page, pages, next);
+        if (st == TSR_OK) st = x->run(x, &steps[k], res + b0[k], NULL);
+    }
+    *t0 = now_s();
+    if (G == 1) {
+        for (int g = 0; st == TSR_OK && g < o->gen; g++) {
+            st = decode_step(&steps[0], q, 0, B, g, o, P, page, pages, next);
+            if (st == TSR_OK) st = x->run(x, &steps[0], res, NULL);
+            for (int b = 0; st == TSR_OK && b < B; b++)
+                next[b] = res[b].token >= 0 ? res[b].token : 0;
+        }
+    } else {
+        int in_flight = 0;
+        for (int k = 0; k < G && st == TSR_OK; k++) {
+            st = decode_step(&steps[k], q, b0[k], b0[k + 1], 0, o, P, page, pages, next);
+            if (st == TSR_OK) st = x->submit(x, &steps[k], res + b0[k], NULL);
+            in_flight += st == TSR_OK;
+        }
+        for (int g = 0; st == TSR_OK && g < o->gen; g++)
+            for (int k = 0; k < G && st == TSR_OK; k++) {
+                st = x->collect(x); /* group k's step g */
+                in_flight--;
+                for (int b = b0[k]; st == TSR_OK && b < b0[k + 1]; b++)
+                    next[b] = res[b].token >= 0 ? res[b].token : 0;
+                if (st != TSR_OK || g + 1 == o->gen) continue;
+                st = decode_step(&steps[k], q, b0[k], b0[k + 1], g + 1, o, P, page, pages, next);
+                if (st == TSR_OK) st = x->submit(x, &steps[k], res + b0[k], NULL);
+                in_flight += st == TSR_OK;
+            }
+        for (; in_flight > 0; in_flight--)
+            (void)x->collect(x); /* after a failure: the executor must not keep steps of this batch */
+    }
+    for (int k = 0; k < G; k++) tsr_step_free(&steps[k]);
+    return st;
+}
+
 static tsr_status one_batch(tsr_executor *x, const tsr_bench_opts *o, int B, bench_row *row)
 {
     const int page = x->page_size, P = (o->prompt_len + o->gen + page - 1) / page;
@@ -89,24 +157,8 @@ static tsr_status one_batch(tsr_executor *x, const tsr_bench_opts *o, int B, ben
     }
     row->prefill_s = now_s() - t0;
     /* decode: step 0 runs twice, untimed first (the same token at the same position: the cache ends the same), so
-     * that the batch's decode shape is set up (recorded) before timing */
-    for (int g = -1; st == TSR_OK && g < o->gen; g++) {
-        if (g == 0) t0 = now_s();
-        const int at = g < 0 ? 0 : g;
-        tsr_step_clear(&step);
-        for (int b = 0; b < B && st == TSR_OK; b++) {
-            q.id = (uint64_t)b + 1;
-            q.pos0 = o->prompt_len + at;
-            q.n_tokens = 1;
-            q.n_pages = (q.pos0 + 1 + page - 1) / page;
-            q.sample = 1;
-            q.sample_index = (uint32_t)at + 1;
-            st = tsr_step_add(&step, &q, &next[b], pages + (size_t)b * P, NULL, NULL);
-        }
-        if (st == TSR_OK) st = x->run(x, &step, res, NULL);
-        for (int b = 0; st == TSR_OK && g >= 0 && b < B; b++)
-            next[b] = res[b].token >= 0 ? res[b].token : 0;
-    }
+     * that the decode shapes are set up (recorded) before timing */
+    if (st == TSR_OK) st = decode(x, &q, B, o, P, pages, next, res, &t0);
     row->decode_s = now_s() - t0;
     row->batch = B;
     tsr_step_free(&step);

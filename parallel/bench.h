@@ -2,7 +2,8 @@
  *
  * For each batch size B: B random prompts of prompt_len tokens (ids from a fixed seed) are prefilled in step plans
  * of up to the executor's max_step_tokens tokens (prompts' chunks side by side, each prompt's last chunk sampling
- * its first token), then gen decode steps run B sequences of one token each (greedy). Sequence b uses pages
+ * its first token), then gen decode steps run B sequences of one token each (greedy; with an executor that keeps
+ * several steps in flight, B is cut into that many groups whose steps alternate, as the scheduler does). Sequence b uses pages
  * [b·P, (b+1)·P). One warm-up step runs first so that page faults of mapped weights and one-time set-up (NCCL
  * connections, CUDA graph capture of the first decode shape) are not timed. Reported: prefill tokens/s and
  * milliseconds, decode tokens/s and milliseconds per step, per batch; optionally as JSON. The executor's results

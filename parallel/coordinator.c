@@ -10,12 +10,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A step sent to the workers whose RESULT has not been received yet. */
+typedef struct sent_step {
+    uint64_t step_no;      /* 0: an empty step (nothing was sent) */
+    int n_seqs, rows;      /* what the RESULT must hold */
+    tsr_step_result *results;
+    float *logits;
+    uint8_t *buf;          /* the message, until its sends complete */
+    MPI_Request *reqs;     /* one send per worker */
+} sent_step;
+
 typedef struct coord {
     MPI_Comm ctrl;
     tsr_plan plan;
     int leader; /* world rank of the leader */
     double timeout;
     uint64_t step_no;
+    sent_step flight[TSR_EXECUTOR_MAX_DEPTH]; /* a ring, oldest at head */
+    int head, n_flight;
 } coord;
 
 static tsr_status broken(tsr_executor *x, tsr_status st)
@@ -36,50 +48,69 @@ static void who(const tsr_plan *p, int rank, char *buf, size_t cap)
         snprintf(buf, cap, "rank %d", rank);
 }
 
-static tsr_status send_all(coord *c, tsr_msg *hdr, const void *payload, size_t len)
+/* Posts the step message to every worker without waiting (a worker busy with an earlier step takes it later). */
+static tsr_status post_all(coord *c, tsr_msg *hdr, const void *payload, size_t len, sent_step *f)
 {
     hdr->payload = (uint32_t)len;
-    uint8_t *buf = malloc(sizeof *hdr + len);
-    MPI_Request *reqs = malloc((size_t)c->plan.n_workers * sizeof *reqs);
-    if (!buf || !reqs) {
-        free(buf);
-        free(reqs);
+    f->buf = malloc(sizeof *hdr + len);
+    f->reqs = malloc((size_t)c->plan.n_workers * sizeof *f->reqs);
+    if (!f->buf || !f->reqs) {
+        free(f->buf);
+        free(f->reqs);
+        f->buf = NULL;
+        f->reqs = NULL;
         return tsr_fail(TSR_ERR_NOMEM, "out of memory");
     }
-    memcpy(buf, hdr, sizeof *hdr);
-    if (len) memcpy(buf + sizeof *hdr, payload, len);
-    int err = MPI_SUCCESS, posted = 0;
-    for (int w = 0; w < c->plan.n_workers && err == MPI_SUCCESS; w++, posted++)
-        err = MPI_Isend(buf, (int)(sizeof *hdr + len), MPI_BYTE, w + 1, TSR_TAG_CTRL, c->ctrl, &reqs[w]);
-    tsr_status st = err != MPI_SUCCESS ? tsr_mpi_fail(err, "sending a step")
-                                       : tsr_mpi_wait(reqs, posted, c->timeout, "sending a step to the workers");
-    if (st == TSR_OK) free(buf); /* else MPI may still read it */
-    free(reqs);
-    return st;
+    memcpy(f->buf, hdr, sizeof *hdr);
+    if (len) memcpy(f->buf + sizeof *hdr, payload, len);
+    for (int w = 0; w < c->plan.n_workers; w++) {
+        int err = MPI_Isend(f->buf, (int)(sizeof *hdr + len), MPI_BYTE, w + 1, TSR_TAG_CTRL, c->ctrl, &f->reqs[w]);
+        if (err != MPI_SUCCESS) {
+            f->reqs = NULL; /* MPI may still read the buffer and the requests: leave them */
+            f->buf = NULL;
+            return tsr_mpi_fail(err, "sending a step");
+        }
+    }
+    return TSR_OK;
 }
 
-static tsr_status c_run(tsr_executor *x, const tsr_step *step, tsr_step_result *results, float *logits)
+static tsr_status c_submit(tsr_executor *x, const tsr_step *step, tsr_step_result *results, float *logits)
 {
     coord *c = x->impl;
     if (x->broken) return tsr_fail(TSR_ERR_REMOTE, "the worker ranks are gone (an earlier step failed)");
+    if (c->n_flight >= x->depth)
+        return tsr_fail(TSR_ERR_ARG, "executor: %d steps in flight already (depth %d)", c->n_flight, x->depth);
     TSR_TRY(tsr_step_validate(step, x->vocab, x->n_pages, x->page_size));
-    if (step->n_seqs == 0) return TSR_OK;
-    uint8_t *packed = NULL;
-    size_t len = 0;
-    TSR_TRY(tsr_step_pack(step, &packed, &len));
-    tsr_msg hdr = tsr_msg_make(TSR_MSG_STEP, 0);
-    hdr.step_no = ++c->step_no;
-    hdr.want_logits = logits != NULL;
-    tsr_status st = send_all(c, &hdr, packed, len);
-    free(packed);
-    if (st != TSR_OK) return broken(x, st);
+    sent_step *f = &c->flight[(c->head + c->n_flight) % TSR_EXECUTOR_MAX_DEPTH];
+    memset(f, 0, sizeof *f);
+    if (step->n_seqs > 0) {
+        uint8_t *packed = NULL;
+        size_t len = 0;
+        TSR_TRY(tsr_step_pack(step, &packed, &len));
+        tsr_msg hdr = tsr_msg_make(TSR_MSG_STEP, 0);
+        hdr.step_no = ++c->step_no;
+        hdr.want_logits = logits != NULL;
+        tsr_status st = post_all(c, &hdr, packed, len, f);
+        free(packed);
+        if (st != TSR_OK) return broken(x, st);
+        f->step_no = c->step_no;
+        f->n_seqs = step->n_seqs;
+        f->rows = logits ? tsr_step_logit_rows(step) : 0;
+        f->results = results;
+        f->logits = logits;
+    }
+    c->n_flight++;
+    return TSR_OK;
+}
 
-    const int rows = logits ? tsr_step_logit_rows(step) : 0;
+/* Receives the leader's RESULT for step f (or a worker's ERROR). */
+static tsr_status receive_result(tsr_executor *x, coord *c, sent_step *f)
+{
     for (;;) {
         MPI_Status probe;
         char what[160];
-        snprintf(what, sizeof what, "waiting for step %llu's result", (unsigned long long)c->step_no);
-        st = tsr_mpi_probe(c->ctrl, MPI_ANY_SOURCE, TSR_TAG_REPLY, c->timeout, NULL, &probe, what);
+        snprintf(what, sizeof what, "waiting for step %llu's result", (unsigned long long)f->step_no);
+        tsr_status st = tsr_mpi_probe(c->ctrl, MPI_ANY_SOURCE, TSR_TAG_REPLY, c->timeout, NULL, &probe, what);
         if (st != TSR_OK) {
             char w[128];
             who(&c->plan, c->leader, w, sizeof w);
@@ -97,26 +128,55 @@ static tsr_status c_run(tsr_executor *x, const tsr_step *step, tsr_step_result *
             free(buf);
             return broken(x, st);
         }
-        if (m.type != TSR_MSG_RESULT || m.step_no != c->step_no || probe.MPI_SOURCE != c->leader) {
+        if (m.type != TSR_MSG_RESULT || m.step_no != f->step_no || probe.MPI_SOURCE != c->leader) {
             st = tsr_fail(TSR_ERR_REMOTE, "unexpected message (type %u, step %llu) from %s while waiting for step %llu",
-                          m.type, (unsigned long long)m.step_no, w, (unsigned long long)c->step_no);
+                          m.type, (unsigned long long)m.step_no, w, (unsigned long long)f->step_no);
             free(buf);
             return broken(x, st);
         }
-        size_t want = (size_t)step->n_seqs * sizeof(tsr_step_result) + (size_t)rows * (size_t)x->vocab * sizeof(float);
-        if (m.n_seqs != step->n_seqs || m.n_rows != rows || m.vocab != x->vocab || m.payload != want) {
+        size_t want = (size_t)f->n_seqs * sizeof(tsr_step_result) + (size_t)f->rows * (size_t)x->vocab * sizeof(float);
+        if (m.n_seqs != f->n_seqs || m.n_rows != f->rows || m.vocab != x->vocab || m.payload != want) {
             st = tsr_fail(TSR_ERR_REMOTE, "%s answered step %llu with a malformed result (%d sequences, %d rows)", w,
-                          (unsigned long long)c->step_no, m.n_seqs, m.n_rows);
+                          (unsigned long long)f->step_no, m.n_seqs, m.n_rows);
             free(buf);
             return broken(x, st);
         }
-        memcpy(results, pay, (size_t)step->n_seqs * sizeof(tsr_step_result));
-        if (rows)
-            memcpy(logits, pay + (size_t)step->n_seqs * sizeof(tsr_step_result),
-                   (size_t)rows * x->vocab * sizeof(float));
+        memcpy(f->results, pay, (size_t)f->n_seqs * sizeof(tsr_step_result));
+        if (f->rows)
+            memcpy(f->logits, pay + (size_t)f->n_seqs * sizeof(tsr_step_result),
+                   (size_t)f->rows * x->vocab * sizeof(float));
         free(buf);
         return TSR_OK;
     }
+}
+
+static tsr_status c_collect(tsr_executor *x)
+{
+    coord *c = x->impl;
+    if (c->n_flight == 0) return tsr_fail(TSR_ERR_ARG, "executor: no step in flight to collect");
+    sent_step *f = &c->flight[c->head];
+    c->head = (c->head + 1) % TSR_EXECUTOR_MAX_DEPTH;
+    c->n_flight--;
+    if (f->step_no == 0) return TSR_OK;
+    tsr_status st = x->broken ? tsr_fail(TSR_ERR_REMOTE, "the worker ranks are gone (an earlier step failed)")
+                              : receive_result(x, c, f);
+    /* every worker has taken the step once the leader answered it; otherwise MPI may still read the buffer */
+    if (st == TSR_OK) st = tsr_mpi_wait(f->reqs, c->plan.n_workers, c->timeout, "sending a step to the workers");
+    if (st == TSR_OK) {
+        free(f->buf);
+        free(f->reqs);
+    } else if (!x->broken) {
+        broken(x, st);
+    }
+    return st;
+}
+
+static tsr_status c_run(tsr_executor *x, const tsr_step *step, tsr_step_result *results, float *logits)
+{
+    coord *c = x->impl;
+    if (c->n_flight > 0) return tsr_fail(TSR_ERR_ARG, "executor: run() with %d steps in flight", c->n_flight);
+    TSR_TRY(c_submit(x, step, results, logits));
+    return c_collect(x);
 }
 
 void tsr_coordinator_shutdown(MPI_Comm ctrl, int n_workers, double timeout_s)
@@ -137,8 +197,10 @@ static void c_close(tsr_executor *x)
 }
 
 tsr_status tsr_coordinator_executor(MPI_Comm ctrl, const tsr_plan *plan, const tsr_model_config *cfg, double timeout_s,
-                                    tsr_executor **out)
+                                    int depth, tsr_executor **out)
 {
+    if (depth < 1 || depth > TSR_EXECUTOR_MAX_DEPTH)
+        return tsr_fail(TSR_ERR_ARG, "executor: depth %d is outside 1..%d", depth, TSR_EXECUTOR_MAX_DEPTH);
     tsr_executor *x = calloc(1, sizeof *x);
     coord *c = calloc(1, sizeof *c);
     if (!x || !c) {
@@ -156,7 +218,12 @@ tsr_status tsr_coordinator_executor(MPI_Comm ctrl, const tsr_plan *plan, const t
     x->n_pages = plan->n_pages;
     x->max_step_tokens = plan->max_tokens;
     x->max_context = cfg->rope.max_pos;
+    x->depth = depth;
     x->run = c_run;
+    if (depth > 1) {
+        x->submit = c_submit;
+        x->collect = c_collect;
+    }
     x->close = c_close;
     x->impl = c;
     *out = x;

@@ -16,9 +16,11 @@
 #include <mpi.h>
 
 /* ctrl: the coordinator/worker communicator (rank 0 = this process, rank w + 1 = worker w); taken over (freed by
- * close). */
+ * close). depth: steps in flight at once (tsr_stage_depth; 1 = run() only). With depth > 1, submit() posts a step
+ * to the workers without waiting (they run steps in order) and collect() receives the oldest step's RESULT; the
+ * leader answers steps in the order they were sent. */
 tsr_status tsr_coordinator_executor(MPI_Comm ctrl, const tsr_plan *plan, const tsr_model_config *cfg, double timeout_s,
-                                    tsr_executor **out);
+                                    int depth, tsr_executor **out);
 
 /* Sends SHUTDOWN to every worker (start-up failures; the executor's close does it otherwise). */
 void tsr_coordinator_shutdown(MPI_Comm ctrl, int n_workers, double timeout_s);

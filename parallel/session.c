@@ -207,7 +207,8 @@ static tsr_status open_coordinator(const tsr_session_req *req, const tsr_par_opt
         return tsr_fail(TSR_ERR_REMOTE, "%d worker%s failed to load; the cause: %s", failed, failed > 1 ? "s" : "",
                         first);
     }
-    return tsr_coordinator_executor(ctrl, &s->plan, &s->cfg, o->comm_timeout, &s->x);
+    return tsr_coordinator_executor(ctrl, &s->plan, &s->cfg, o->comm_timeout,
+                                    tsr_stage_depth(&s->plan, o->micro_batches), &s->x);
 }
 
 /* ---- worker ---- */

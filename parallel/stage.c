@@ -10,6 +10,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+int tsr_stage_depth(const tsr_plan *p, int micro_batches)
+{
+    const int micro = micro_batches > 0 ? micro_batches : 2;
+    int depth = p->n_stages < micro ? p->n_stages : micro;
+    if (depth > TSR_EXECUTOR_MAX_DEPTH) depth = TSR_EXECUTOR_MAX_DEPTH;
+    return depth > 1 ? depth : 1;
+}
+
 int tsr_stage_is_leader(const tsr_plan *p, int w)
 {
     return p->w[w].stage == p->n_stages - 1 && p->w[w].tp_rank == 0;
@@ -182,7 +190,9 @@ tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *re
     const int max_tokens = tsr_forward_max_tokens(e->fwd);
     long calls = (total + max_tokens - 1) / max_tokens;
     const int micro = s->micro_batches > 0 ? s->micro_batches : 2;
-    if (p->n_stages > 1 && calls < micro) calls = total < micro ? total : micro;
+    const int decode_only = total == n;
+    if (p->n_stages > 1 && calls < micro && !(decode_only && tsr_stage_depth(p, s->micro_batches) > 1))
+        calls = total < micro ? total : micro;
     if (calls < 1) calls = 1;
     const int per_call = (int)((total + calls - 1) / calls);
 

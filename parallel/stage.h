@@ -5,7 +5,9 @@
  * max_tokens tokens each, and, with several stages, at least `micro_batches` calls (two by default) when the step has
  * that many tokens, so that stage s works on call k+1 while stage s+1 works on call k (a sequence's chunk may be cut
  * across calls; each stage runs the calls in order, so a later piece always finds the earlier piece's keys and
- * values in its cache). Per call: a stage other than the first receives the call's hidden state [tokens][hidden]
+ * values in its cache). With several stages the coordinator also keeps tsr_stage_depth steps in flight, each with
+ * its own sequences (parallel/coordinator.h): stage 0 runs step n+1 while the last stage runs step n. A step of
+ * decode tokens alone is then one call, as the other steps in flight already keep the stages busy. Per call: a stage other than the first receives the call's hidden state [tokens][hidden]
  * from the same tensor rank of the previous stage, runs its layers, and sends the result to the next stage. The
  * last stage's tensor group gathers its vocabulary shards of the logits on its first member, the leader, which
  * copies the rows the plan asks for and samples (tsr_step_sample) the sequences whose last token was in the call.
@@ -49,6 +51,10 @@ tsr_status tsr_stage_attach(tsr_stage *s);
 /* Runs the plan. results (n_seqs entries) and logits ([rows][vocab] as tsr_step_logit_rows) are filled on the leader
  * only (other workers may pass NULL). */
 tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *results, float *logits);
+
+/* Steps the coordinator keeps in flight for this plan: min(micro_batches, stages) with several stages (default
+ * micro_batches 2 when <= 0), else 1. Coordinator and workers compute it alike. */
+int tsr_stage_depth(const tsr_plan *p, int micro_batches);
 
 /* 1 when worker `w` is the leader (first tensor rank of the last stage). */
 int tsr_stage_is_leader(const tsr_plan *p, int w);

@@ -3,13 +3,20 @@
  *
  * run() fills results[i] for step->seqs[i]; on failure the step had no effect the scheduler relies on (it ends
  * the step's sequences with an error) and the executor may be unusable afterwards (a dead rank): `broken` says so.
- * Geometry fields are fixed at creation. */
+ * Geometry fields are fixed at creation.
+ *
+ * An executor whose ranks form a pipeline of layer stages can have several steps in flight (depth > 1): while the
+ * last stage runs one step, the first runs the next, so every stage works at once when the steps hold different
+ * sequences (the scheduler's max_plans). submit() sends a step on its way and returns; collect() waits for the
+ * oldest submitted step and fills the results (and logits) given to its submit(). */
 #ifndef TSR_EXECUTOR_H
 #define TSR_EXECUTOR_H
 
 #include "runtime/step.h"
 
 struct tsr_engine;
+
+#define TSR_EXECUTOR_MAX_DEPTH 8
 
 typedef struct tsr_executor tsr_executor;
 struct tsr_executor {
@@ -18,9 +25,16 @@ struct tsr_executor {
     int max_step_tokens;    /* tokens one step may carry */
     int max_context;        /* the model's context length */
     int broken;             /* set when a failure makes further steps impossible */
+    int depth;              /* steps that may be in flight at once (1: run() only; at most TSR_EXECUTOR_MAX_DEPTH) */
     /* logits: NULL, or [rows][vocab] fp32 for the rows the step's sequences ask for (tsr_step_seq.logits), in
      * plan order; how `tessera logits` and tests read whole rows through any executor */
     tsr_status (*run)(tsr_executor *x, const tsr_step *step, tsr_step_result *results, float *logits);
+    /* depth > 1 only (NULL otherwise). submit: at most `depth` steps between submit and collect (TSR_ERR_ARG
+     * beyond); the step may be reused once submit returns, results and logits must stay valid until its collect.
+     * collect: TSR_ERR_ARG when nothing is in flight; a failure fails that step as run() would. run() may be
+     * called only with nothing in flight. */
+    tsr_status (*submit)(tsr_executor *x, const tsr_step *step, tsr_step_result *results, float *logits);
+    tsr_status (*collect)(tsr_executor *x);
     void (*close)(tsr_executor *x); /* frees the executor (and what it owns) */
     void *impl;
 };

@@ -4,7 +4,9 @@
  * condition variables, under one mutex. The loop thread owns everything else: the scheduler, the table of live
  * requests, each request's detokenizer and stop-string matcher. One iteration moves the inbox into the scheduler,
  * plans a step, runs it on the executor (outside the lock), commits the results and turns the scheduler's events
- * into callbacks. Text is released through the stop matcher, so a stop string is never streamed; when one matches,
+ * into callbacks. With an executor that pipelines steps (depth > 1: layer stages on several ranks), an iteration
+ * plans and submits steps until `depth` are in flight (each with its own sequences), then collects and commits
+ * the oldest, so that the next step of those sequences is planned while the others still run. Text is released through the stop matcher, so a stop string is never streamed; when one matches,
  * the sequence is finished in the scheduler, whose final event then reaches the callback like any other.
  *
  * Failure handling: an executor error fails the step's sequences; if it also marks the executor broken (a dead
@@ -22,6 +24,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* A planned step between its submit and its commit. */
+typedef struct flight {
+    tsr_step step;
+    tsr_step_result *results;
+    int cap_results;
+    int submitted;     /* on the executor: collect() it (depth > 1) */
+    tsr_status status; /* depth 1: run()'s outcome; else a submit failure */
+    char why[512];     /* the failure's message */
+} flight;
 
 typedef struct request {
     uint64_t id;              /* the service's id, returned by submit */
@@ -70,9 +82,8 @@ struct tsr_service {
     /* loop thread only */
     request **live;           /* open-addressing table keyed by sched_id */
     size_t live_cap, live_n;
-    tsr_step step;
-    tsr_step_result *results;
-    int cap_results;
+    flight fl[TSR_EXECUTOR_MAX_DEPTH]; /* steps planned and not yet committed, oldest at fl_head (a ring) */
+    int fl_head, n_fl, depth;
 };
 
 double tsr_service_now(void)
@@ -343,6 +354,68 @@ static void wait_ms(tsr_service *s, long ms)
     pthread_cond_timedwait(&s->wake, &s->mu, &ts);
 }
 
+/* Plans the next step into a free flight slot and submits it (depth 1: runs it). Returns 1 when a step was
+ * planned, 0 when there was nothing to run. */
+static int plan_and_submit(tsr_service *s, double *sched_s, double *busy_s)
+{
+    flight *f = &s->fl[(s->fl_head + s->n_fl) % s->depth];
+    double t0 = tsr_service_now();
+    tsr_status st = tsr_sched_plan(s->sched, t0, &f->step);
+    drain_events(s); /* deadlines and cancellations found while planning */
+    double t1 = tsr_service_now();
+    *sched_s += t1 - t0;
+    if (st != TSR_OK || f->step.n_seqs == 0) return 0;
+    if (f->step.n_seqs > f->cap_results) {
+        tsr_step_result *r = realloc(f->results, (size_t)f->step.n_seqs * sizeof *r);
+        if (r) {
+            f->results = r;
+            f->cap_results = f->step.n_seqs;
+        }
+    }
+    f->submitted = 0;
+    if (f->step.n_seqs > f->cap_results) st = tsr_fail(TSR_ERR_NOMEM, "out of memory for step results");
+    else if (s->depth > 1) st = s->x->submit(s->x, &f->step, f->results, NULL);
+    else st = s->x->run(s->x, &f->step, f->results, NULL);
+    f->submitted = s->depth > 1 && st == TSR_OK;
+    f->status = st;
+    if (st != TSR_OK) strncpy(f->why, tsr_last_error(), sizeof f->why - 1);
+    s->n_fl++;
+    *busy_s += tsr_service_now() - t1;
+    return 1;
+}
+
+/* Waits for the oldest step in flight and commits it (a failed step fails its sequences; a broken executor fails
+ * every live request). */
+static void collect_and_commit(tsr_service *s, double *sched_s, double *busy_s)
+{
+    flight *f = &s->fl[s->fl_head];
+    double t1 = tsr_service_now();
+    tsr_status st = f->status;
+    if (f->submitted) {
+        st = s->x->collect(s->x);
+        if (st != TSR_OK) strncpy(f->why, tsr_last_error(), sizeof f->why - 1);
+    }
+    double t2 = tsr_service_now();
+    *busy_s += t2 - t1;
+    if (st != TSR_OK) {
+        for (int i = 0; i < f->step.n_seqs; i++) {
+            request *r = live_get(s, f->step.seqs[i].id);
+            if (r) set_error(r, f->why);
+        }
+    }
+    tsr_sched_commit(s->sched, &f->step, st == TSR_OK ? f->results : NULL, t2);
+    s->fl_head = (s->fl_head + 1) % s->depth;
+    s->n_fl--;
+    if (st != TSR_OK && s->x->broken) {
+        fail_all(s, TSR_FINISH_ERROR, f->why); /* sequences still in flight end at their commit */
+        pthread_mutex_lock(&s->mu);
+        s->broken = 1;
+        pthread_mutex_unlock(&s->mu);
+    }
+    drain_events(s);
+    *sched_s += tsr_service_now() - t2;
+}
+
 static void *loop_main(void *arg)
 {
     tsr_service *s = arg;
@@ -352,12 +425,12 @@ static void *loop_main(void *arg)
         int exiting = take_inbox(s, now, &stop_now);
         if (stop_now) fail_all(s, TSR_FINISH_CANCELLED, NULL);
         drain_events(s);
-        if (exiting && s->live_n == 0) break;
+        if (exiting && s->live_n == 0 && s->n_fl == 0) break;
 
-        double t0 = tsr_service_now();
-        tsr_status st = tsr_sched_plan(s->sched, t0, &s->step);
-        drain_events(s); /* deadlines and cancellations found while planning */
-        if (st != TSR_OK || s->step.n_seqs == 0) {
+        double sched_s = 0, busy_s = 0;
+        while (s->n_fl < s->depth && plan_and_submit(s, &sched_s, &busy_s)) {
+        }
+        if (s->n_fl == 0) {
             tsr_sched_stats sched_stats;
             tsr_sched_get_stats(s->sched, &sched_stats);
             pthread_mutex_lock(&s->mu);
@@ -375,40 +448,13 @@ static void *loop_main(void *arg)
             pthread_mutex_unlock(&s->mu);
             continue;
         }
-        if (s->step.n_seqs > s->cap_results) {
-            tsr_step_result *r = realloc(s->results, (size_t)s->step.n_seqs * sizeof *r);
-            if (r) {
-                s->results = r;
-                s->cap_results = s->step.n_seqs;
-            }
-        }
-        double t1 = tsr_service_now();
-        if (s->step.n_seqs <= s->cap_results) st = s->x->run(s->x, &s->step, s->results, NULL);
-        else st = tsr_fail(TSR_ERR_NOMEM, "out of memory for step results");
-        double t2 = tsr_service_now();
-        char why[512] = "";
-        if (st != TSR_OK) {
-            strncpy(why, tsr_last_error(), sizeof why - 1);
-            for (int i = 0; i < s->step.n_seqs; i++) {
-                request *r = live_get(s, s->step.seqs[i].id);
-                if (r) set_error(r, why);
-            }
-        }
-        tsr_sched_commit(s->sched, &s->step, st == TSR_OK ? s->results : NULL, t2);
-        if (st != TSR_OK && s->x->broken) {
-            fail_all(s, TSR_FINISH_ERROR, why);
-            pthread_mutex_lock(&s->mu);
-            s->broken = 1;
-            pthread_mutex_unlock(&s->mu);
-        }
-        double t3 = tsr_service_now();
-        drain_events(s);
+        collect_and_commit(s, &sched_s, &busy_s);
         tsr_sched_stats sched_stats;
         tsr_sched_get_stats(s->sched, &sched_stats);
         pthread_mutex_lock(&s->mu);
         s->stats.sched = sched_stats;
-        s->stats.busy_s += t2 - t1;
-        s->stats.sched_s += (t1 - t0) + (t3 - t2);
+        s->stats.busy_s += busy_s;
+        s->stats.sched_s += sched_s;
         pthread_mutex_unlock(&s->mu);
     }
     return NULL;
@@ -430,6 +476,12 @@ tsr_status tsr_service_start(tsr_executor *x, const tsr_tokenizer *tok, const ts
     so->vocab = x->vocab;
     if (so->max_running <= 0) so->max_running = 64;
     if (so->max_waiting <= 0) so->max_waiting = 1024;
+    const int depth = x->depth > 1 && x->submit && x->collect ? x->depth : 1;
+    if (depth > TSR_EXECUTOR_MAX_DEPTH || depth > TSR_SCHED_MAX_PLANS) {
+        free(s);
+        return tsr_fail(TSR_ERR_ARG, "service: the executor's depth %d is over %d", depth, TSR_EXECUTOR_MAX_DEPTH);
+    }
+    so->max_plans = depth;
     if (so->page_size != x->page_size || so->n_pages > x->n_pages) {
         tsr_status bad = tsr_fail(TSR_ERR_ARG, "service: the scheduler's pages (%d x %d tokens) do not match the "
                                   "executor's pool (%d x %d)", so->n_pages, so->page_size, x->n_pages, x->page_size);
@@ -437,6 +489,7 @@ tsr_status tsr_service_start(tsr_executor *x, const tsr_tokenizer *tok, const ts
         return bad;
     }
     s->next_id = 1;
+    s->depth = depth;
     tsr_status st = tsr_sched_new(so, &s->sched);
     if (st != TSR_OK) {
         free(s);
@@ -581,8 +634,10 @@ void tsr_service_stop(tsr_service *s, double grace_s)
     pthread_mutex_unlock(&s->mu);
     if (s->thread_started) pthread_join(s->thread, NULL);
     tsr_sched_free(s->sched);
-    tsr_step_free(&s->step);
-    free(s->results);
+    for (int k = 0; k < TSR_EXECUTOR_MAX_DEPTH; k++) {
+        tsr_step_free(&s->fl[k].step);
+        free(s->fl[k].results);
+    }
     free(s->live);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->wake);
