@@ -11,6 +11,9 @@
 #   bench70  70B geometry at 4.0 bits: one GPU vs layers vs tensor over two GPUs; 70B at 2.5 bits on two GPUs
 #            capped at 24 GiB each (by layers and by tensors); prints the ratios against the BENCHMARKS.md targets
 #            (tensor batch-1 decode >= 1.7x one GPU; layers batch-32 decode >= 1.6x; tensor prefill >= layers)
+#   pipeline steps in flight over layer stages: `tessera batch` (several greedy requests at once) on one GPU and
+#            under mpirun -np 3 --split layers must write the same texts; then 70B at 4.0 bits, one GPU vs layers
+#            (two steps in flight, the default) vs layers with --micro-batches 1 (one step at a time)
 # Logs and JSON go to $OUT (default /tmp/out). Models are synthesized under $TSR_SYNTH_DIR (default /tmp) unless
 # TSR_MODEL_70B_40 / TSR_MODEL_70B_25 / TSR_MODEL_8B name existing directories.
 set -uo pipefail
@@ -142,6 +145,34 @@ print("tensor batch-1 decode vs one GPU: %s (target >= 1.7x)" % ratio(get(ten, 1
 print("layers batch-32 decode vs one GPU: %s (target >= 1.6x)" % ratio(get(lay, 32, "decode_tok_s"), get(one, 32, "decode_tok_s")))
 print("tensor prefill vs layers prefill (batch 1): %s (target >= 1x)" % ratio(get(ten, 1, "prefill_tok_s"), get(lay, 1, "prefill_tok_s")))
 PY
+  ;;
+pipeline)
+  m=models/tiny-llama-exl2-4.0bpw
+  for i in 1 2 3 4 5 6 7 8; do
+    echo "{\"custom_id\": \"r$i\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": \"Story $i: once\", \"max_tokens\": 24, \"temperature\": 0}}"
+  done > "$out/pipe-in.jsonl"
+  "$bin" batch --model $m --device "$dev" --input "$out/pipe-in.jsonl" --output "$out/pipe-one.jsonl" --quiet ||
+    bad "batch on one GPU"
+  mpi 3 batch --model $m --device "$dev" --input "$out/pipe-in.jsonl" --output "$out/pipe-layers.jsonl" --quiet \
+    --quiet-ranks --split layers || bad "batch under mpirun --split layers"
+  python3 - "$out/pipe-one.jsonl" "$out/pipe-layers.jsonl" <<'PY' || bad "batch texts differ"
+import json, sys
+def load(p):
+    return {l["custom_id"]: l["response"]["body"]["choices"][0]["text"] for l in map(json.loads, open(p))}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+print("batch: %d requests, one GPU and layer split %s" % (len(a), "equal" if a == b and len(a) == 8 else "DIFFER"))
+sys.exit(0 if a == b and len(a) == 8 else 1)
+PY
+  sd=${TSR_SYNTH_DIR:-/tmp}
+  m40=${TSR_MODEL_70B_40:-$sd/llama70b-4.0}
+  [ -f "$m40/config.json" ] || "$bin" synth --arch llama --hidden 8192 --layers 80 --heads 64 --kv-heads 8 \
+    --intermediate 28672 --vocab 128256 --bpw 4.0 --shard-size 2048 --out "$m40" > /dev/null || bad "synth $m40"
+  args=(--model "$m40" --bench --device "$dev" --batch ${TSR_PIPE_BATCH:-1,32,64} --prompt-len 512 --gen 32)
+  timeout 300 "$bin" generate "${args[@]}" --json "$out/pipe-1gpu.json" 2>&1 | tee "$out/pipe-1gpu.txt"
+  mpi 3 generate "${args[@]}" --split layers --quiet-ranks --json "$out/pipe-layers.json" 2>&1 |
+    tee "$out/pipe-layers.txt"
+  mpi 3 generate "${args[@]}" --split layers --micro-batches 1 --quiet-ranks --json "$out/pipe-layers-m1.json" 2>&1 |
+    tee "$out/pipe-layers-m1.txt"
   ;;
 *) bad "unknown mode $mode" ;;
 esac
