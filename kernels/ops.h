@@ -98,7 +98,18 @@ typedef struct tsr_ops {
      * first index of its largest value, NaN entries skipped (0 when the row is all NaN), and vals[r] = that value
      * (NaN then); ids and vals are backend memory. The greedy choice without the logits leaving the device. */
     void (*argmax_rows)(const float *x, int rows, int n, int32_t *ids, float *vals);
+    /* Optional (NULL: callers copy the rows out and sample on the host): for each row r of x[rows][n], its k best
+     * entries (k <= TSR_TOP_MAX) in decreasing order of value, NaN skipped, -0 below +0, the lower index first on
+     * ties: ids[r * k + j] and vals[r * k + j] (id -1 and value NaN past the row's count of non-NaN entries); and
+     * z[r] = the sum over its non-NaN entries of exp((x - m) * inv_temp[r]), m its largest (z[r] = 0 when m is not
+     * finite or the row is all NaN). ids, vals, z and inv_temp are backend memory. What a sampled decode step reads
+     * back instead of the row: enough to draw from top-k, and from top-p or plain temperature when the candidates
+     * hold the mass the draw needs (runtime/sampler.h, tsr_sample_top). */
+    void (*top_rows)(const float *x, int rows, int n, int k, const float *inv_temp, int32_t *ids, float *vals,
+                     float *z);
 } tsr_ops;
+
+#define TSR_TOP_MAX 64 /* candidates per row top_rows returns at most */
 
 /* The CPU reference backend. */
 const tsr_ops *tsr_ops_cpu(void);

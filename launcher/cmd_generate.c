@@ -41,7 +41,8 @@ static void usage(FILE *f)
             "  --device D          cpu (default), cuda or cuda:N (under mpirun: each worker its own GPU)\n"
             "  --step-tokens N     tokens per step and forward call (default 512)\n"
             "benchmark: tessera generate --model DIR --bench [--batch 1,8,32] [--prompt-len 128] [--gen 32]\n"
-            "           [--json FILE]: random prompts, prefill and decode tokens/s per batch size\n");
+            "           [--json FILE]: random prompts, prefill and decode tokens/s per batch size; tokens are\n"
+            "           greedy unless --temperature, --top-k or --top-p say how to sample them\n");
     tsr_par_opts_help(f);
 }
 
@@ -212,6 +213,10 @@ int tsr_cmd_generate(int argc, char **argv)
     int n_prompt = 0;
     if (ids_arg && tsr_cli_ids("generate", ids_arg, &prompt_ids, &n_prompt)) return 2;
     tsr_bench_opts bo = {.prompt_len = (int)prompt_len, .gen = (int)gen, .json = json, .label = model};
+    bo.sampling = tsr_sampling_default();
+    bo.sampling.temperature = (float)temperature;
+    bo.sampling.top_k = (int)top_k;
+    bo.sampling.top_p = (float)top_p;
     if (bench) {
         int32_t *b = NULL;
         int nb = 0;

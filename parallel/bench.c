@@ -121,8 +121,8 @@ static tsr_status one_batch(tsr_executor *x, const tsr_bench_opts *o, int B, ben
     memset(&q, 0, sizeof q);
     q.sample = 1;
     q.n_logprobs = -1;
-    q.sampling = tsr_sampling_default();
-    q.sampling.temperature = 0;
+    q.sampling = o->sampling;
+    q.seed = 7;
     /* warm-up: one token of sequence 0 (rewritten by the prefill) and one decode shape */
     if (st == TSR_OK) {
         q.id = 1;

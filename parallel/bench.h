@@ -2,7 +2,7 @@
  *
  * For each batch size B: B random prompts of prompt_len tokens (ids from a fixed seed) are prefilled in step plans
  * of up to the executor's max_step_tokens tokens (prompts' chunks side by side, each prompt's last chunk sampling
- * its first token), then gen decode steps run B sequences of one token each (greedy; with an executor that keeps
+ * its first token), then gen decode steps run B sequences of one token each (drawn with o->sampling; with an executor that keeps
  * several steps in flight, B is cut into that many groups whose steps alternate, as the scheduler does). Sequence b uses pages
  * [b·P, (b+1)·P). One warm-up step runs first so that page faults of mapped weights and one-time set-up (NCCL
  * connections, CUDA graph capture of the first decode shape) are not timed. Reported: prefill tokens/s and
@@ -12,6 +12,7 @@
 #define TSR_PARALLEL_BENCH_H
 
 #include "runtime/executor.h"
+#include "runtime/sampler.h"
 
 #include <stdio.h>
 
@@ -23,6 +24,7 @@ typedef struct tsr_bench_opts {
     int prompt_len, gen;
     const char *json;  /* write results here too (NULL: no) */
     const char *label; /* what is measured (model, split), echoed in the output */
+    tsr_sampling sampling; /* how every token is drawn (greedy when temperature is 0, the zero value) */
 } tsr_bench_opts;
 
 /* KV tokens the benchmark needs (the largest batch). */

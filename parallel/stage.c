@@ -50,7 +50,15 @@ void tsr_stage_free(tsr_stage *s)
     free(s->in);
     free(s->owner);
     free(s->picks);
+    free(s->top_ids);
+    free(s->top_vals);
+    free(s->top_z);
+    free(s->top_inv);
+    free(s->undecided);
+    s->undecided = NULL;
     s->picks = NULL;
+    s->top_ids = NULL;
+    s->top_vals = s->top_z = s->top_inv = NULL;
     s->stage_buf = s->sum_buf = NULL;
     s->shard_logits = s->gathered = s->full = NULL;
     s->in = NULL;
@@ -68,7 +76,18 @@ static tsr_status reserve(tsr_stage *s, int n_in, size_t rows, int vocab, int lo
         if (owner) s->owner = owner;
         int32_t *picks = realloc(s->picks, (size_t)n_in * (2 + 2 * (size_t)tp) * sizeof *picks);
         if (picks) s->picks = picks;
-        if (!in || !owner || !picks) return tsr_fail(TSR_ERR_NOMEM, "step: out of memory");
+        int32_t *tids = realloc(s->top_ids, (size_t)n_in * TSR_TOP_MAX * sizeof *tids);
+        if (tids) s->top_ids = tids;
+        float *tvals = realloc(s->top_vals, (size_t)n_in * TSR_TOP_MAX * sizeof *tvals);
+        if (tvals) s->top_vals = tvals;
+        float *tz = realloc(s->top_z, (size_t)n_in * sizeof *tz);
+        if (tz) s->top_z = tz;
+        float *tinv = realloc(s->top_inv, (size_t)n_in * sizeof *tinv);
+        if (tinv) s->top_inv = tinv;
+        int *und = realloc(s->undecided, (size_t)n_in * 2 * sizeof *und);
+        if (und) s->undecided = und;
+        if (!in || !owner || !picks || !tids || !tvals || !tz || !tinv || !und)
+            return tsr_fail(TSR_ERR_NOMEM, "step: out of memory");
         s->cap_in = n_in;
     }
     if (rows > s->cap_rows) {
@@ -219,7 +238,9 @@ tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *re
         }
         if (nb == 0) break;
         const int pick = last && tsr_step_call_picks(step, s->in, s->owner, nb, rows, tsr_forward_pick_rows(e->fwd));
-        if ((st = reserve(s, n, pick ? 0 : rows, vocab, m->local.vocab, p->tp)) != TSR_OK) break;
+        const int top = last && !pick && p->tp == 1 &&
+                        tsr_step_call_top(step, s->in, s->owner, nb, rows, tsr_forward_top_rows(e->fwd));
+        if ((st = reserve(s, n, pick || top ? 0 : rows, vocab, m->local.vocab, p->tp)) != TSR_OK) break;
         const size_t hidden_bytes = (size_t)tokens * H * sizeof(float);
         if (!first) {
             int from = tsr_plan_worker_at(p, me->stage - 1, me->tp_rank);
@@ -227,10 +248,14 @@ tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *re
                                        &s->stage_cap);
             if (st != TSR_OK) break;
         }
-        if (pick)
+        if (pick) {
             st = tsr_forward_argmax(e->fwd, s->in, nb, s->picks, (float *)(s->picks + rows));
-        else
+        } else if (top) {
+            tsr_step_call_inv_temps(step, s->in, s->owner, nb, s->top_inv);
+            st = tsr_forward_top(e->fwd, s->in, nb, s->top_inv, s->top_ids, s->top_vals, s->top_z);
+        } else {
             st = tsr_forward(e->fwd, s->in, nb, last && rows ? s->shard_logits : NULL);
+        }
         if (st != TSR_OK) break;
         if (!last) {
             int to = tsr_plan_worker_at(p, me->stage + 1, me->tp_rank);
@@ -242,6 +267,7 @@ tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *re
         if (pick && (st = gather_picks(s, rows)) != TSR_OK) break;
         if (!pick && last && rows && (st = gather_logits(s, rows, &full)) != TSR_OK) break;
         size_t row = 0;
+        int n_undecided = 0;
         for (int b = 0; b < nb && st == TSR_OK; b++) {
             const int i = s->owner[b];
             const tsr_step_seq *q = &step->seqs[i];
@@ -257,6 +283,19 @@ tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *re
                 row += (size_t)nrows;
                 continue;
             }
+            if (top) {
+                int decided = 1;
+                done[i] += in->n_tokens;
+                if (leader && results && nrows && q->sample && done[i] == q->n_tokens)
+                    st = tsr_step_sample_top(s->top_ids + row * TSR_TOP_MAX, s->top_vals + row * TSR_TOP_MAX,
+                                             s->top_z[row], vocab, step, q, &results[i], &decided);
+                if (st == TSR_OK && !decided) {
+                    s->undecided[n_undecided] = i;
+                    s->undecided[n + n_undecided++] = (int)row;
+                }
+                row += (size_t)nrows;
+                continue;
+            }
             float *src = full ? full + row * (size_t)vocab : NULL;
             if (leader && src && logits && q->logits && nrows) {
                 int dst = out_row[i] + (q->logits == 2 ? done[i] : 0);
@@ -267,6 +306,10 @@ tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *re
                 st = tsr_step_sample(src + (size_t)(nrows - 1) * vocab, vocab, step, q, &results[i]);
             row += (size_t)nrows;
         }
+        if (st == TSR_OK && n_undecided) st = reserve(s, n, rows, vocab, m->local.vocab, p->tp);
+        if (st == TSR_OK && n_undecided)
+            st = tsr_step_sample_undecided(e->fwd, step, s->undecided, s->undecided + n, n_undecided, vocab,
+                                           s->shard_logits, results);
         if (st != TSR_OK) break;
     }
     for (int k = 0; k < 2 && st == TSR_OK; k++)

@@ -11,6 +11,9 @@
  * from the same tensor rank of the previous stage, runs its layers, and sends the result to the next stage. The
  * last stage's tensor group gathers its vocabulary shards of the logits on its first member, the leader, which
  * copies the rows the plan asks for and samples (tsr_step_sample) the sequences whose last token was in the call.
+ * A call whose rows only feed greedy choices gathers each member's pick instead of the rows; without a tensor
+ * group, a call whose rows only feed draws without log-probabilities, penalties or biases reads back each row's
+ * candidates (tsr_forward_top) and a whole row only when they cannot decide.
  *
  * Workers keep no state between steps beyond the KV cache contents the plans address. Errors (a comm failure,
  * TSR_ERR_REMOTE; an invalid plan) leave the stage unusable: the caller reports and leaves. */
@@ -40,6 +43,10 @@ typedef struct tsr_stage {
     struct tsr_seq_input *in;
     int *owner;
     int32_t *picks; /* [2 + 2 * tp][cap_in]: a call's greedy picks (ids, value bits), then the group's gathered */
+    int32_t *top_ids; /* [cap_in][TSR_TOP_MAX]: a call's candidates (one worker holding the whole head) */
+    float *top_vals;  /* [cap_in][TSR_TOP_MAX] */
+    float *top_z, *top_inv; /* [cap_in] */
+    int *undecided;         /* [2][cap_in]: sequences the candidates could not decide, and their rows */
     int cap_in;
 } tsr_stage;
 

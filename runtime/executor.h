@@ -15,6 +15,7 @@
 #include "runtime/step.h"
 
 struct tsr_engine;
+struct tsr_forward_ctx;
 
 #define TSR_EXECUTOR_MAX_DEPTH 8
 
@@ -51,6 +52,11 @@ typedef struct tsr_step_scratch {
     int *owner;
     int32_t *pick_ids;       /* [cap_in] greedy picks of a call whose rows all sample greedily */
     float *pick_vals;        /* [cap_in] */
+    int32_t *top_ids;        /* [cap_in][TSR_TOP_MAX] candidates of a call whose rows all sample without needing
+                                the whole row (tsr_step_call_top) */
+    float *top_vals;         /* [cap_in][TSR_TOP_MAX] */
+    float *top_z, *top_inv;  /* [cap_in]: each row's normalizer and inverse temperature */
+    int *undecided;          /* [2][cap_in]: sequences whose candidates could not decide, and their rows */
     int cap_in;
     int *progress;           /* [2][cap_seqs]: tokens done per sequence, then its first row in `logits` */
     int cap_seqs;
@@ -71,5 +77,21 @@ tsr_status tsr_engine_run_step(struct tsr_engine *e, tsr_step_scratch *scratch, 
  * tsr_forward and tsr_step_sample_pick the sampler. */
 int tsr_step_call_picks(const tsr_step *step, const struct tsr_seq_input *in, const int *owner, int nb, size_t rows,
                         int pick_rows);
+
+/* Whether the call's rows can be reduced to their candidates instead (tsr_forward_top): as tsr_step_call_picks,
+ * with tsr_step_top_ok (any sampling parameters, no logprobs, penalties or biases) and rows <= top_rows
+ * (tsr_forward_top_rows). Rows the candidates cannot decide are fetched whole (tsr_step_sample_undecided). */
+int tsr_step_call_top(const tsr_step *step, const struct tsr_seq_input *in, const int *owner, int nb, size_t rows,
+                      int top_rows);
+
+/* Samples the n sequences whose candidates could not decide their draw (step->seqs[seq[k]], logits row row[k] of
+ * the last tsr_forward_top call) from their whole rows, fetched in one copy of the rows between the first and the
+ * last of them into buf (room for the call's rows). */
+tsr_status tsr_step_sample_undecided(struct tsr_forward_ctx *fwd, const tsr_step *step, const int *seq, const int *row,
+                                     int n, int vocab, float *buf, tsr_step_result *results);
+
+/* The inverse temperature of each of the call's rows, in row order (tsr_step_inv_temp; tsr_forward_top's input). */
+void tsr_step_call_inv_temps(const tsr_step *step, const struct tsr_seq_input *in, const int *owner, int nb,
+                             float *inv);
 
 #endif

@@ -35,6 +35,11 @@ struct tsr_forward_ctx {
     /* activations, backend memory */
     float *x, *h, *q, *k, *v, *attn, *gate, *up, *out_rows, *logits;
     int32_t *picks;         /* [2][logit_rows]: each row's argmax id, then its value (bits), when ops->argmax_rows */
+    /* when ops->top_rows: each row's TSR_TOP_MAX candidates (ids, then values), its normalizer and the inverse
+     * temperature it is computed at, [logit_rows] each */
+    int32_t *top_ids;
+    float *top_vals, *top_z, *top_inv;
+    int last_rows;          /* logits rows the last call left in `logits` (tsr_forward_fetch_row) */
     layout_arrays host, dev;
 };
 
@@ -57,6 +62,9 @@ void tsr_forward_ctx_free(tsr_forward_ctx *c)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) c->ops->release(bufs[i]);
     if (c->picks) c->ops->release(c->picks);
+    void *top[] = {c->top_ids, c->top_vals, c->top_z, c->top_inv};
+    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
+        if (top[i]) c->ops->release(top[i]);
     free_arrays(c->ops, &c->host, 1);
     free_arrays(c->ops, &c->dev, 0);
     free(c);
@@ -128,6 +136,14 @@ tsr_status tsr_forward_ctx_new(const tsr_model *model, const tsr_ops *ops, tsr_k
     x->logits = ops->alloc((size_t)x->logit_rows * (size_t)(model->part.head ? lo->vocab : 1) * sizeof(float));
     int ok = x->x && x->h && x->q && x->k && x->v && x->attn && x->gate && x->up && x->out_rows && x->logits;
     if (ok && ops->argmax_rows && model->part.head) ok = (x->picks = ops->alloc((size_t)x->logit_rows * 8)) != NULL;
+    if (ok && ops->top_rows && model->part.head) {
+        const size_t cand = (size_t)x->logit_rows * TSR_TOP_MAX * sizeof(int32_t);
+        x->top_ids = ops->alloc(cand);
+        x->top_vals = ops->alloc(cand);
+        x->top_z = ops->alloc((size_t)x->logit_rows * sizeof(float));
+        x->top_inv = ops->alloc((size_t)x->logit_rows * sizeof(float));
+        ok = x->top_ids && x->top_vals && x->top_z && x->top_inv;
+    }
     ok = ok && alloc_arrays(&x->host, host_calloc, T, S, (size_t)x->pages_per_seq, half);
     ok = ok && alloc_arrays(&x->dev, ops->alloc, T, S, (size_t)x->pages_per_seq, half);
     if (!ok) {
@@ -227,12 +243,15 @@ static int build_layout(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seq
     return n_out;
 }
 
+enum { REDUCE_NONE, REDUCE_PICK, REDUCE_TOP };
+
 /* Everything one forward call issues after its layout is uploaded. */
 typedef struct {
     tsr_forward_ctx *c;
     tsr_batch_layout b;
     int T, n_out;
-    int pick;               /* 1: reduce each logits row to its argmax on the device (tsr_forward_argmax) */
+    int reduce;             /* REDUCE_PICK: each logits row to its argmax on the device (tsr_forward_argmax);
+                               REDUCE_TOP: to its candidates and normalizer (tsr_forward_top) */
     tsr_status comm_st;     /* first failure of the comm hook (later sums are skipped) */
 } forward_job;
 
@@ -334,12 +353,15 @@ static void forward_body(void *arg)
     ops->rmsnorm(c->out_rows, &m->final_norm, cfg->norm_eps, j->n_out, H, c->out_rows);
     if (j->n_out > c->logit_rows) return;
     ops->linear(&m->head, c->out_rows, j->n_out, c->logits);
-    if (j->pick && j->n_out)
+    if (j->reduce == REDUCE_PICK && j->n_out)
         ops->argmax_rows(c->logits, j->n_out, m->local.vocab, c->picks, (float *)(c->picks + j->n_out));
+    if (j->reduce == REDUCE_TOP && j->n_out)
+        ops->top_rows(c->logits, j->n_out, m->local.vocab, TSR_TOP_MAX, c->top_inv, c->top_ids, c->top_vals,
+                      c->top_z);
 }
 
 /* The work both entry points share: validation, the layout upload and the recorded (or issued) body. */
-static tsr_status run_job(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs, int pick, forward_job *job)
+static tsr_status run_job(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs, int reduce, forward_job *job)
 {
     int T = 0;
     const tsr_model *m = c->model;
@@ -348,11 +370,13 @@ static tsr_status run_job(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_s
      * tensor shard's sums block on the host */
     const int host_comm = m->part.tp_size > 1 && (!c->has_comm || !c->comm.capturable);
     const int decode = T == n_seqs && tsr_forward_logit_rows(seqs, n_seqs) == n_seqs;
-    *job = (forward_job){c, {0}, T, 0, pick, TSR_OK};
+    *job = (forward_job){c, {0}, T, 0, reduce, TSR_OK};
     job->n_out = build_layout(c, seqs, n_seqs, T, decode, &job->b);
-    const uint64_t key = decode && !host_comm ? ((uint64_t)1 << 62) | ((uint64_t)pick << 61) |
+    const uint64_t key = decode && !host_comm ? ((uint64_t)1 << 62) | ((uint64_t)(reduce == REDUCE_PICK) << 61) |
+                                                    ((uint64_t)(reduce == REDUCE_TOP) << 60) |
                                                     ((uint64_t)c->id << 24) | (uint64_t)n_seqs
                                               : 0;
+    c->last_rows = 0;
     c->ops->run_cached(key, forward_body, job);
     return job->comm_st;
 }
@@ -363,7 +387,7 @@ tsr_status tsr_forward(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs
     if (m->part.head && tsr_forward_logit_rows(seqs, n_seqs) && !logits)
         return tsr_fail(TSR_ERR_ARG, "forward: logits requested but no output buffer given");
     forward_job job;
-    TSR_TRY(run_job(c, seqs, n_seqs, 0, &job));
+    TSR_TRY(run_job(c, seqs, n_seqs, REDUCE_NONE, &job));
     if (!m->part.head) return TSR_OK;
     const size_t vocab = (size_t)m->local.vocab;
     if (job.n_out <= c->logit_rows) {
@@ -390,9 +414,43 @@ tsr_status tsr_forward_argmax(tsr_forward_ctx *c, const tsr_seq_input *seqs, int
         return tsr_fail(TSR_ERR_ARG, "forward: %d rows to pick from, at most %d per call", rows, c->logit_rows);
     if (rows && (!ids || !vals)) return tsr_fail(TSR_ERR_ARG, "forward: picks requested but no output buffer given");
     forward_job job;
-    TSR_TRY(run_job(c, seqs, n_seqs, 1, &job));
+    TSR_TRY(run_job(c, seqs, n_seqs, REDUCE_PICK, &job));
     if (!rows) return TSR_OK;
+    c->last_rows = rows;
     c->ops->to_host(ids, c->picks, (size_t)rows * sizeof(int32_t));
     c->ops->to_host(vals, c->picks + rows, (size_t)rows * sizeof(float));
+    return TSR_OK;
+}
+
+int tsr_forward_top_rows(const tsr_forward_ctx *c) { return c->top_ids ? c->logit_rows : 0; }
+
+tsr_status tsr_forward_top(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs, const float *inv_temp,
+                           int32_t *ids, float *vals, float *z)
+{
+    if (!c->top_ids)
+        return tsr_fail(TSR_ERR_UNSUPPORTED, "forward: this backend or model part cannot reduce rows on the device");
+    const int rows = tsr_forward_logit_rows(seqs, n_seqs);
+    if (rows > c->logit_rows)
+        return tsr_fail(TSR_ERR_ARG, "forward: %d rows to reduce, at most %d per call", rows, c->logit_rows);
+    if (rows && (!inv_temp || !ids || !vals || !z))
+        return tsr_fail(TSR_ERR_ARG, "forward: candidates requested but no buffers given");
+    if (rows) c->ops->to_device(c->top_inv, inv_temp, (size_t)rows * sizeof(float));
+    forward_job job;
+    TSR_TRY(run_job(c, seqs, n_seqs, REDUCE_TOP, &job));
+    if (!rows) return TSR_OK;
+    c->last_rows = rows;
+    c->ops->to_host(ids, c->top_ids, (size_t)rows * TSR_TOP_MAX * sizeof(int32_t));
+    c->ops->to_host(vals, c->top_vals, (size_t)rows * TSR_TOP_MAX * sizeof(float));
+    c->ops->to_host(z, c->top_z, (size_t)rows * sizeof(float));
+    return TSR_OK;
+}
+
+tsr_status tsr_forward_fetch_rows(tsr_forward_ctx *c, int row0, int n, float *out)
+{
+    if (row0 < 0 || n < 1 || row0 + n > c->last_rows)
+        return tsr_fail(TSR_ERR_ARG, "forward: rows %d..%d of the last call's %d reduced rows", row0, row0 + n - 1,
+                        c->last_rows);
+    const size_t vocab = (size_t)c->model->local.vocab;
+    c->ops->to_host(out, c->logits + (size_t)row0 * vocab, (size_t)n * vocab * sizeof(float));
     return TSR_OK;
 }

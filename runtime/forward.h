@@ -73,6 +73,22 @@ int tsr_forward_pick_rows(const tsr_forward_ctx *ctx);
  * tsr_forward, with TSR_ERR_UNSUPPORTED when tsr_forward_pick_rows is 0, and with TSR_ERR_ARG for more rows. */
 tsr_status tsr_forward_argmax(tsr_forward_ctx *ctx, const tsr_seq_input *seqs, int n_seqs, int32_t *ids, float *vals);
 
+/* Rows one tsr_forward_top call can reduce (as tsr_forward_pick_rows); 0 when the backend has no ops->top_rows or
+ * the part holds no head. */
+int tsr_forward_top_rows(const tsr_forward_ctx *ctx);
+
+/* Runs the batch like tsr_forward, but hands back each logits row reduced on the device (ops.h top_rows): its
+ * TSR_TOP_MAX best logits, ids[r * TSR_TOP_MAX + j] and vals[...] (largest first, NaN skipped, id -1 past the
+ * row's non-NaN count), and z[r], the sum of exp((l - max) * inv_temp[r]) over the row. Fails like
+ * tsr_forward_argmax. The rows stay on the device until the next call: tsr_forward_fetch_rows copies them. */
+tsr_status tsr_forward_top(tsr_forward_ctx *ctx, const tsr_seq_input *seqs, int n_seqs, const float *inv_temp,
+                           int32_t *ids, float *vals, float *z);
+
+/* Copies logits rows [row0, row0 + n) ([n][local.vocab] fp32) of the last tsr_forward_top or tsr_forward_argmax
+ * call to out, in one copy (for rows their candidates cannot sample). TSR_ERR_ARG for rows that call did not
+ * produce. */
+tsr_status tsr_forward_fetch_rows(tsr_forward_ctx *ctx, int row0, int n, float *out);
+
 /* Number of logit rows the batch produces (when the part has the head). */
 int tsr_forward_logit_rows(const tsr_seq_input *seqs, int n_seqs);
 

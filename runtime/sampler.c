@@ -256,6 +256,7 @@ static inline int32_t okey(float x)
 }
 
 #define ARGMAX_BLOCK 64
+#define TOP_ROW_MAX 256 /* candidates tsr_sample_top takes at most */
 #define OKEY_PINF 0x7F800000 /* okey(+inf); larger keys are NaNs with the sign bit clear */
 
 /* Index of the first maximum, NaN skipped (-1 when every entry is NaN). */
@@ -925,6 +926,85 @@ tsr_status tsr_sample_u_lse(const float *logits, int n, const tsr_sampling *p, d
     TSR_TRY(truncate(logits, n, p, &k));
     *token = draw(&k, n, u);
     if (lse) *lse = k.lse1;
+    return TSR_OK;
+}
+
+/* tsr_sample_u over the candidates alone, as an array in increasing id order (so ties break alike). */
+static tsr_status sample_compact(const tsr_top_row *row, int n, const tsr_sampling *p, double u, int32_t *token)
+{
+    float l[TOP_ROW_MAX];
+    int32_t id[TOP_ROW_MAX];
+    for (int i = 0; i < n; i++) { /* insertion by id */
+        int j = i;
+        for (; j > 0 && id[j - 1] > row->ids[i]; j--) {
+            id[j] = id[j - 1];
+            l[j] = l[j - 1];
+        }
+        id[j] = row->ids[i];
+        l[j] = row->vals[i];
+    }
+    int32_t at;
+    TSR_TRY(tsr_sample_u(l, n, p, u, &at));
+    *token = id[at];
+    return TSR_OK;
+}
+
+tsr_status tsr_sample_top(const tsr_top_row *row, const tsr_sampling *p, double u, int32_t *token, int *decided)
+{
+    *decided = 0;
+    TSR_TRY(tsr_sampling_check(p));
+    if (!(u >= 0 && u < 1)) return tsr_fail(TSR_ERR_ARG, "sampler: uniform draw %g outside [0, 1)", u);
+    const int n = row->n < TOP_ROW_MAX ? row->n : TOP_ROW_MAX;
+    if (n < 1 || !isfinite(row->vals[0])) return TSR_OK; /* the row's own sampler reports it */
+    if (tsr_sampling_is_greedy(p)) {
+        *token = row->ids[0];
+        *decided = 1;
+        return TSR_OK;
+    }
+    tsr_sampling q = *p;
+    const int complete = row->complete && row->n <= TOP_ROW_MAX;
+    const int top_p = p->top_p < 1, min_p = p->min_p > 0, typ = p->typical_p > 0 && p->typical_p < 1;
+    if (!complete && p->top_k > 0) {
+        if (p->top_k >= n || !(row->vals[p->top_k - 1] > row->vals[n - 1])) return TSR_OK;
+    } else if (!complete) {
+        const float m = row->vals[0];
+        float inv = 1.0f / p->temperature;
+        if (!(inv <= FLT_MAX)) inv = FLT_MAX;
+        if (!(row->z > 0) || !isfinite(row->z)) return TSR_OK;
+        if (top_p) {
+            /* the nucleus: the shortest prefix whose mass reaches top_p of z; then top-k of its length over the
+             * candidates keeps the same set (min-p and typical-p act on that set either way) */
+            const double need = (double)p->top_p * row->z;
+            double acc = 0;
+            int j = 0;
+            for (; j < n; j++) {
+                acc += exp_neg((row->vals[j] - m) * inv);
+                if (acc >= need) break;
+            }
+            if (j == n || (j + 1 < n && row->vals[j + 1] == row->vals[j])) return TSR_OK;
+            q.top_k = j + 1 < n ? j + 1 : 0;
+            q.top_p = 1;
+        } else if (min_p) {
+            if (!(exp_neg((row->vals[n - 1] - m) * inv) < p->min_p)) return TSR_OK;
+        } else if (typ) {
+            return TSR_OK;
+        } else {
+            /* plain temperature: walk down from the top until the mass passes u z */
+            const double target = u * row->z;
+            double acc = 0;
+            for (int j = 0; j < n; j++) {
+                acc += exp_neg((row->vals[j] - m) * inv);
+                if (target < acc) {
+                    *token = row->ids[j];
+                    *decided = 1;
+                    return TSR_OK;
+                }
+            }
+            return TSR_OK;
+        }
+    }
+    TSR_TRY(sample_compact(row, n, &q, u, token));
+    *decided = 1;
     return TSR_OK;
 }
 

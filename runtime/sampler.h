@@ -67,6 +67,28 @@ int32_t tsr_argmax(const float *logits, int n);
  * do nothing here. Fails on invalid parameters, an empty vocabulary, or logits with no finite entry or a +inf. */
 tsr_status tsr_sample(const float *logits, int n, const tsr_sampling *p, tsr_rng *rng, int32_t *token);
 
+/* A logits row known only by its best entries (ops.h top_rows): n candidates, ids and logits, largest first (-0
+ * below +0, the lower id first on ties), no other entry above the last one (NaN aside); complete when they are
+ * every non-NaN entry of the row; z = the sum over the whole row of exp((l - max) / T) at the draw's temperature
+ * T (with 1 / T capped at FLT_MAX, as the sampler caps it). */
+typedef struct tsr_top_row {
+    const int32_t *ids;
+    const float *vals;
+    int n, complete;
+    double z;
+} tsr_top_row;
+
+/* tsr_sample_u for a row known by its candidates: *decided = 1 with the token when they decide the draw, 0 when
+ * the whole row is needed (sample that with tsr_sample_u). They decide: greedy; top-k with the k-th candidate
+ * above the last one (all its ties are then in); min-p alone whose threshold lies above the last candidate;
+ * top-p whose nucleus ends inside the candidates (not on a tie); plain temperature when the draw lands on a
+ * candidate; any filter when the row is complete. The token is tsr_sample_u's over the whole row, except that z
+ * instead of the row's own sum sets top-p's mass and the plain draw's target: a u within about 1e-6 (relative) of
+ * a boundary between two tokens may pick the neighbour. Typical-p with neither top-k, top-p nor min-p always needs
+ * the row (its center is a mean over all of it), as does a non-finite maximum. Fails on invalid parameters or u,
+ * as tsr_sample_u does. */
+tsr_status tsr_sample_top(const tsr_top_row *row, const tsr_sampling *p, double u, int32_t *token, int *decided);
+
 /* Checks a tsr_sampling for a request front door; TSR_ERR_ARG with a message naming the field and the allowed
  * range: temperature finite >= 0; top_k >= -1; top_p in (0, 1]; min_p and typical_p in [0, 1]; repetition_penalty
  * finite >= 0; frequency_penalty and presence_penalty in [-2, 2] (OpenAI's range). */

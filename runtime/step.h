@@ -100,4 +100,18 @@ int tsr_step_pick_ok(const tsr_step_seq *seq);
 tsr_status tsr_step_sample_pick(int32_t token, float value, int vocab, const tsr_step *step, const tsr_step_seq *seq,
                                 tsr_step_result *out);
 
+/* Whether seq's token can come from its row's candidates (tsr_forward_top): it samples, asks for no
+ * log-probabilities, and no penalty or bias changes the row (greedy or not). */
+int tsr_step_top_ok(const tsr_step_seq *seq);
+
+/* tsr_step_sample for a sequence with tsr_step_top_ok, given its row's candidates (ids, vals: TSR_TOP_MAX entries,
+ * id -1 past the row's non-NaN count) and z, the row's sum of exp((l - max) / T) at the sequence's temperature:
+ * the same checks and the same stream (tsr_sample_top). *decided = 0 when the candidates cannot decide: then run
+ * tsr_step_sample on the whole row. The result has no log-probability (none was asked for). */
+tsr_status tsr_step_sample_top(const int32_t *ids, const float *vals, double z, int vocab, const tsr_step *step,
+                               const tsr_step_seq *seq, tsr_step_result *out, int *decided);
+
+/* The inverse temperature tsr_forward_top needs for seq's row (1 for greedy; capped at FLT_MAX). */
+float tsr_step_inv_temp(const tsr_step_seq *seq);
+
 #endif

@@ -3,7 +3,9 @@
  * A plan names, for each sequence, its tokens, positions and page table; this file turns it into forward-pass
  * calls of at most the engine's max_tokens (a sequence whose chunk is longer is split over calls, only the last
  * piece asking for its logits), copies the logits rows the plan asks for, and samples the sequences that sample.
- * A call whose rows only feed greedy choices keeps them on the device and reads back each row's pick instead.
+ * A call whose rows only feed greedy choices keeps them on the device and reads back each row's pick instead; a
+ * call whose rows only feed draws without log-probabilities, penalties or biases reads back each row's candidates
+ * (tsr_forward_top) and fetches a whole row only when they cannot decide its draw.
  * The engine's own page free list is not used: pages come from the plan, already validated against the pool. */
 #include "runtime/engine.h"
 #include "runtime/executor.h"
@@ -18,6 +20,11 @@ void tsr_step_scratch_free(tsr_step_scratch *s)
     free(s->owner);
     free(s->pick_ids);
     free(s->pick_vals);
+    free(s->top_ids);
+    free(s->top_vals);
+    free(s->top_z);
+    free(s->top_inv);
+    free(s->undecided);
     free(s->progress);
     memset(s, 0, sizeof *s);
 }
@@ -33,7 +40,18 @@ static tsr_status scratch_reserve(tsr_step_scratch *s, int n_in, size_t rows, in
         if (ids) s->pick_ids = ids;
         float *vals = realloc(s->pick_vals, (size_t)n_in * sizeof *vals);
         if (vals) s->pick_vals = vals;
-        if (!in || !owner || !ids || !vals) return tsr_fail(TSR_ERR_NOMEM, "step: out of memory");
+        int32_t *tids = realloc(s->top_ids, (size_t)n_in * TSR_TOP_MAX * sizeof *tids);
+        if (tids) s->top_ids = tids;
+        float *tvals = realloc(s->top_vals, (size_t)n_in * TSR_TOP_MAX * sizeof *tvals);
+        if (tvals) s->top_vals = tvals;
+        float *tz = realloc(s->top_z, (size_t)n_in * sizeof *tz);
+        if (tz) s->top_z = tz;
+        float *tinv = realloc(s->top_inv, (size_t)n_in * sizeof *tinv);
+        if (tinv) s->top_inv = tinv;
+        int *und = realloc(s->undecided, (size_t)n_in * 2 * sizeof *und);
+        if (und) s->undecided = und;
+        if (!in || !owner || !ids || !vals || !tids || !tvals || !tz || !tinv || !und)
+            return tsr_fail(TSR_ERR_NOMEM, "step: out of memory");
         s->cap_in = n_in;
     }
     if (rows > s->cap_rows) {
@@ -45,16 +63,51 @@ static tsr_status scratch_reserve(tsr_step_scratch *s, int n_in, size_t rows, in
     return TSR_OK;
 }
 
+/* Whether every row of the call is a last row that only feeds a draw accepted by ok(). */
+static int rows_feed_only(const tsr_step *step, const tsr_seq_input *in, const int *owner, int nb, size_t rows,
+                          int max_rows, int (*ok)(const tsr_step_seq *))
+{
+    if (rows == 0 || rows > (size_t)max_rows) return 0;
+    for (int b = 0; b < nb; b++) {
+        const tsr_step_seq *q = &step->seqs[owner[b]];
+        if (in[b].logits == TSR_LOGITS_ALL || (in[b].logits == TSR_LOGITS_LAST && (q->logits || !ok(q)))) return 0;
+    }
+    return 1;
+}
+
 int tsr_step_call_picks(const tsr_step *step, const tsr_seq_input *in, const int *owner, int nb, size_t rows,
                         int pick_rows)
 {
-    if (rows == 0 || rows > (size_t)pick_rows) return 0;
-    for (int b = 0; b < nb; b++) {
-        const tsr_step_seq *q = &step->seqs[owner[b]];
-        if (in[b].logits == TSR_LOGITS_ALL || (in[b].logits == TSR_LOGITS_LAST && (q->logits || !tsr_step_pick_ok(q))))
-            return 0;
+    return rows_feed_only(step, in, owner, nb, rows, pick_rows, tsr_step_pick_ok);
+}
+
+int tsr_step_call_top(const tsr_step *step, const tsr_seq_input *in, const int *owner, int nb, size_t rows,
+                      int top_rows)
+{
+    return rows_feed_only(step, in, owner, nb, rows, top_rows, tsr_step_top_ok);
+}
+
+tsr_status tsr_step_sample_undecided(tsr_forward_ctx *fwd, const tsr_step *step, const int *seq, const int *row,
+                                     int n, int vocab, float *buf, tsr_step_result *results)
+{
+    if (n == 0) return TSR_OK;
+    int lo = row[0], hi = row[0];
+    for (int k = 1; k < n; k++) {
+        lo = row[k] < lo ? row[k] : lo;
+        hi = row[k] > hi ? row[k] : hi;
     }
-    return 1;
+    TSR_TRY(tsr_forward_fetch_rows(fwd, lo, hi - lo + 1, buf));
+    for (int k = 0; k < n; k++)
+        TSR_TRY(tsr_step_sample(buf + (size_t)(row[k] - lo) * vocab, vocab, step, &step->seqs[seq[k]],
+                                &results[seq[k]]));
+    return TSR_OK;
+}
+
+/* Fills the inverse temperature of each of the call's rows (tsr_forward_top). */
+void tsr_step_call_inv_temps(const tsr_step *step, const tsr_seq_input *in, const int *owner, int nb, float *inv)
+{
+    for (int b = 0, row = 0; b < nb; b++)
+        if (in[b].logits == TSR_LOGITS_LAST) inv[row++] = tsr_step_inv_temp(&step->seqs[owner[b]]);
 }
 
 tsr_status tsr_engine_run_step(tsr_engine *e, tsr_step_scratch *scratch, const tsr_step *step,
@@ -105,13 +158,21 @@ tsr_status tsr_engine_run_step(tsr_engine *e, tsr_step_scratch *scratch, const t
         /* when every row only feeds a greedy choice, the rows stay on the device and only their picks come back */
         const int pick =
             tsr_step_call_picks(step, scratch->in, scratch->owner, nb, rows, tsr_forward_pick_rows(e->fwd));
-        if ((st = scratch_reserve(scratch, n, pick ? 0 : rows, vocab)) != TSR_OK) break;
-        if (pick)
+        const int top =
+            !pick && tsr_step_call_top(step, scratch->in, scratch->owner, nb, rows, tsr_forward_top_rows(e->fwd));
+        if ((st = scratch_reserve(scratch, n, pick || top ? 0 : rows, vocab)) != TSR_OK) break;
+        if (pick) {
             st = tsr_forward_argmax(e->fwd, scratch->in, nb, scratch->pick_ids, scratch->pick_vals);
-        else
+        } else if (top) {
+            tsr_step_call_inv_temps(step, scratch->in, scratch->owner, nb, scratch->top_inv);
+            st = tsr_forward_top(e->fwd, scratch->in, nb, scratch->top_inv, scratch->top_ids, scratch->top_vals,
+                                 scratch->top_z);
+        } else {
             st = tsr_forward(e->fwd, scratch->in, nb, rows ? scratch->logits : NULL);
+        }
         if (st != TSR_OK) break;
         size_t row = 0;
+        int n_undecided = 0;
         for (int b = 0; b < nb && st == TSR_OK; b++) {
             int i = scratch->owner[b];
             const tsr_step_seq *q = &step->seqs[i];
@@ -125,6 +186,19 @@ tsr_status tsr_engine_run_step(tsr_engine *e, tsr_step_scratch *scratch, const t
                 row += (size_t)nrows;
                 continue;
             }
+            if (top) {
+                int decided = 1;
+                if (nrows && q->sample && done[i] == q->n_tokens)
+                    st = tsr_step_sample_top(scratch->top_ids + row * TSR_TOP_MAX,
+                                             scratch->top_vals + row * TSR_TOP_MAX, scratch->top_z[row], vocab, step,
+                                             q, &results[i], &decided);
+                if (st == TSR_OK && !decided) {
+                    scratch->undecided[n_undecided] = i;
+                    scratch->undecided[n + n_undecided++] = (int)row;
+                }
+                row += (size_t)nrows;
+                continue;
+            }
             float *src = scratch->logits + row * (size_t)vocab;
             if (logits && q->logits && nrows) {
                 int dst_row = out_row[i] + (q->logits == 2 ? done[i] - in->n_tokens : 0);
@@ -134,6 +208,10 @@ tsr_status tsr_engine_run_step(tsr_engine *e, tsr_step_scratch *scratch, const t
                 st = tsr_step_sample(src + (size_t)(nrows - 1) * vocab, vocab, step, q, &results[i]);
             row += (size_t)nrows;
         }
+        if (st == TSR_OK && n_undecided) st = scratch_reserve(scratch, n, rows, vocab);
+        if (st == TSR_OK && n_undecided)
+            st = tsr_step_sample_undecided(e->fwd, step, scratch->undecided, scratch->undecided + n, n_undecided,
+                                           vocab, scratch->logits, results);
         if (st != TSR_OK) break;
     }
     return st;

@@ -11,6 +11,9 @@
  * out of bounds. */
 #include "runtime/step.h"
 
+#include "kernels/ops.h"
+
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -101,6 +104,44 @@ tsr_status tsr_step_sample_pick(int32_t token, float value, int vocab, const tsr
         return tsr_fail(TSR_ERR_ARG, "step sample: sequence %llu: the logits are not finite",
                         (unsigned long long)seq->id);
     out->token = token;
+    return TSR_OK;
+}
+
+int tsr_step_top_ok(const tsr_step_seq *seq)
+{
+    return seq->sample && seq->n_logprobs < 0 && seq->n_bias == 0 && !tsr_sampling_uses_history(&seq->sampling);
+}
+
+float tsr_step_inv_temp(const tsr_step_seq *seq)
+{
+    if (tsr_sampling_is_greedy(&seq->sampling)) return 1.0f;
+    float inv = 1.0f / seq->sampling.temperature;
+    return inv <= FLT_MAX ? inv : FLT_MAX;
+}
+
+tsr_status tsr_step_sample_top(const int32_t *ids, const float *vals, double z, int vocab, const tsr_step *step,
+                               const tsr_step_seq *seq, tsr_step_result *out, int *decided)
+{
+    *decided = 0;
+    if (vocab <= 0 || !step || !seq || !out || !ids || !vals)
+        return tsr_fail(TSR_ERR_ARG, "step sample: missing candidates, plan or result (vocabulary %d)", vocab);
+    *out = (tsr_step_result){.token = -1};
+    if (!seq->sample) {
+        *decided = 1;
+        return TSR_OK;
+    }
+    TSR_TRY(check_seq(step, seq));
+    unsigned long long id = (unsigned long long)seq->id;
+    if (!tsr_step_top_ok(seq))
+        return tsr_fail(TSR_ERR_ARG, "step sample: sequence %llu needs its whole logits row, not its candidates", id);
+    int n = 0;
+    while (n < TSR_TOP_MAX && ids[n] >= 0 && ids[n] < vocab) n++;
+    const tsr_top_row row = {ids, vals, n, n < TSR_TOP_MAX || n == vocab, z};
+    int32_t token;
+    tsr_status st = tsr_sample_top(&row, &seq->sampling, tsr_rng_uniform_at(seq->seed, seq->sample_index), &token,
+                                   decided);
+    if (st != TSR_OK) return tsr_fail_context(st, "step sample: sequence %llu", id);
+    if (*decided) out->token = token;
     return TSR_OK;
 }
 

@@ -17,5 +17,9 @@ void tsr_cpu_gather_rows(const float *x, const int32_t *index, int n, int dim, f
 void tsr_cpu_silu_mul(const float *gate, const float *up, size_t n, float *out);
 void tsr_cpu_add(float *x, const float *y, size_t n);
 void tsr_cpu_argmax_rows(const float *x, int rows, int n, int32_t *ids, float *vals);
+/* ops.h top_rows, the reference for the GPU kernels' tests; not in the CPU table, whose rows are host memory
+ * already (the step copies nothing to avoid). */
+void tsr_cpu_top_rows(const float *x, int rows, int n, int k, const float *inv_temp, int32_t *ids, float *vals,
+                      float *z);
 
 #endif

@@ -72,6 +72,46 @@ void tsr_cpu_gather_rows(const float *x, const int32_t *index, int n, int dim, f
     for (int i = 0; i < n; i++) memmove(out + (size_t)i * dim, x + (size_t)index[i] * dim, (size_t)dim * sizeof(float));
 }
 
+/* Floats as integers in the same order, -0 below +0 (the sampler's order for top-k). */
+static int32_t order_key(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (int32_t)(u ^ ((uint32_t)((int32_t)u >> 31) & 0x7FFFFFFFu));
+}
+
+void tsr_cpu_top_rows(const float *x, int rows, int n, int k, const float *inv_temp, int32_t *ids, float *vals,
+                      float *z)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *row = x + (size_t)r * n;
+        int32_t *id = ids + (size_t)r * k;
+        float *v = vals + (size_t)r * k;
+        int have = 0;
+        for (int i = 0; i < n; i++) { /* insertion into the sorted best-so-far; increasing i keeps ties in order */
+            if (row[i] != row[i]) continue;
+            const int32_t key = order_key(row[i]);
+            if (have == k && key <= order_key(v[k - 1])) continue;
+            int j = have < k ? have++ : k - 1;
+            for (; j > 0 && order_key(v[j - 1]) < key; j--) {
+                v[j] = v[j - 1];
+                id[j] = id[j - 1];
+            }
+            v[j] = row[i];
+            id[j] = i;
+        }
+        for (int j = have; j < k; j++) {
+            id[j] = -1;
+            v[j] = NAN;
+        }
+        double sum = 0;
+        if (have > 0 && isfinite(v[0]))
+            for (int i = 0; i < n; i++)
+                if (row[i] == row[i]) sum += exp((double)(row[i] - v[0]) * inv_temp[r]);
+        z[r] = (float)sum;
+    }
+}
+
 void tsr_cpu_argmax_rows(const float *x, int rows, int n, int32_t *ids, float *vals)
 {
     for (int r = 0; r < rows; r++) {

@@ -547,6 +547,7 @@ static const tsr_ops cuda_ops = {
     tsr_cuda_linear_add_norm,
     tsr_cuda_rope_store,
     tsr_cuda_argmax_rows,
+    tsr_cuda_top_rows,
 };
 
 /* ---- optional per-op profile (TSR_CUDA_PROFILE, see the top of this file). Mode 1 synchronizes around each op
@@ -558,10 +559,11 @@ static const tsr_ops cuda_ops = {
 
 enum {
     P_EMBED, P_NORM, P_LINEAR, P_ROPE, P_KV, P_ATTN, P_SILU, P_ADD, P_GATHER, P_ADD_NORM, P_ROPE_STORE, P_ARGMAX,
-    P_COUNT
+    P_TOP, P_COUNT
 };
 static const char *p_names[P_COUNT] = {"embed", "rmsnorm", "linear", "rope", "kv_store", "attention", "silu_mul", "add",
-                                       "gather_rows", "add_rmsnorm", "rope_store", "argmax_rows"};
+                                       "gather_rows", "add_rmsnorm", "rope_store", "argmax_rows",
+                                       "top_rows"};
 
 /* op classes: the fixed ones above, then one per linear shape and kind ("linear KxN", "linear_many KxN+N+N",
  * "linear+add KxN") */
@@ -792,11 +794,16 @@ static void pf_argmax(const float *x, int rows, int n, int32_t *ids, float *vals
     p_scope s(P_ARGMAX);
     tsr_cuda_argmax_rows(x, rows, n, ids, vals);
 }
+static void pf_top(const float *x, int rows, int n, int k, const float *inv_temp, int32_t *ids, float *vals, float *z)
+{
+    p_scope s(P_TOP);
+    tsr_cuda_top_rows(x, rows, n, k, inv_temp, ids, vals, z);
+}
 
 static const tsr_ops cuda_ops_profiled = {
     "cuda",   cuda_alloc, cuda_release, cuda_to_device, cuda_to_host,   cuda_run_cached, cuda_memory_free,
     cuda_prepare_model, cuda_release_model, pf_embed, pf_norm, pf_linear, pf_rope, pf_kv, pf_attn, pf_silu, pf_add,
-    pf_gather, pf_linear_many, pf_add_norm, pf_linear_add_norm, pf_rope_store, pf_argmax,
+    pf_gather, pf_linear_many, pf_add_norm, pf_linear_add_norm, pf_rope_store, pf_argmax, pf_top,
 };
 
 /* 1 when the environment variable is set to 0 (a switch turned off) */
@@ -816,7 +823,8 @@ extern "C" const tsr_ops *tsr_ops_cuda(void)
     const tsr_ops *base = profiled ? &cuda_ops_profiled : &cuda_ops;
     /* for comparisons: TSR_CUDA_LINEAR_ADD=0 leaves linear_add_norm out (the product, its reduction and the
      * residual pass as separate launches), TSR_CUDA_ROPE_STORE=0 rope_store (rope of q, of k and the K/V store as
-     * three launches), TSR_CUDA_ARGMAX=0 argmax_rows (greedy rows copied whole to the host and picked there) */
+     * three launches), TSR_CUDA_ARGMAX=0 argmax_rows (greedy rows copied whole to the host and picked there),
+     * TSR_CUDA_TOP=0 top_rows (sampled rows copied whole to the host) */
     static tsr_ops chosen;
     static int ready;
     if (!ready) {
@@ -824,6 +832,7 @@ extern "C" const tsr_ops *tsr_ops_cuda(void)
         if (env_off("TSR_CUDA_LINEAR_ADD")) chosen.linear_add_norm = NULL;
         if (env_off("TSR_CUDA_ROPE_STORE")) chosen.rope_store = NULL;
         if (env_off("TSR_CUDA_ARGMAX")) chosen.argmax_rows = NULL;
+        if (env_off("TSR_CUDA_TOP")) chosen.top_rows = NULL;
         ready = 1;
     }
     return &chosen;

@@ -48,5 +48,8 @@ void tsr_cuda_add(float *x, const float *y, size_t n);
 void tsr_cuda_gather_rows(const float *x, const int32_t *index, int n, int dim, float *out);
 /* ops.h argmax_rows (argmax.cu) */
 void tsr_cuda_argmax_rows(const float *x, int rows, int n, int32_t *ids, float *vals);
+/* ops.h top_rows (top.cu) */
+void tsr_cuda_top_rows(const float *x, int rows, int n, int k, const float *inv_temp, int32_t *ids, float *vals,
+                       float *z);
 
 #endif

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include "kernels/cpu/cpu_kernels.h"
 #include "runtime/sampler.h"
 #include "runtime/step.h"
 #include "tests/common/fixtures.h"
@@ -592,6 +593,79 @@ static void test_pick(void **state)
     assert_int_equal(tsr_step_sample_pick(1, 5.0f, 6, &st, &q, &(tsr_step_result){0}), TSR_ERR_ARG);
 }
 
+/* tsr_sample_top against tsr_sample_u over the whole row, with candidates and z from the CPU reference of the
+ * device op (top_rows): rows flat and peaked, with ties, NaN and -inf entries, and a row shorter than the candidate
+ * count; every filter; many draws. Every decided token is the whole row's; top-k and complete rows are always
+ * decided, and the candidates decide most draws of peaked rows. */
+static void test_top(void **state)
+{
+    (void)state;
+    enum { N = 3000, SHORT = 50, DRAWS = 60 };
+    static float row[N];
+    const tsr_sampling cfg[] = {
+        {.temperature = 0.8f, .top_p = 1},  {.temperature = 1, .top_k = 40, .top_p = 1},
+        {.temperature = 0.7f, .top_p = 0.9f}, {.temperature = 1, .top_p = 0.95f, .min_p = 0.05f},
+        {.temperature = 1, .top_p = 1, .min_p = 0.1f}, {.temperature = 1, .top_p = 1, .typical_p = 0.9f},
+        {.temperature = 0.5f, .top_k = 20, .top_p = 0.8f}, {.temperature = 1.3f, .top_p = 0.5f, .typical_p = 0.5f},
+        {.temperature = 0, .top_p = 1},
+    };
+    const int n_cfg = (int)(sizeof cfg / sizeof cfg[0]);
+    uint64_t r = 0x70D5EEDull;
+    int decided_all = 0, total = 0, decided_peaked = 0, total_peaked = 0;
+    for (int shape = 0; shape < 4; shape++) {
+        const int n = shape == 3 ? SHORT : N;
+        const float sigma = shape == 0 ? 1.0f : shape == 1 ? 4.0f : 24.0f;
+        for (int i = 0; i < n; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            float g = (float)((r >> 40) & 0xFFFF) / 65536.0f - 0.5f;
+            row[i] = sigma * g * g * g * 8.0f; /* heavy upper tail: a few large logits */
+        }
+        row[7] = row[11] = row[13]; /* ties */
+        row[5] = NAN;
+        row[9] = -INFINITY;
+        for (int c = 0; c < n_cfg; c++) {
+            const tsr_sampling *p = &cfg[c];
+            float inv = p->temperature > 0 ? 1.0f / p->temperature : 1.0f;
+            int32_t ids[TSR_TOP_MAX];
+            float vals[TSR_TOP_MAX], z;
+            tsr_cpu_top_rows(row, 1, n, TSR_TOP_MAX, &inv, ids, vals, &z);
+            int count = 0;
+            while (count < TSR_TOP_MAX && ids[count] >= 0) count++;
+            const tsr_top_row tr = {ids, vals, count, count < TSR_TOP_MAX, z};
+            for (int d = 0; d < DRAWS; d++) {
+                const double u = (d + 0.37) / DRAWS;
+                int32_t tok = -1, want = -1;
+                int decided = 0;
+                assert_int_equal(tsr_sample_top(&tr, p, u, &tok, &decided), TSR_OK);
+                assert_int_equal(tsr_sample_u(row, n, p, u, &want), TSR_OK);
+                if (decided && tok != want)
+                    fail_msg("shape %d config %d u %.4f: candidates drew %d, the row %d", shape, c, u, tok, want);
+                if ((p->top_k > 0 && p->top_k < count) || shape == 3 || p->temperature == 0) assert_true(decided);
+                decided_all += decided;
+                total++;
+                if (shape == 2) {
+                    decided_peaked += decided;
+                    total_peaked++;
+                }
+            }
+        }
+    }
+    printf("tsr_sample_top: %d of %d draws decided by the candidates (%d of %d on the peaked row)\n", decided_all, total,
+           decided_peaked, total_peaked);
+    assert_true(decided_peaked * 2 > total_peaked);
+    /* bad parameters fail as the sampler does; a non-finite top leaves the row to the sampler */
+    int32_t ids[2] = {3, 1};
+    float vals[2] = {INFINITY, 1};
+    tsr_top_row bad = {ids, vals, 2, 1, 1.0};
+    int32_t tok;
+    int decided = 1;
+    tsr_sampling p = tsr_sampling_default();
+    assert_int_equal(tsr_sample_top(&bad, &p, 0.5, &tok, &decided), TSR_OK);
+    assert_false(decided);
+    p.top_p = 2;
+    assert_int_equal(tsr_sample_top(&bad, &p, 0.5, &tok, &decided), TSR_ERR_ARG);
+}
+
 static void test_determinism(void **state)
 {
     (void)state;
@@ -895,6 +969,7 @@ int main(void)
         cmocka_unit_test(test_python_refs),   cmocka_unit_test(test_filters_vs_reference),
         cmocka_unit_test(test_draw_is_inverse_cdf), cmocka_unit_test(test_frequencies),
         cmocka_unit_test(test_penalties),     cmocka_unit_test(test_greedy), cmocka_unit_test(test_pick),
+        cmocka_unit_test(test_top),
         cmocka_unit_test(test_determinism),   cmocka_unit_test(test_same_tokens_as_before),
         cmocka_unit_test(test_logprobs),      cmocka_unit_test(test_params),
     };
