@@ -2,14 +2,14 @@
  * the row's softmax normalizer at the sequence's temperature, so that a sampled decode step copies back about
  * 0.5 KB per row instead of the whole vocabulary (513 KB for Llama 3).
  *
- * One block of TOP_THREADS per row. Values become order-preserving unsigned keys (NaN excluded, -0 below +0, as
- * the host sampler orders them). A radix selection finds the key of the k-th best in four passes over the row,
- * one byte at a time: each pass builds a 256-bucket histogram of the keys that share the prefix found so far
- * (lanes of a warp that fall in one bucket add once, __match_any_sync), and walks it from the top. Then one pass
- * takes every key above that threshold and, in index order (a block-wide count over consecutive tiles), as many
- * keys equal to it as are still needed, so ties go to the lower index. The at most k candidates are ranked
- * against each other in shared memory, and a last pass sums exp((x - max) * inv_temp) over the row. The row is
- * read six times; it stays in L2 between the head's GEMM and these passes. */
+ * One block of TOP_THREADS per row; values become order-preserving unsigned keys (NaN excluded, -0 below +0, as the
+ * host sampler orders them). Pass 1 gives each thread its best key and its share of the normalizer (an online
+ * sum against its own running maximum, brought to the row's maximum at the end). The k-th best of the threads'
+ * best keys is a threshold with at least k entries at or above it; pass 2 gathers those into shared memory, where
+ * a bitonic sort orders them (the larger key, then the lower index) and the first k are the answer. When more than
+ * TOP_CAP entries pass the threshold (long runs of ties, rows of few valid entries), a radix selection over the
+ * row takes over: four passes of one byte each (256-bucket histograms of the keys sharing the prefix found so
+ * far), then a pass that takes every key above the k-th and, in index order, as many equal to it as needed. */
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/launch.cuh"
 
@@ -17,6 +17,7 @@
 
 #define TOP_THREADS 1024
 #define TOP_WARPS (TOP_THREADS / 32)
+#define TOP_CAP 2048 /* entries at or above the threshold the fast path sorts in shared memory */
 
 __device__ __forceinline__ unsigned top_key(float v)
 {
@@ -29,21 +30,43 @@ __device__ __forceinline__ float top_value(unsigned key)
     return __uint_as_float((key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key);
 }
 
-__global__ void __launch_bounds__(TOP_THREADS) top_rows_kernel(const float *__restrict__ x, int n, int k,
-                                                               const float *__restrict__ inv_temp,
-                                                               int32_t *__restrict__ ids, float *__restrict__ vals,
-                                                               float *__restrict__ z)
+/* a before b: the larger key, then the lower index */
+__device__ __forceinline__ bool top_before(unsigned ka, int ia, unsigned kb, int ib)
 {
-    tsr_pdl_wait();
-    const int r = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    const float *row = x + (size_t)r * n;
-    __shared__ int hist[256];
+    return ka > kb || (ka == kb && ia < ib);
+}
+
+/* Sorts keys[0..P) with their ids in place, best first (P a power of two, at most 2 * TOP_THREADS). */
+__device__ void top_bitonic(unsigned *keys, int *ids, int P)
+{
+    for (int size = 2; size <= P; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            __syncthreads();
+            for (int p = threadIdx.x; p < P / 2; p += TOP_THREADS) {
+                const int i = 2 * p - (p & (stride - 1)), j = i + stride;
+                const bool up = (i & size) == 0; /* this run ends best first */
+                const bool swap = up ? top_before(keys[j], ids[j], keys[i], ids[i])
+                                     : top_before(keys[i], ids[i], keys[j], ids[j]);
+                if (swap) {
+                    const unsigned k = keys[i];
+                    keys[i] = keys[j], keys[j] = k;
+                    const int d = ids[i];
+                    ids[i] = ids[j], ids[j] = d;
+                }
+            }
+        }
+    __syncthreads();
+}
+
+/* The slow path (more than TOP_CAP entries at or above the threshold: many ties, or few valid entries): the k best
+ * by radix selection over the whole row, into ckey/cid[0..*want), unordered. */
+__device__ void top_radix(const float *__restrict__ row, int n, int k, unsigned *ckey, int *cid, int *hist,
+                          int *want_out)
+{
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     __shared__ unsigned s_prefix, s_mask;
     __shared__ int s_want, s_left, s_taken, s_ties;
     __shared__ int warp_ties[TOP_WARPS];
-    __shared__ unsigned cand_key[TSR_TOP_MAX];
-    __shared__ int cand_id[TSR_TOP_MAX];
-    __shared__ double warp_sum[TOP_WARPS];
     if (t == 0) {
         s_prefix = 0;
         s_mask = 0;
@@ -51,8 +74,6 @@ __global__ void __launch_bounds__(TOP_THREADS) top_rows_kernel(const float *__re
         s_taken = 0;
         s_ties = 0;
     }
-
-    /* the threshold: the k-th best key (or the lowest valid one when the row has fewer valid entries) */
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int b = t; b < 256; b += TOP_THREADS) hist[b] = 0;
         __syncthreads();
@@ -60,20 +81,20 @@ __global__ void __launch_bounds__(TOP_THREADS) top_rows_kernel(const float *__re
         for (int i = t; i < n; i += TOP_THREADS) {
             const float v = row[i];
             const unsigned key = top_key(v);
-            const bool in = v == v && (key & mask) == prefix;
-            const unsigned active = __activemask();
-            const unsigned bucket = in ? (key >> shift) & 0xFFu : 0x100u;
-            const unsigned peers = __match_any_sync(active, bucket);
-            if (in && lane == __ffs(peers) - 1) atomicAdd(&hist[bucket], __popc(peers));
+            if (v == v && (key & mask) == prefix) { /* lanes of one bucket add once */
+                const unsigned bucket = (key >> shift) & 0xFFu;
+                const unsigned peers = __match_any_sync(__activemask(), bucket);
+                if (lane == __ffs(peers) - 1) atomicAdd(&hist[bucket], __popc(peers));
+            }
         }
         __syncthreads();
         if (t == 0) {
             int total = 0;
             for (int b = 0; b < 256; b++) total += hist[b];
-            if (shift == 24 && total < s_want) s_want = total; /* fewer valid entries than k: take them all */
+            if (shift == 24 && total < s_want) s_want = total;
             int want = shift == 24 ? s_want : s_left, above = 0, d = 255;
             for (; d > 0 && above + hist[d] < want; d--) above += hist[d];
-            s_left = want - above; /* still to take from bucket d and below it in later passes */
+            s_left = want - above;
             s_prefix = prefix | ((unsigned)d << shift);
             s_mask = mask | (0xFFu << shift);
         }
@@ -81,18 +102,16 @@ __global__ void __launch_bounds__(TOP_THREADS) top_rows_kernel(const float *__re
     }
     const int want = s_want;
     const unsigned thr = s_prefix;
-    const int n_above = want - s_left; /* keys strictly above thr; s_left of those equal to it follow */
-
-    /* the candidates: every key above thr, and the first s_left keys equal to it in index order */
-    if (want > 0) {
+    const int n_above = want - s_left; /* keys above thr; then s_left of those equal to it, lowest index first */
+    if (want > 0)
         for (int base = 0; base < n; base += TOP_THREADS) {
             const int i = base + t;
             const float v = i < n ? row[i] : NAN;
             const unsigned key = v == v ? top_key(v) : 0u;
             if (key > thr) {
                 const int slot = atomicAdd(&s_taken, 1);
-                cand_key[slot] = key;
-                cand_id[slot] = i;
+                ckey[slot] = key;
+                cid[slot] = i;
             }
             const bool tie = key == thr;
             const unsigned ballot = __ballot_sync(0xffffffffu, tie);
@@ -102,8 +121,8 @@ __global__ void __launch_bounds__(TOP_THREADS) top_rows_kernel(const float *__re
             for (int w = 0; w < warp; w++) before += warp_ties[w];
             before += __popc(ballot & ((1u << lane) - 1u));
             if (tie && before < s_left) {
-                cand_key[n_above + before] = key;
-                cand_id[n_above + before] = i;
+                ckey[n_above + before] = key;
+                cid[n_above + before] = i;
             }
             __syncthreads();
             if (t == 0)
@@ -111,51 +130,106 @@ __global__ void __launch_bounds__(TOP_THREADS) top_rows_kernel(const float *__re
             __syncthreads();
             if (s_ties >= s_left && s_taken >= n_above) break; /* block-uniform */
         }
+    __syncthreads();
+    *want_out = want;
+}
+
+__global__ void __launch_bounds__(TOP_THREADS) top_rows_kernel(const float *__restrict__ x, int n, int k,
+                                                               const float *__restrict__ inv_temp,
+                                                               int32_t *__restrict__ ids, float *__restrict__ vals,
+                                                               float *__restrict__ z)
+{
+    tsr_pdl_wait();
+    const int r = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const float *row = x + (size_t)r * n;
+    const float inv = inv_temp[r];
+    __shared__ unsigned ckey[TOP_CAP];
+    __shared__ int cid[TOP_CAP];
+    __shared__ int hist[256];
+    __shared__ unsigned s_best;
+    __shared__ int s_count;
+    __shared__ double warp_sum[TOP_WARPS];
+    if (t == 0) {
+        s_best = 0;
+        s_count = 0;
     }
     __syncthreads();
 
-    /* rank the candidates: larger key first, then lower index */
-    int32_t *out_id = ids + (size_t)r * k;
-    float *out_v = vals + (size_t)r * k;
-    if (t < want) {
-        const unsigned key = cand_key[t];
-        const int id = cand_id[t];
-        int rank = 0;
-        for (int j = 0; j < want; j++)
-            rank += cand_key[j] > key || (cand_key[j] == key && cand_id[j] < id);
-        out_id[rank] = id;
-        out_v[rank] = top_value(key);
-    } else if (t < k) {
-        out_id[t] = -1;
-        out_v[t] = NAN;
-    }
-
-    /* the normalizer at this row's temperature */
-    float m = NAN;
-    if (want > 0) {
-        unsigned best = 0;
-        for (int j = 0; j < want; j++) best = cand_key[j] > best ? cand_key[j] : best;
-        m = top_value(best);
-    }
-    if (!isfinite(m)) {
-        if (t == 0) z[r] = 0.0f;
-        tsr_pdl_trigger();
-        return;
-    }
-    const float inv = inv_temp[r];
-    float sum = 0.0f;
+    /* pass 1: each thread's best key, and its share of the normalizer, online (its own running maximum) */
+    unsigned best = 0;
+    float mt = -INFINITY, st = 0.0f;
     for (int i = t; i < n; i += TOP_THREADS) {
         const float v = row[i];
-        if (v == v) sum += expf((v - m) * inv);
+        if (v != v) continue;
+        const unsigned key = top_key(v);
+        best = key > best ? key : best;
+        if (v > mt) {
+            st = st * expf((mt - v) * inv) + 1.0f;
+            mt = v;
+        } else if (v > -INFINITY) {
+            st += expf((v - mt) * inv);
+        }
     }
-    double d = sum;
+    atomicMax(&s_best, best);
+    /* the threshold: the k-th best of the threads' best keys; at least k entries lie at or above it */
+    ckey[t] = best;
+    cid[t] = t;
+    top_bitonic(ckey, cid, TOP_THREADS);
+    const unsigned thr = ckey[k - 1] > 0 ? ckey[k - 1] : 1u;
+    const float m = top_value(s_best);
+    __syncthreads();
+
+    /* the normalizer: the threads' sums brought to the row's maximum */
+    double d = s_best && isfinite(m) && st > 0.0f ? (double)st * (double)expf((mt - m) * inv) : 0.0;
     for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
     if (lane == 0) warp_sum[warp] = d;
+
+    /* pass 2: every entry at or above the threshold */
+    for (int i = t; i < n; i += TOP_THREADS) {
+        const float v = row[i];
+        if (v == v && top_key(v) >= thr) {
+            const int slot = atomicAdd(&s_count, 1);
+            if (slot < TOP_CAP) {
+                ckey[slot] = top_key(v);
+                cid[slot] = i;
+            }
+        }
+    }
+    __syncthreads();
+    int want;
+    const int count = s_count;
+    if (count <= TOP_CAP) {
+        int P = 64;
+        while (P < count) P <<= 1;
+        for (int i = count + t; i < P; i += TOP_THREADS) {
+            ckey[i] = 0;
+            cid[i] = 0x7FFFFFFF;
+        }
+        top_bitonic(ckey, cid, P);
+        want = count < k ? count : k;
+        if (t < want) {
+            ids[(size_t)r * k + t] = cid[t];
+            vals[(size_t)r * k + t] = top_value(ckey[t]);
+        }
+    } else {
+        __syncthreads();
+        top_radix(row, n, k, ckey, cid, hist, &want);
+        if (t < want) { /* rank against the others: the larger key, then the lower index */
+            int rank = 0;
+            for (int j = 0; j < want; j++) rank += top_before(ckey[j], cid[j], ckey[t], cid[t]);
+            ids[(size_t)r * k + rank] = cid[t];
+            vals[(size_t)r * k + rank] = top_value(ckey[t]);
+        }
+    }
+    if (t >= want && t < k) {
+        ids[(size_t)r * k + t] = -1;
+        vals[(size_t)r * k + t] = NAN;
+    }
     __syncthreads();
     if (t == 0) {
         double total = 0;
         for (int w = 0; w < TOP_WARPS; w++) total += warp_sum[w];
-        z[r] = (float)total;
+        z[r] = s_best && isfinite(m) ? (float)total : 0.0f;
     }
     tsr_pdl_trigger();
 }

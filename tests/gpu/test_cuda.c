@@ -212,7 +212,7 @@ static void test_argmax_rows(void **state)
 }
 
 /* top_rows against the CPU reference: the same candidates in the same order (ties, NaN, -inf, -0 below +0, rows
- * with fewer valid entries than candidates), z within 1e-5 relative. */
+ * with fewer valid entries than candidates), z within 1e-4 relative (float sums on the device). */
 static void test_top_rows(void **state)
 {
     (void)state;
@@ -257,7 +257,7 @@ static void test_top_rows(void **state)
                         fail_msg("top_rows %d x %d, row %d, candidate %d: got %d (%g), want %d (%g)", rows, n, r, j,
                                  got_ids[at], got_v[at], want_ids[at], want_v[at]);
                 }
-                if (fabsf(got_z[r] - want_z[r]) > 1e-5f * fabsf(want_z[r]))
+                if (fabsf(got_z[r] - want_z[r]) > 1e-4f * fabsf(want_z[r]))
                     fail_msg("top_rows %d x %d, row %d: z %.9g, want %.9g", rows, n, r, got_z[r], want_z[r]);
             }
             gpu->release(dx), gpu->release(dinv), gpu->release(dv), gpu->release(dz), gpu->release(di);
