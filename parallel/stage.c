@@ -238,8 +238,12 @@ tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *re
         }
         if (nb == 0) break;
         const int pick = last && tsr_step_call_picks(step, s->in, s->owner, nb, rows, tsr_forward_pick_rows(e->fwd));
-        const int top = last && !pick && p->tp == 1 &&
-                        tsr_step_call_top(step, s->in, s->owner, nb, rows, tsr_forward_top_rows(e->fwd));
+        int top = last && !pick && p->tp == 1 &&
+                  tsr_step_call_top(step, s->in, s->owner, nb, rows, tsr_forward_top_rows(e->fwd));
+        if (top && s->top_backoff > 0) {
+            s->top_backoff--;
+            top = 0;
+        }
         if ((st = reserve(s, n, pick || top ? 0 : rows, vocab, m->local.vocab, p->tp)) != TSR_OK) break;
         const size_t hidden_bytes = (size_t)tokens * H * sizeof(float);
         if (!first) {
@@ -306,6 +310,7 @@ tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *re
                 st = tsr_step_sample(src + (size_t)(nrows - 1) * vocab, vocab, step, q, &results[i]);
             row += (size_t)nrows;
         }
+        if (top) tsr_step_top_backoff(&s->top_backoff, n_undecided, (int)rows);
         if (st == TSR_OK && n_undecided) st = reserve(s, n, rows, vocab, m->local.vocab, p->tp);
         if (st == TSR_OK && n_undecided)
             st = tsr_step_sample_undecided(e->fwd, step, s->undecided, s->undecided + n, n_undecided, vocab,

@@ -47,6 +47,7 @@ typedef struct tsr_stage {
     float *top_vals;  /* [cap_in][TSR_TOP_MAX] */
     float *top_z, *top_inv; /* [cap_in] */
     int *undecided;         /* [2][cap_in]: sequences the candidates could not decide, and their rows */
+    int top_backoff;        /* calls left that copy whole rows (tsr_step_top_backoff) */
     int cap_in;
 } tsr_stage;
 

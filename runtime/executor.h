@@ -57,6 +57,7 @@ typedef struct tsr_step_scratch {
     float *top_vals;         /* [cap_in][TSR_TOP_MAX] */
     float *top_z, *top_inv;  /* [cap_in]: each row's normalizer and inverse temperature */
     int *undecided;          /* [2][cap_in]: sequences whose candidates could not decide, and their rows */
+    int top_backoff;         /* calls left that copy whole rows instead (tsr_step_top_backoff) */
     int cap_in;
     int *progress;           /* [2][cap_seqs]: tokens done per sequence, then its first row in `logits` */
     int cap_seqs;
@@ -89,6 +90,12 @@ int tsr_step_call_top(const tsr_step *step, const struct tsr_seq_input *in, cons
  * last of them into buf (room for the call's rows). */
 tsr_status tsr_step_sample_undecided(struct tsr_forward_ctx *fwd, const tsr_step *step, const int *seq, const int *row,
                                      int n, int vocab, float *buf, tsr_step_result *results);
+
+/* After a call that read candidates: when they left more than half of its sampled rows undecided (flat
+ * distributions, wide top-p), the next TSR_TOP_BACKOFF calls that could read candidates copy their rows whole
+ * instead, so that such a workload pays the candidates' cost on one call in TSR_TOP_BACKOFF + 1. */
+#define TSR_TOP_BACKOFF 8
+void tsr_step_top_backoff(int *backoff, int undecided, int sampled);
 
 /* The inverse temperature of each of the call's rows, in row order (tsr_step_inv_temp; tsr_forward_top's input). */
 void tsr_step_call_inv_temps(const tsr_step *step, const struct tsr_seq_input *in, const int *owner, int nb,

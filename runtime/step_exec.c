@@ -103,6 +103,11 @@ tsr_status tsr_step_sample_undecided(tsr_forward_ctx *fwd, const tsr_step *step,
     return TSR_OK;
 }
 
+void tsr_step_top_backoff(int *backoff, int undecided, int sampled)
+{
+    if (2 * undecided > sampled) *backoff = TSR_TOP_BACKOFF;
+}
+
 /* Fills the inverse temperature of each of the call's rows (tsr_forward_top). */
 void tsr_step_call_inv_temps(const tsr_step *step, const tsr_seq_input *in, const int *owner, int nb, float *inv)
 {
@@ -158,8 +163,11 @@ tsr_status tsr_engine_run_step(tsr_engine *e, tsr_step_scratch *scratch, const t
         /* when every row only feeds a greedy choice, the rows stay on the device and only their picks come back */
         const int pick =
             tsr_step_call_picks(step, scratch->in, scratch->owner, nb, rows, tsr_forward_pick_rows(e->fwd));
-        const int top =
-            !pick && tsr_step_call_top(step, scratch->in, scratch->owner, nb, rows, tsr_forward_top_rows(e->fwd));
+        int top = !pick && tsr_step_call_top(step, scratch->in, scratch->owner, nb, rows, tsr_forward_top_rows(e->fwd));
+        if (top && scratch->top_backoff > 0) {
+            scratch->top_backoff--;
+            top = 0;
+        }
         if ((st = scratch_reserve(scratch, n, pick || top ? 0 : rows, vocab)) != TSR_OK) break;
         if (pick) {
             st = tsr_forward_argmax(e->fwd, scratch->in, nb, scratch->pick_ids, scratch->pick_vals);
@@ -208,6 +216,7 @@ tsr_status tsr_engine_run_step(tsr_engine *e, tsr_step_scratch *scratch, const t
                 st = tsr_step_sample(src + (size_t)(nrows - 1) * vocab, vocab, step, q, &results[i]);
             row += (size_t)nrows;
         }
+        if (top) tsr_step_top_backoff(&scratch->top_backoff, n_undecided, (int)rows);
         if (st == TSR_OK && n_undecided) st = scratch_reserve(scratch, n, rows, vocab);
         if (st == TSR_OK && n_undecided)
             st = tsr_step_sample_undecided(e->fwd, step, scratch->undecided, scratch->undecided + n, n_undecided,
