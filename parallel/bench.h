@@ -1,12 +1,12 @@
 /* Throughput of any executor, one process or many ranks: `tessera generate --bench`.
  *
- * For each batch size B: B random prompts of prompt_len tokens (ids from a fixed seed) are prefilled in step plans
- * of up to the executor's max_step_tokens tokens (prompts' chunks side by side, each prompt's last chunk sampling
- * its first token), then gen decode steps run B sequences of one token each (drawn with o->sampling; with an executor that keeps
- * several steps in flight, B is cut into that many groups whose steps alternate, as the scheduler does). Sequence b uses pages
- * [b·P, (b+1)·P). One warm-up step runs first so that page faults of mapped weights and one-time set-up (NCCL
- * connections, CUDA graph capture of the first decode shape) are not timed. Reported: prefill tokens/s and
- * milliseconds, decode tokens/s and milliseconds per step, per batch; optionally as JSON. The executor's results
+ * For each batch size B: B random prompts of prompt_len tokens (ids from a fixed seed) are prefilled in step plans of
+ * up to the executor's max_step_tokens tokens (prompts' chunks side by side, each prompt's last chunk sampling its
+ * first token), then gen decode steps run B sequences of one token each (drawn with o->sampling; with an executor that
+ * keeps several steps in flight, B is cut into that many groups whose steps alternate, as the scheduler does).
+ * Sequence b uses pages [b·P, (b+1)·P). One warm-up step runs first so that page faults of mapped weights and one-time
+ * set-up (NCCL connections, CUDA graph capture of the first decode shape) are not timed. Reported: prefill tokens/s
+ * and milliseconds, decode tokens/s and milliseconds per step, per batch; optionally as JSON. The executor's results
  * are what the coordinator sees, so under mpirun the numbers include the step round trip. */
 #ifndef TSR_PARALLEL_BENCH_H
 #define TSR_PARALLEL_BENCH_H

@@ -4,16 +4,16 @@
  * Every worker of the job receives the same plan and cuts it into the same forward calls: at most the plan's
  * max_tokens tokens each, and, with several stages, at least `micro_batches` calls (two by default) when the step has
  * that many tokens, so that stage s works on call k+1 while stage s+1 works on call k (a sequence's chunk may be cut
- * across calls; each stage runs the calls in order, so a later piece always finds the earlier piece's keys and
- * values in its cache). With several stages the coordinator also keeps tsr_stage_depth steps in flight, each with
- * its own sequences (parallel/coordinator.h): stage 0 runs step n+1 while the last stage runs step n. A step of
- * decode tokens alone is then one call, as the other steps in flight already keep the stages busy. Per call: a stage other than the first receives the call's hidden state [tokens][hidden]
- * from the same tensor rank of the previous stage, runs its layers, and sends the result to the next stage. The
- * last stage's tensor group gathers its vocabulary shards of the logits on its first member, the leader, which
- * copies the rows the plan asks for and samples (tsr_step_sample) the sequences whose last token was in the call.
- * A call whose rows only feed greedy choices gathers each member's pick instead of the rows; without a tensor
- * group, a call whose rows only feed draws without log-probabilities, penalties or biases reads back each row's
- * candidates (tsr_forward_top) and a whole row only when they cannot decide.
+ * across calls; each stage runs the calls in order, so a later piece always finds the earlier piece's keys and values
+ * in its cache). With several stages the coordinator also keeps tsr_stage_depth steps in flight, each with its own
+ * sequences (parallel/coordinator.h): stage 0 runs step n+1 while the last stage runs step n. A step of decode tokens
+ * alone is then one call, as the other steps in flight already keep the stages busy. Per call: a stage other than the
+ * first receives the call's hidden state [tokens][hidden] from the same tensor rank of the previous stage, runs its
+ * layers, and sends the result to the next stage. The last stage's tensor group gathers its vocabulary shards of the
+ * logits on its first member, the leader, which copies the rows the plan asks for and samples (tsr_step_sample) the
+ * sequences whose last token was in the call. A call whose rows only feed greedy choices gathers each member's pick
+ * instead of the rows; without a tensor group, a call whose rows only feed draws without log-probabilities, penalties
+ * or biases reads back each row's candidates (tsr_forward_top) and a whole row only when they cannot decide.
  *
  * Workers keep no state between steps beyond the KV cache contents the plans address. Errors (a comm failure,
  * TSR_ERR_REMOTE; an invalid plan) leave the stage unusable: the caller reports and leaves. */

@@ -3,11 +3,12 @@
  * Threads: front doors call submit/cancel/stats from any thread; they only touch the inbox, the counters and the
  * condition variables, under one mutex. The loop thread owns everything else: the scheduler, the table of live
  * requests, each request's detokenizer and stop-string matcher. One iteration moves the inbox into the scheduler,
- * plans a step, runs it on the executor (outside the lock), commits the results and turns the scheduler's events
- * into callbacks. With an executor that pipelines steps (depth > 1: layer stages on several ranks), an iteration
- * plans and submits steps until `depth` are in flight (each with its own sequences), then collects and commits
- * the oldest, so that the next step of those sequences is planned while the others still run. Text is released through the stop matcher, so a stop string is never streamed; when one matches,
- * the sequence is finished in the scheduler, whose final event then reaches the callback like any other.
+ * plans a step, runs it on the executor (outside the lock), commits the results and turns the scheduler's events into
+ * callbacks. With an executor that pipelines steps (depth > 1: layer stages on several ranks), an iteration plans and
+ * submits steps until `depth` are in flight (each with its own sequences), then collects and commits the oldest, so
+ * that the next step of those sequences is planned while the others still run. Text is released through the stop
+ * matcher, so a stop string is never streamed; when one matches, the sequence is finished in the scheduler, whose
+ * final event then reaches the callback like any other.
  *
  * Failure handling: an executor error fails the step's sequences; if it also marks the executor broken (a dead
  * rank), every live request is failed, new submits are refused with TSR_ERR_REMOTE, and /health can say so.

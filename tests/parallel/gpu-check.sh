@@ -11,7 +11,7 @@
 #   bench70  70B geometry at 4.0 bits: one GPU vs layers vs tensor over two GPUs; 70B at 2.5 bits on two GPUs
 #            capped at 24 GiB each (by layers and by tensors); prints the ratios against the BENCHMARKS.md targets
 #            (tensor batch-1 decode >= 1.7x one GPU; layers batch-32 decode >= 1.6x; tensor prefill >= layers)
-#   pipeline steps in flight over layer stages: `tessera batch` (several greedy requests at once) on one GPU and
+#   pipeline steps in flight over layer stages: `tessera batch` (greedy and seeded sampled requests) on one GPU and
 #            under mpirun -np 3 --split layers must write the same texts; then 70B at 4.0 bits, one GPU vs layers
 #            (two steps in flight, the default) vs layers with --micro-batches 1 (one step at a time)
 # Logs and JSON go to $OUT (default /tmp/out). Models are synthesized under $TSR_SYNTH_DIR (default /tmp) unless
@@ -149,8 +149,13 @@ PY
 pipeline)
   m=models/tiny-llama-exl2-4.0bpw
   for i in 1 2 3 4 5 6 7 8; do
-    echo "{\"custom_id\": \"r$i\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": \"Story $i: once\", \"max_tokens\": 24, \"temperature\": 0}}"
+    printf '{"custom_id": "r%s", "method": "POST", "url": "/v1/completions", "body": ' "$i"
+    printf '{"prompt": "Story %s: once", "max_tokens": 24, "temperature": 0}}\n' "$i"
   done > "$out/pipe-in.jsonl"
+  for i in 9 10 11 12; do # sampled, seeded: drawn from the device's candidates on the last stage
+    printf '{"custom_id": "r%s", "method": "POST", "url": "/v1/completions", "body": ' "$i"
+    printf '{"prompt": "Tale %s:", "max_tokens": 24, "temperature": 0.8, "top_p": 0.9, "seed": %s}}\n' "$i" "$i"
+  done >> "$out/pipe-in.jsonl"
   "$bin" batch --model $m --device "$dev" --input "$out/pipe-in.jsonl" --output "$out/pipe-one.jsonl" --quiet ||
     bad "batch on one GPU"
   mpi 3 batch --model $m --device "$dev" --input "$out/pipe-in.jsonl" --output "$out/pipe-layers.jsonl" --quiet \
@@ -160,9 +165,10 @@ import json, sys
 def load(p):
     return {l["custom_id"]: l["response"]["body"]["choices"][0]["text"] for l in map(json.loads, open(p))}
 a, b = load(sys.argv[1]), load(sys.argv[2])
-print("batch: %d requests, one GPU and layer split %s" % (len(a), "equal" if a == b and len(a) == 8 else "DIFFER"))
-sys.exit(0 if a == b and len(a) == 8 else 1)
+print("batch: %d requests, one GPU and layer split %s" % (len(a), "equal" if a == b and len(a) == 12 else "DIFFER"))
+sys.exit(0 if a == b and len(a) == 12 else 1)
 PY
+  [ "${TSR_PIPE_BENCH:-1}" = 0 ] && continue
   sd=${TSR_SYNTH_DIR:-/tmp}
   m40=${TSR_MODEL_70B_40:-$sd/llama70b-4.0}
   [ -f "$m40/config.json" ] || "$bin" synth --arch llama --hidden 8192 --layers 80 --heads 64 --kv-heads 8 \

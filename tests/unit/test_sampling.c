@@ -650,8 +650,8 @@ static void test_top(void **state)
             }
         }
     }
-    printf("tsr_sample_top: %d of %d draws decided by the candidates (%d of %d on the peaked row)\n", decided_all, total,
-           decided_peaked, total_peaked);
+    printf("tsr_sample_top: %d of %d draws decided by the candidates (%d of %d on the peaked row)\n", decided_all,
+           total, decided_peaked, total_peaked);
     assert_true(decided_peaked * 2 > total_peaked);
     /* bad parameters fail as the sampler does; a non-finite top leaves the row to the sampler */
     int32_t ids[2] = {3, 1};
