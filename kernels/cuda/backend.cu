@@ -431,6 +431,7 @@ static void release_linear(tsr_linear *L)
     if (d->kind == TSR_LINEAR_EXL2) {
         cuda_release((void *)d->fw);
         cuda_release((void *)d->units);
+        tsr_cuda_forget_unit_order(d->uperm);
         cuda_release((void *)d->uperm);
         cuda_release((void *)d->q_scale);
         cuda_release((void *)d->g_scales);

@@ -18,12 +18,14 @@ void tsr_cuda_linear(const tsr_linear *L, const float *x, int M, float *y);
 /* ops.h linear_add_norm: the decode GEMV's K-split parts are added in the residual pass. */
 void tsr_cuda_linear_add_norm(const tsr_linear *L, const float *a, int M, float *x, const tsr_dense *w, float eps,
                               float *out);
-/* y[i] = x · W_i for n layers sharing x (ops.h linear_many): EXL2 decode GEMVs (M <= 8) in one launch, else one by
- * one. */
+/* y[i] = x · W_i for n layers sharing x (ops.h linear_many): EXL2 decode GEMVs in one launch, else one by one (the
+ * dequantize path permutes x once for consecutive matrices of one unit order). */
 void tsr_cuda_linear_many(const tsr_linear *const *L, int n, const float *x, int M, float *const *y);
 /* Reserves, at model preparation, the fp16 slab buffer of the dequantize-and-cuBLAS path (matmul.cu); grows
  * only. Out of memory is fatal. */
 void tsr_cuda_dq_reserve(size_t bytes);
+/* Drops what the dequantize path remembers of a matrix's unit order (matmul.cu), before its uperm is freed. */
+void tsr_cuda_forget_unit_order(const int32_t *uperm);
 void tsr_cuda_rope(const tsr_batch_layout *b, float *x, int n_heads, int head_dim, int rot_dim);
 void tsr_cuda_kv_store(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v);
 /* ops.h rope_store: rope of q and k, then k and v into the cache, in one launch (quantized caches: three) */

@@ -22,9 +22,13 @@
 #include "kernels/cuda/launch.cuh"
 
 #include <cuda_bf16.h>
+#include <map>
 #include <stdlib.h>
 #include <string.h>
 #include <type_traits>
+#include <iterator>
+#include <utility>
+#include <vector>
 
 /* Calls f(std::integral_constant<int, B>{}) for a unit's width B = bits: 2, 3, 4, 5, 6, anything else 8. */
 template <class F> __device__ __forceinline__ void frag_with_width(int bits, F &&f)
@@ -670,14 +674,37 @@ static void fg_launch(const tsr_linear_dev *const *Ls, int n, const float *x, in
 
 /* ---- EXL2 through cuBLAS: dequantize column slabs to fp16, then one dense GEMM per slab ---- */
 
-/* xp[m][k] = h(x[m][uperm[k]]): the activations in unit row order as fp16 (0 on padding rows). */
-__global__ void permute_half_kernel(const float *x, const int32_t *uperm, int M, int K, int Kp, __half *xp)
+/* xp[m][k] = h(x[m][uperm[k]]): the activations in unit row order as fp16 (0 on padding rows). A block per row (rows
+ * step by gridDim.x): the row is read whole into shared memory as fp16, then gathered from there, so that global
+ * reads and writes are both contiguous (gathering straight from global memory read a 32-byte sector per element and
+ * ran at a third of the speed). */
+__global__ void __launch_bounds__(512) permute_half_kernel(const float *x, const int32_t *uperm, int M, int K, int Kp,
+                                                            __half *xp)
 {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)M * Kp) return;
-    const size_t m = i / Kp;
-    const int src = uperm[i % Kp];
-    xp[i] = __float2half_rn(src >= 0 ? x[m * K + src] : 0.0f);
+    extern __shared__ __half row_h[];
+    for (int m = blockIdx.x; m < M; m += gridDim.x) {
+        const float *xm = x + (size_t)m * K;
+        for (int k = threadIdx.x; k < K; k += blockDim.x) row_h[k] = __float2half_rn(xm[k]);
+        __syncthreads();
+        __half *out = xp + (size_t)m * Kp;
+        for (int k = threadIdx.x; k < Kp; k += blockDim.x) {
+            const int src = uperm[k];
+            out[k] = src >= 0 ? row_h[src] : __float2half_rn(0.0f);
+        }
+        __syncthreads();
+    }
+}
+
+static void permute_half(const float *x, const int32_t *uperm, int M, int K, int Kp, __half *xp)
+{
+    static size_t opted = 48 * 1024; /* dynamic shared memory allowed so far (the default limit) */
+    const size_t smem = (size_t)K * sizeof(__half);
+    if (smem > opted) {
+        TSR_CUDA_CHECK(cudaFuncSetAttribute(permute_half_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        opted = smem;
+    }
+    permute_half_kernel<<<M < 65535 ? M : 65535, 512, smem, tsr_cuda_stream()>>>(x, uperm, M, K, Kp, xp);
+    TSR_CUDA_LAUNCHED();
 }
 
 /* dq[k][j] = W[k][32 cb0 + j] in unit row order for the slab's columns; one warp per (unit, column block): the
@@ -773,6 +800,49 @@ void tsr_cuda_dq_reserve(size_t bytes)
 /* Whether M rows of L go through the dequantize-and-cuBLAS path rather than the GEMV. */
 static int dq_path(int M) { return M >= dq_min_m(); }
 
+/* TSR_CUDA_DQ_TIMES=1 (diagnosis): device time of the dequantize path's three parts per matrix shape, from events
+ * with a synchronization after each call (so it also removes any overlap), printed at exit. */
+static int dq_times_on(void)
+{
+    static int v = -1;
+    if (v < 0) v = getenv("TSR_CUDA_DQ_TIMES") && atoi(getenv("TSR_CUDA_DQ_TIMES")) != 0;
+    return v;
+}
+struct dq_time {
+    double ms[3];
+    long n;
+};
+static std::map<std::pair<int, std::pair<int, int>>, dq_time> g_dq_times;
+static cudaEvent_t g_dq_ev[4];
+static void dq_times_report(void)
+{
+    for (auto &e : g_dq_times)
+        fprintf(stderr, "dq path M %d, %dx%d: %ld calls, permute %.1f us, dequantize %.1f us, gemm %.1f us per call\n",
+                e.first.first, e.first.second.first, e.first.second.second, e.second.n, 1e3 * e.second.ms[0] / e.second.n,
+                1e3 * e.second.ms[1] / e.second.n, 1e3 * e.second.ms[2] / e.second.n);
+}
+static void dq_mark(int i)
+{
+    if (!dq_times_on()) return;
+    if (!g_dq_ev[0]) {
+        for (int k = 0; k < 4; k++) TSR_CUDA_CHECK(cudaEventCreate(&g_dq_ev[k]));
+        atexit(dq_times_report);
+    }
+    TSR_CUDA_CHECK(cudaEventRecord(g_dq_ev[i], tsr_cuda_stream()));
+}
+static void dq_account(int M, int K, int N)
+{
+    if (!dq_times_on()) return;
+    TSR_CUDA_CHECK(cudaEventSynchronize(g_dq_ev[3]));
+    dq_time &t = g_dq_times[std::make_pair(M, std::make_pair(K, N))];
+    for (int k = 0; k < 3; k++) {
+        float ms = 0;
+        TSR_CUDA_CHECK(cudaEventElapsedTime(&ms, g_dq_ev[k], g_dq_ev[k + 1]));
+        t.ms[k] += ms;
+    }
+    t.n++;
+}
+
 /* y = xp · W through cuBLAS, xp being the activations in unit row order (fp16, Kp = 32 units rows). */
 static void exl2_dq_gemm(const tsr_linear_dev *L, const __half *xp, int M, float *y)
 {
@@ -789,6 +859,7 @@ static void exl2_dq_gemm(const tsr_linear_dev *L, const __half *xp, int M, float
         dim3 grid(tsr_div_up(w / 32, 4), L->n_units);
         frag_dequant_kernel<<<grid, 128, 0, tsr_cuda_stream()>>>(*L, n0 / 32, w / 32, dq);
         TSR_CUDA_LAUNCHED();
+        if (n0 == 0) dq_mark(2);
         cublasStatus_t st = cublasGemmEx(tsr_cuda_blas(), CUBLAS_OP_N, CUBLAS_OP_N, cols, M, Kp, &alpha, dq, CUDA_R_16F,
                                          w, xp, CUDA_R_16F, Kp, &beta, y + n0, CUDA_R_32F, L->N, CUBLAS_COMPUTE_32F,
                                          CUBLAS_GEMM_DEFAULT);
@@ -883,6 +954,56 @@ static void dense_gemm(const tsr_linear_dev *L, const float *x, int M, float *y)
     }
 }
 
+/* The dequantize path of one EXL2/GPTQ matrix; permute = 0 when scratch slot 0 already holds x in this matrix's
+ * unit row order (the matrix before it in a group had the same permutation). */
+static void exl2_dq_linear(const tsr_linear_dev *L, const float *x, int M, float *y, int permute)
+{
+    const int Kp = 32 * L->n_units;
+    __half *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * Kp * sizeof(__half));
+    dq_mark(0);
+    if (permute) permute_half(x, L->uperm, M, L->K, Kp, xp);
+    dq_mark(1);
+    exl2_dq_gemm(L, xp, M, y);
+    dq_mark(3);
+    dq_account(M, L->K, L->N);
+    if (L->bias) {
+        add_bias_kernel<<<tsr_div_up((size_t)M * L->N, 256), 256, 0, tsr_cuda_stream()>>>(y, M, L->N, L->bias, TSR_F16);
+        TSR_CUDA_LAUNCHED();
+    }
+}
+
+/* Whether two matrices put their input rows in the same unit order (q, k and v, or gate and up, usually do: one
+ * input, one act-order permutation, and often one layout of bit widths). Compared once per pair, outside graph
+ * recording (a pair first seen while recording counts as different); a released matrix's pairs are forgotten
+ * (tsr_cuda_forget_unit_order), as its address may come back with other contents. */
+static std::map<std::pair<const int32_t *, const int32_t *>, bool> g_unit_orders;
+
+void tsr_cuda_forget_unit_order(const int32_t *uperm)
+{
+    for (auto it = g_unit_orders.begin(); it != g_unit_orders.end();)
+        it = it->first.first == uperm || it->first.second == uperm ? g_unit_orders.erase(it) : std::next(it);
+}
+
+static bool same_unit_order(const tsr_linear_dev *a, const tsr_linear_dev *b)
+{
+    if (a->uperm == b->uperm) return true;
+    if (a->K != b->K || a->n_units != b->n_units) return false;
+    auto &known = g_unit_orders;
+    const auto key = std::make_pair(a->uperm, b->uperm);
+    auto it = known.find(key);
+    if (it != known.end()) return it->second;
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    TSR_CUDA_CHECK(cudaStreamIsCapturing(tsr_cuda_stream(), &cap));
+    if (cap != cudaStreamCaptureStatusNone) return false;
+    const size_t n = (size_t)32 * a->n_units;
+    std::vector<int32_t> ha(n), hb(n);
+    TSR_CUDA_CHECK(cudaMemcpy(ha.data(), a->uperm, n * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    TSR_CUDA_CHECK(cudaMemcpy(hb.data(), b->uperm, n * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    const bool same = ha == hb;
+    known[key] = same;
+    return same;
+}
+
 void tsr_cuda_linear(const tsr_linear *Lh, const float *x, int M, float *y)
 {
     const tsr_linear_dev *L = (const tsr_linear_dev *)Lh->dev;
@@ -893,15 +1014,7 @@ void tsr_cuda_linear(const tsr_linear *Lh, const float *x, int M, float *y)
             fg_launch(&L, 1, x, M, &y);
             return;
         }
-        const int Kp = 32 * L->n_units;
-        __half *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * Kp * sizeof(__half));
-        permute_half_kernel<<<tsr_div_up((size_t)M * Kp, 256), 256, 0, tsr_cuda_stream()>>>(x, L->uperm, M, L->K, Kp, xp);
-        TSR_CUDA_LAUNCHED();
-        exl2_dq_gemm(L, xp, M, y);
-        if (L->bias) {
-            add_bias_kernel<<<tsr_div_up((size_t)M * L->N, 256), 256, 0, tsr_cuda_stream()>>>(y, M, L->N, L->bias, TSR_F16);
-            TSR_CUDA_LAUNCHED();
-        }
+        exl2_dq_linear(L, x, M, y, 1);
         return;
     }
     if (M <= 8) {
@@ -955,5 +1068,16 @@ void tsr_cuda_linear_many(const tsr_linear *const *Lh, int n, const float *x, in
         fg_launch(L, n, x, M, y);
         return;
     }
-    for (int i = 0; i < n; i++) tsr_cuda_linear(Lh[i], x, M, y[i]);
+    /* the dequantize path: the input permuted once for consecutive matrices of one unit order */
+    const tsr_linear_dev *prev = NULL;
+    for (int i = 0; i < n; i++) {
+        const tsr_linear_dev *d = (const tsr_linear_dev *)Lh[i]->dev;
+        if (M > 0 && d && d->kind == TSR_LINEAR_EXL2 && dq_path(M)) {
+            exl2_dq_linear(d, x, M, y[i], !prev || !same_unit_order(prev, d));
+            prev = d;
+        } else {
+            tsr_cuda_linear(Lh[i], x, M, y[i]);
+            prev = NULL;
+        }
+    }
 }
