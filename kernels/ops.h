@@ -111,7 +111,8 @@ typedef struct tsr_ops {
 
 #define TSR_TOP_MAX 64 /* candidates per row top_rows returns at most */
 
-/* The CPU reference backend. */
+/* The CPU reference backend (without top_rows: its rows are host memory already; the environment variable
+ * TSR_CPU_TOP=1 adds its reference top_rows, for tests of the candidates path on CPU workers). */
 const tsr_ops *tsr_ops_cpu(void);
 
 #endif

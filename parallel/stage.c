@@ -55,7 +55,9 @@ void tsr_stage_free(tsr_stage *s)
     free(s->top_z);
     free(s->top_inv);
     free(s->undecided);
+    free(s->top_all);
     s->undecided = NULL;
+    s->top_all = NULL;
     s->picks = NULL;
     s->top_ids = NULL;
     s->top_vals = s->top_z = s->top_inv = NULL;
@@ -86,7 +88,9 @@ static tsr_status reserve(tsr_stage *s, int n_in, size_t rows, int vocab, int lo
         if (tinv) s->top_inv = tinv;
         int *und = realloc(s->undecided, (size_t)n_in * 2 * sizeof *und);
         if (und) s->undecided = und;
-        if (!in || !owner || !picks || !tids || !tvals || !tz || !tinv || !und)
+        int32_t *all = realloc(s->top_all, (size_t)n_in * (2 * TSR_TOP_MAX + 1) * (1 + (size_t)tp) * sizeof *all);
+        if (all) s->top_all = all;
+        if (!in || !owner || !picks || !tids || !tvals || !tz || !tinv || !und || !all)
             return tsr_fail(TSR_ERR_NOMEM, "step: out of memory");
         s->cap_in = n_in;
     }
@@ -179,6 +183,98 @@ static tsr_status gather_picks(tsr_stage *s, size_t rows)
     return TSR_OK;
 }
 
+/* Floats as integers in the same order, -0 below +0 (the order of ops.h top_rows). */
+static int32_t order_key(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (int32_t)(u ^ ((uint32_t)((int32_t)u >> 31) & 0x7FFFFFFFu));
+}
+
+/* A tensor group's candidates over the whole vocabulary, on the leader: each member reduced its columns
+ * (tsr_forward_top: ids local, its normalizer against its own maximum); the leader merges the members' sorted lists
+ * per row into s->top_ids / top_vals (global ids, the TSR_TOP_MAX best: larger value, then lower id) and brings
+ * their normalizers to the row's maximum in s->top_z. */
+static tsr_status gather_top(tsr_stage *s, size_t rows)
+{
+    const tsr_plan *p = s->plan;
+    const tsr_model *m = s->engine->model;
+    const int K = TSR_TOP_MAX, tp = p->tp;
+    const size_t per_row = 2 * (size_t)K + 1, bytes = rows * per_row * sizeof(int32_t);
+    int32_t *mine = s->top_all, *all = s->top_all + (size_t)s->cap_in * per_row;
+    for (size_t r = 0; r < rows; r++) {
+        int32_t *o = mine + r * per_row;
+        for (int j = 0; j < K; j++) {
+            const int32_t id = s->top_ids[r * K + j];
+            o[j] = id >= 0 ? id + m->local.vocab0 : -1;
+        }
+        memcpy(o + K, s->top_vals + r * K, (size_t)K * sizeof(float));
+        memcpy(o + 2 * K, &s->top_z[r], sizeof(float));
+    }
+    size_t counts[TSR_PLAN_MAX], displs[TSR_PLAN_MAX];
+    for (int r = 0; r < tp; r++) {
+        counts[r] = bytes;
+        displs[r] = (size_t)r * bytes;
+    }
+    TSR_TRY(s->tp_host->gatherv(s->tp_host, mine, bytes, all, counts, displs, 0));
+    if (p->w[s->worker].tp_rank != 0) return TSR_OK;
+    for (size_t r = 0; r < rows; r++) {
+        const int32_t *list[TSR_PLAN_MAX];
+        int at[TSR_PLAN_MAX];
+        float top = NAN;
+        for (int g = 0; g < tp; g++) {
+            list[g] = all + (size_t)g * rows * per_row + r * per_row;
+            at[g] = 0;
+            float v;
+            memcpy(&v, list[g] + K, sizeof v);
+            if (list[g][0] >= 0 && (top != top || order_key(v) > order_key(top))) top = v;
+        }
+        for (int j = 0; j < K; j++) { /* a merge of the members' sorted lists */
+            int best = -1;
+            float bv = 0;
+            for (int g = 0; g < tp; g++) {
+                if (at[g] >= K || list[g][at[g]] < 0) continue;
+                float v;
+                memcpy(&v, list[g] + K + at[g], sizeof v);
+                if (best < 0 || order_key(v) > order_key(bv) ||
+                    (order_key(v) == order_key(bv) && list[g][at[g]] < list[best][at[best]]))
+                    best = g, bv = v;
+            }
+            s->top_ids[r * K + j] = best < 0 ? -1 : list[best][at[best]];
+            s->top_vals[r * K + j] = best < 0 ? NAN : bv;
+            if (best >= 0) at[best]++;
+        }
+        double z = 0;
+        for (int g = 0; g < tp && isfinite(top); g++) {
+            float mg, zg;
+            memcpy(&mg, list[g] + K, sizeof mg);
+            memcpy(&zg, list[g] + 2 * K, sizeof zg);
+            if (list[g][0] >= 0 && zg > 0) z += (double)zg * exp(((double)mg - top) * s->top_inv[r]);
+        }
+        s->top_z[r] = (float)z;
+    }
+    return TSR_OK;
+}
+
+/* The rows the candidates could not decide, sampled whole on the leader. und = {count, first row, last row} of
+ * the call, the same on every member of the group (broadcast); the leader's s->undecided lists them. */
+static tsr_status sample_undecided(tsr_stage *s, const tsr_step *step, int n, const int32_t *und,
+                                   tsr_step_result *results)
+{
+    tsr_engine *e = s->engine;
+    const int vocab = e->model->cfg.vocab_size, span = und[2] - und[1] + 1;
+    TSR_TRY(reserve(s, n, (size_t)span, vocab, e->model->local.vocab, s->plan->tp));
+    TSR_TRY(tsr_forward_fetch_rows(e->fwd, und[1], span, s->shard_logits));
+    float *full = NULL;
+    TSR_TRY(gather_logits(s, (size_t)span, &full));
+    if (!full || !results) return TSR_OK;
+    for (int k = 0; k < und[0]; k++) {
+        const int i = s->undecided[k], row = s->undecided[n + k];
+        TSR_TRY(tsr_step_sample(full + (size_t)(row - und[1]) * vocab, vocab, step, &step->seqs[i], &results[i]));
+    }
+    return TSR_OK;
+}
+
 tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *results, float *logits)
 {
     const tsr_plan *p = s->plan;
@@ -238,8 +334,7 @@ tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *re
         }
         if (nb == 0) break;
         const int pick = last && tsr_step_call_picks(step, s->in, s->owner, nb, rows, tsr_forward_pick_rows(e->fwd));
-        int top = last && !pick && p->tp == 1 &&
-                  tsr_step_call_top(step, s->in, s->owner, nb, rows, tsr_forward_top_rows(e->fwd));
+        int top = last && !pick && tsr_step_call_top(step, s->in, s->owner, nb, rows, tsr_forward_top_rows(e->fwd));
         if (top && s->top_backoff > 0) {
             s->top_backoff--;
             top = 0;
@@ -269,7 +364,8 @@ tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *re
         }
         float *full = NULL;
         if (pick && (st = gather_picks(s, rows)) != TSR_OK) break;
-        if (!pick && last && rows && (st = gather_logits(s, rows, &full)) != TSR_OK) break;
+        if (top && p->tp > 1 && (st = gather_top(s, rows)) != TSR_OK) break;
+        if (!pick && !top && last && rows && (st = gather_logits(s, rows, &full)) != TSR_OK) break;
         size_t row = 0;
         int n_undecided = 0;
         for (int b = 0; b < nb && st == TSR_OK; b++) {
@@ -310,11 +406,20 @@ tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *re
                 st = tsr_step_sample(src + (size_t)(nrows - 1) * vocab, vocab, step, q, &results[i]);
             row += (size_t)nrows;
         }
-        if (top) tsr_step_top_backoff(&s->top_backoff, n_undecided, (int)rows);
-        if (st == TSR_OK && n_undecided) st = reserve(s, n, rows, vocab, m->local.vocab, p->tp);
-        if (st == TSR_OK && n_undecided)
-            st = tsr_step_sample_undecided(e->fwd, step, s->undecided, s->undecided + n, n_undecided, vocab,
-                                           s->shard_logits, results);
+        if (top) { /* the group learns the leader's undecided rows (none after a failure) and takes them whole */
+            int32_t und[3] = {st == TSR_OK ? n_undecided : 0, 0, 0};
+            for (int k = 0; k < und[0]; k++) {
+                const int r = s->undecided[n + k];
+                und[1] = k == 0 || r < und[1] ? r : und[1];
+                und[2] = k == 0 || r > und[2] ? r : und[2];
+            }
+            if (p->tp > 1) {
+                tsr_status bs = s->tp_host->bcast(s->tp_host, und, sizeof und, 0);
+                if (st == TSR_OK) st = bs;
+            }
+            tsr_step_top_backoff(&s->top_backoff, und[0], (int)rows);
+            if (st == TSR_OK && und[0]) st = sample_undecided(s, step, n, und, leader ? results : NULL);
+        }
         if (st != TSR_OK) break;
     }
     for (int k = 0; k < 2 && st == TSR_OK; k++)

@@ -12,8 +12,9 @@
  * layers, and sends the result to the next stage. The last stage's tensor group gathers its vocabulary shards of the
  * logits on its first member, the leader, which copies the rows the plan asks for and samples (tsr_step_sample) the
  * sequences whose last token was in the call. A call whose rows only feed greedy choices gathers each member's pick
- * instead of the rows; without a tensor group, a call whose rows only feed draws without log-probabilities, penalties
- * or biases reads back each row's candidates (tsr_forward_top) and a whole row only when they cannot decide.
+ * instead of the rows; a call whose rows only feed draws without log-probabilities, penalties or biases gathers each
+ * member's candidates of its columns (tsr_forward_top), which the leader merges and draws from; it then tells the
+ * group the rows they could not decide (a broadcast of their span), which are gathered whole.
  *
  * Workers keep no state between steps beyond the KV cache contents the plans address. Errors (a comm failure,
  * TSR_ERR_REMOTE; an invalid plan) leave the stage unusable: the caller reports and leaves. */
@@ -43,10 +44,11 @@ typedef struct tsr_stage {
     struct tsr_seq_input *in;
     int *owner;
     int32_t *picks; /* [2 + 2 * tp][cap_in]: a call's greedy picks (ids, value bits), then the group's gathered */
-    int32_t *top_ids; /* [cap_in][TSR_TOP_MAX]: a call's candidates (one worker holding the whole head) */
+    int32_t *top_ids; /* [cap_in][TSR_TOP_MAX]: a call's candidates (in a tensor group: merged on the leader) */
     float *top_vals;  /* [cap_in][TSR_TOP_MAX] */
     float *top_z, *top_inv; /* [cap_in] */
     int *undecided;         /* [2][cap_in]: sequences the candidates could not decide, and their rows */
+    int32_t *top_all;       /* [1 + tp][cap_in][2 * TSR_TOP_MAX + 1]: a member's candidates, then the group's */
     int top_backoff;        /* calls left that copy whole rows (tsr_step_top_backoff) */
     int cap_in;
 } tsr_stage;

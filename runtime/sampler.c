@@ -981,7 +981,9 @@ tsr_status tsr_sample_top(const tsr_top_row *row, const tsr_sampling *p, double 
                 acc += exp_neg((row->vals[j] - m) * inv);
                 if (acc >= need) break;
             }
-            if (j == n || (j + 1 < n && row->vals[j + 1] == row->vals[j])) return TSR_OK;
+            /* not on a tie, nor on the last candidate's value (entries equal to it may be missing) */
+            if (j == n || (j + 1 < n && row->vals[j + 1] == row->vals[j]) || row->vals[j] == row->vals[n - 1])
+                return TSR_OK;
             q.top_k = j + 1 < n ? j + 1 : 0;
             q.top_p = 1;
         } else if (min_p) {
@@ -995,6 +997,7 @@ tsr_status tsr_sample_top(const tsr_top_row *row, const tsr_sampling *p, double 
             for (int j = 0; j < n; j++) {
                 acc += exp_neg((row->vals[j] - m) * inv);
                 if (target < acc) {
+                    if (row->vals[j] == row->vals[n - 1]) return TSR_OK; /* its equals may be missing */
                     *token = row->ids[j];
                     *decided = 1;
                     return TSR_OK;

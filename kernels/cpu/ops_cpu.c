@@ -45,4 +45,17 @@ static const tsr_ops cpu_ops = {
     .argmax_rows = tsr_cpu_argmax_rows,
 };
 
-const tsr_ops *tsr_ops_cpu(void) { return &cpu_ops; }
+/* TSR_CPU_TOP=1: the table with top_rows too, so that the CPU suite runs the candidates path of the step and of the
+ * split stages (sampled rows reduced to candidates, undecided rows fetched) as a GPU does. */
+const tsr_ops *tsr_ops_cpu(void)
+{
+    static tsr_ops with_top;
+    static int mode = -1;
+    if (mode < 0) {
+        const char *v = getenv("TSR_CPU_TOP");
+        mode = v && !strcmp(v, "1");
+        with_top = cpu_ops;
+        with_top.top_rows = tsr_cpu_top_rows;
+    }
+    return mode ? &with_top : &cpu_ops;
+}

@@ -58,6 +58,21 @@ reference() {
     fail "$tag: one-process logits"
 }
 
+# sampled_check MODEL SPLIT: seeded sampled decoding (top-k, top-p, plain temperature) under mpirun -np 3 with the CPU
+# workers' candidates path (TSR_CPU_TOP=1: rows reduced to 64 candidates on the last stage, merged over a tensor
+# group, undecided rows gathered whole) must give the tokens of the same split drawing from whole rows
+sampled_check() {
+  local model=$1 split=$2 s a b
+  for s in "--temperature 0.8 --top-k 40" "--temperature 0.9 --top-p 0.9" "--temperature 1.0"; do
+    a=$(TSR_CPU_TOP=0 mpi 3 generate --model "$model" --ids "$ids" --max-tokens 24 --ignore-eos --print-ids --seed 5 \
+      --split "$split" --quiet-ranks $s) || fail "sampled $split $s: whole rows"
+    b=$(TSR_CPU_TOP=1 mpi 3 generate --model "$model" --ids "$ids" --max-tokens 24 --ignore-eos --print-ids --seed 5 \
+      --split "$split" --quiet-ranks $s) || fail "sampled $split $s: candidates"
+    [ "$a" = "$b" ] || fail "sampled $split $s: candidates drew $b, whole rows $a"
+  done
+  echo "$(basename "$model"): sampled decoding under --split $split: candidates and whole rows draw the same tokens"
+}
+
 case "$mode" in
 layers)
   for m in "${models[@]}"; do
@@ -68,6 +83,7 @@ layers)
   compare "${models[0]}" 3 0 --split layers:0.7,0.3
   compare "${models[0]}" 3 0 --split layers:0.7,0.3 --micro-batches 1
   compare "${models[0]}" 4 0 --split layers
+  sampled_check "${models[0]}" layers
   # the same options from an INI file (--config), and the plan printed without loading
   printf '[parallel]\nsplit = layers:0.6,0.4\nquiet-ranks = true\nmicro-batches = 3\n[generate]\nignore-eos = yes\n' > "$tmp/c.ini"
   got=$(mpi 3 generate --model "${models[0]}" --config "$tmp/c.ini" --ids "$ids" --max-tokens 16 --print-ids) ||
@@ -87,6 +103,7 @@ tensor)
   # four workers over the fixtures' two KV heads: each KV head replicated on two of them
   compare "${models[0]}" 5 1e-3 --split tensor
   compare "${models[3]:-${models[0]}}" 5 1e-3 --split tensor
+  sampled_check "${models[0]}" tensor
   ;;
 hybrid)
   reference "${models[0]}"
