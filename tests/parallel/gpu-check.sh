@@ -12,7 +12,8 @@
 #            capped at 24 GiB each (by layers and by tensors); prints the ratios against the BENCHMARKS.md targets
 #            (tensor batch-1 decode >= 1.7x one GPU; layers batch-32 decode >= 1.6x; tensor prefill >= layers)
 #   pipeline steps in flight over layer stages: `tessera batch` (greedy and seeded sampled requests) on one GPU and
-#            under mpirun -np 3 --split layers must write the same texts; then 70B at 4.0 bits, one GPU vs layers
+#            under mpirun -np 3 --split layers must write the same texts, and --split tensor the same with and without
+#            the candidates (TSR_CUDA_TOP=0); then 70B at 4.0 bits, one GPU vs layers
 #            (two steps in flight, the default) vs layers with --micro-batches 1 (one step at a time)
 # Logs and JSON go to $OUT (default /tmp/out). Models are synthesized under $TSR_SYNTH_DIR (default /tmp) unless
 # TSR_MODEL_70B_40 / TSR_MODEL_70B_25 / TSR_MODEL_8B name existing directories.
@@ -166,6 +167,19 @@ def load(p):
     return {l["custom_id"]: l["response"]["body"]["choices"][0]["text"] for l in map(json.loads, open(p))}
 a, b = load(sys.argv[1]), load(sys.argv[2])
 print("batch: %d requests, one GPU and layer split %s" % (len(a), "equal" if a == b and len(a) == 12 else "DIFFER"))
+sys.exit(0 if a == b and len(a) == 12 else 1)
+PY
+  # a tensor group merges its members' candidates: the same texts as the same split copying whole rows
+  for t in 0 1; do
+    TSR_CUDA_TOP=$t mpi 3 batch --model $m --device "$dev" --input "$out/pipe-in.jsonl" --output "$out/pipe-tensor$t.jsonl" \
+      --quiet --quiet-ranks --split tensor || bad "batch under mpirun --split tensor (TSR_CUDA_TOP=$t)"
+  done
+  python3 - "$out/pipe-tensor0.jsonl" "$out/pipe-tensor1.jsonl" <<'PY' || bad "tensor split: candidates and whole rows differ"
+import json, sys
+def load(p):
+    return {l["custom_id"]: l["response"]["body"]["choices"][0]["text"] for l in map(json.loads, open(p))}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+print("batch, tensor split: %d requests, candidates and whole rows %s" % (len(a), "equal" if a == b else "DIFFER"))
 sys.exit(0 if a == b and len(a) == 12 else 1)
 PY
   [ "${TSR_PIPE_BENCH:-1}" = 0 ] && continue
