@@ -50,17 +50,10 @@ void tsr_stage_free(tsr_stage *s)
     free(s->in);
     free(s->owner);
     free(s->picks);
-    free(s->top_ids);
-    free(s->top_vals);
-    free(s->top_z);
-    free(s->top_inv);
-    free(s->undecided);
+    tsr_top_bufs_free(&s->top);
     free(s->top_all);
-    s->undecided = NULL;
     s->top_all = NULL;
     s->picks = NULL;
-    s->top_ids = NULL;
-    s->top_vals = s->top_z = s->top_inv = NULL;
     s->stage_buf = s->sum_buf = NULL;
     s->shard_logits = s->gathered = s->full = NULL;
     s->in = NULL;
@@ -78,20 +71,10 @@ static tsr_status reserve(tsr_stage *s, int n_in, size_t rows, int vocab, int lo
         if (owner) s->owner = owner;
         int32_t *picks = realloc(s->picks, (size_t)n_in * (2 + 2 * (size_t)tp) * sizeof *picks);
         if (picks) s->picks = picks;
-        int32_t *tids = realloc(s->top_ids, (size_t)n_in * TSR_TOP_MAX * sizeof *tids);
-        if (tids) s->top_ids = tids;
-        float *tvals = realloc(s->top_vals, (size_t)n_in * TSR_TOP_MAX * sizeof *tvals);
-        if (tvals) s->top_vals = tvals;
-        float *tz = realloc(s->top_z, (size_t)n_in * sizeof *tz);
-        if (tz) s->top_z = tz;
-        float *tinv = realloc(s->top_inv, (size_t)n_in * sizeof *tinv);
-        if (tinv) s->top_inv = tinv;
-        int *und = realloc(s->undecided, (size_t)n_in * 2 * sizeof *und);
-        if (und) s->undecided = und;
         int32_t *all = realloc(s->top_all, (size_t)n_in * (2 * TSR_TOP_MAX + 1) * (1 + (size_t)tp) * sizeof *all);
         if (all) s->top_all = all;
-        if (!in || !owner || !picks || !tids || !tvals || !tz || !tinv || !und || !all)
-            return tsr_fail(TSR_ERR_NOMEM, "step: out of memory");
+        if (!in || !owner || !picks || !all) return tsr_fail(TSR_ERR_NOMEM, "step: out of memory");
+        TSR_TRY(tsr_top_bufs_reserve(&s->top, n_in));
         s->cap_in = n_in;
     }
     if (rows > s->cap_rows) {
@@ -193,8 +176,8 @@ static int32_t order_key(float x)
 
 /* A tensor group's candidates over the whole vocabulary, on the leader: each member reduced its columns
  * (tsr_forward_top: ids local, its normalizer against its own maximum); the leader merges the members' sorted lists
- * per row into s->top_ids / top_vals (global ids, the TSR_TOP_MAX best: larger value, then lower id) and brings
- * their normalizers to the row's maximum in s->top_z. */
+ * per row into s->top.ids / top_vals (global ids, the TSR_TOP_MAX best: larger value, then lower id) and brings
+ * their normalizers to the row's maximum in s->top.z. */
 static tsr_status gather_top(tsr_stage *s, size_t rows)
 {
     const tsr_plan *p = s->plan;
@@ -205,11 +188,11 @@ static tsr_status gather_top(tsr_stage *s, size_t rows)
     for (size_t r = 0; r < rows; r++) {
         int32_t *o = mine + r * per_row;
         for (int j = 0; j < K; j++) {
-            const int32_t id = s->top_ids[r * K + j];
+            const int32_t id = s->top.ids[r * K + j];
             o[j] = id >= 0 ? id + m->local.vocab0 : -1;
         }
-        memcpy(o + K, s->top_vals + r * K, (size_t)K * sizeof(float));
-        memcpy(o + 2 * K, &s->top_z[r], sizeof(float));
+        memcpy(o + K, s->top.vals + r * K, (size_t)K * sizeof(float));
+        memcpy(o + 2 * K, &s->top.z[r], sizeof(float));
     }
     size_t counts[TSR_PLAN_MAX], displs[TSR_PLAN_MAX];
     for (int r = 0; r < tp; r++) {
@@ -240,8 +223,8 @@ static tsr_status gather_top(tsr_stage *s, size_t rows)
                     (order_key(v) == order_key(bv) && list[g][at[g]] < list[best][at[best]]))
                     best = g, bv = v;
             }
-            s->top_ids[r * K + j] = best < 0 ? -1 : list[best][at[best]];
-            s->top_vals[r * K + j] = best < 0 ? NAN : bv;
+            s->top.ids[r * K + j] = best < 0 ? -1 : list[best][at[best]];
+            s->top.vals[r * K + j] = best < 0 ? NAN : bv;
             if (best >= 0) at[best]++;
         }
         double z = 0;
@@ -249,15 +232,15 @@ static tsr_status gather_top(tsr_stage *s, size_t rows)
             float mg, zg;
             memcpy(&mg, list[g] + K, sizeof mg);
             memcpy(&zg, list[g] + 2 * K, sizeof zg);
-            if (list[g][0] >= 0 && zg > 0) z += (double)zg * exp(((double)mg - top) * s->top_inv[r]);
+            if (list[g][0] >= 0 && zg > 0) z += (double)zg * exp(((double)mg - top) * s->top.inv[r]);
         }
-        s->top_z[r] = (float)z;
+        s->top.z[r] = (float)z;
     }
     return TSR_OK;
 }
 
 /* The rows the candidates could not decide, sampled whole on the leader. und = {count, first row, last row} of
- * the call, the same on every member of the group (broadcast); the leader's s->undecided lists them. */
+ * the call, the same on every member of the group (broadcast); the leader's s->top.undecided lists them. */
 static tsr_status sample_undecided(tsr_stage *s, const tsr_step *step, int n, const int32_t *und,
                                    tsr_step_result *results)
 {
@@ -269,7 +252,7 @@ static tsr_status sample_undecided(tsr_stage *s, const tsr_step *step, int n, co
     TSR_TRY(gather_logits(s, (size_t)span, &full));
     if (!full || !results) return TSR_OK;
     for (int k = 0; k < und[0]; k++) {
-        const int i = s->undecided[k], row = s->undecided[n + k];
+        const int i = s->top.undecided[k], row = s->top.undecided[n + k];
         TSR_TRY(tsr_step_sample(full + (size_t)(row - und[1]) * vocab, vocab, step, &step->seqs[i], &results[i]));
     }
     return TSR_OK;
@@ -335,8 +318,8 @@ tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *re
         if (nb == 0) break;
         const int pick = last && tsr_step_call_picks(step, s->in, s->owner, nb, rows, tsr_forward_pick_rows(e->fwd));
         int top = last && !pick && tsr_step_call_top(step, s->in, s->owner, nb, rows, tsr_forward_top_rows(e->fwd));
-        if (top && s->top_backoff > 0) {
-            s->top_backoff--;
+        if (top && s->top.backoff > 0) {
+            s->top.backoff--;
             top = 0;
         }
         if ((st = reserve(s, n, pick || top ? 0 : rows, vocab, m->local.vocab, p->tp)) != TSR_OK) break;
@@ -350,8 +333,8 @@ tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *re
         if (pick) {
             st = tsr_forward_argmax(e->fwd, s->in, nb, s->picks, (float *)(s->picks + rows));
         } else if (top) {
-            tsr_step_call_inv_temps(step, s->in, s->owner, nb, s->top_inv);
-            st = tsr_forward_top(e->fwd, s->in, nb, s->top_inv, s->top_ids, s->top_vals, s->top_z);
+            tsr_step_call_inv_temps(step, s->in, s->owner, nb, s->top.inv);
+            st = tsr_forward_top(e->fwd, s->in, nb, s->top.inv, s->top.ids, s->top.vals, s->top.z);
         } else {
             st = tsr_forward(e->fwd, s->in, nb, last && rows ? s->shard_logits : NULL);
         }
@@ -387,11 +370,11 @@ tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *re
                 int decided = 1;
                 done[i] += in->n_tokens;
                 if (leader && results && nrows && q->sample && done[i] == q->n_tokens)
-                    st = tsr_step_sample_top(s->top_ids + row * TSR_TOP_MAX, s->top_vals + row * TSR_TOP_MAX,
-                                             s->top_z[row], vocab, step, q, &results[i], &decided);
+                    st = tsr_step_sample_top(s->top.ids + row * TSR_TOP_MAX, s->top.vals + row * TSR_TOP_MAX,
+                                             s->top.z[row], vocab, step, q, &results[i], &decided);
                 if (st == TSR_OK && !decided) {
-                    s->undecided[n_undecided] = i;
-                    s->undecided[n + n_undecided++] = (int)row;
+                    s->top.undecided[n_undecided] = i;
+                    s->top.undecided[n + n_undecided++] = (int)row;
                 }
                 row += (size_t)nrows;
                 continue;
@@ -409,7 +392,7 @@ tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *re
         if (top) { /* the group learns the leader's undecided rows (none after a failure) and takes them whole */
             int32_t und[3] = {st == TSR_OK ? n_undecided : 0, 0, 0};
             for (int k = 0; k < und[0]; k++) {
-                const int r = s->undecided[n + k];
+                const int r = s->top.undecided[n + k];
                 und[1] = k == 0 || r < und[1] ? r : und[1];
                 und[2] = k == 0 || r > und[2] ? r : und[2];
             }
@@ -417,7 +400,7 @@ tsr_status tsr_stage_run(tsr_stage *s, const tsr_step *step, tsr_step_result *re
                 tsr_status bs = s->tp_host->bcast(s->tp_host, und, sizeof und, 0);
                 if (st == TSR_OK) st = bs;
             }
-            tsr_step_top_backoff(&s->top_backoff, und[0], (int)rows);
+            tsr_step_top_backoff(&s->top.backoff, und[0], (int)rows);
             if (st == TSR_OK && und[0]) st = sample_undecided(s, step, n, und, leader ? results : NULL);
         }
         if (st != TSR_OK) break;

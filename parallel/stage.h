@@ -24,6 +24,7 @@
 #include "parallel/comm.h"
 #include "parallel/plan.h"
 #include "runtime/engine.h"
+#include "runtime/executor.h"
 #include "runtime/step.h"
 
 typedef struct tsr_stage {
@@ -44,12 +45,8 @@ typedef struct tsr_stage {
     struct tsr_seq_input *in;
     int *owner;
     int32_t *picks; /* [2 + 2 * tp][cap_in]: a call's greedy picks (ids, value bits), then the group's gathered */
-    int32_t *top_ids; /* [cap_in][TSR_TOP_MAX]: a call's candidates (in a tensor group: merged on the leader) */
-    float *top_vals;  /* [cap_in][TSR_TOP_MAX] */
-    float *top_z, *top_inv; /* [cap_in] */
-    int *undecided;         /* [2][cap_in]: sequences the candidates could not decide, and their rows */
+    tsr_top_bufs top;       /* a call's candidates (in a tensor group: merged on the leader) */
     int32_t *top_all;       /* [1 + tp][cap_in][2 * TSR_TOP_MAX + 1]: a member's candidates, then the group's */
-    int top_backoff;        /* calls left that copy whole rows (tsr_step_top_backoff) */
     int cap_in;
 } tsr_stage;
 

@@ -44,6 +44,20 @@ struct tsr_executor {
  * pool's own free list is not used: page numbers come from the plans. */
 tsr_status tsr_executor_local(struct tsr_engine *e, tsr_executor **out);
 
+/* Host buffers of the candidates path (tsr_forward_top), per forward-call input; zero-initialise. */
+typedef struct tsr_top_bufs {
+    int32_t *ids;   /* [cap][TSR_TOP_MAX] each row's candidates */
+    float *vals;    /* [cap][TSR_TOP_MAX] */
+    float *z, *inv; /* [cap]: each row's normalizer and inverse temperature */
+    int *undecided; /* [2][cap]: sequences whose candidates could not decide, and their rows */
+    int backoff;    /* calls left that copy whole rows instead (tsr_step_top_backoff) */
+    int cap;
+} tsr_top_bufs;
+
+/* Grows b to n inputs (TSR_ERR_NOMEM, b unchanged where it could not grow); frees it. */
+tsr_status tsr_top_bufs_reserve(tsr_top_bufs *b, int n);
+void tsr_top_bufs_free(tsr_top_bufs *b);
+
 /* Buffers reused from step to step by tsr_engine_run_step (zero-initialise; free with tsr_step_scratch_free). */
 typedef struct tsr_step_scratch {
     float *logits;           /* [cap_rows][vocab] */
@@ -52,12 +66,7 @@ typedef struct tsr_step_scratch {
     int *owner;
     int32_t *pick_ids;       /* [cap_in] greedy picks of a call whose rows all sample greedily */
     float *pick_vals;        /* [cap_in] */
-    int32_t *top_ids;        /* [cap_in][TSR_TOP_MAX] candidates of a call whose rows all sample without needing
-                                the whole row (tsr_step_call_top) */
-    float *top_vals;         /* [cap_in][TSR_TOP_MAX] */
-    float *top_z, *top_inv;  /* [cap_in]: each row's normalizer and inverse temperature */
-    int *undecided;          /* [2][cap_in]: sequences whose candidates could not decide, and their rows */
-    int top_backoff;         /* calls left that copy whole rows instead (tsr_step_top_backoff) */
+    tsr_top_bufs top;        /* a call whose rows all sample without needing the whole row (tsr_step_call_top) */
     int cap_in;
     int *progress;           /* [2][cap_seqs]: tokens done per sequence, then its first row in `logits` */
     int cap_seqs;

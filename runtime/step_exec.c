@@ -20,13 +20,37 @@ void tsr_step_scratch_free(tsr_step_scratch *s)
     free(s->owner);
     free(s->pick_ids);
     free(s->pick_vals);
-    free(s->top_ids);
-    free(s->top_vals);
-    free(s->top_z);
-    free(s->top_inv);
-    free(s->undecided);
+    tsr_top_bufs_free(&s->top);
     free(s->progress);
     memset(s, 0, sizeof *s);
+}
+
+tsr_status tsr_top_bufs_reserve(tsr_top_bufs *b, int n)
+{
+    if (n <= b->cap) return TSR_OK;
+    int32_t *ids = realloc(b->ids, (size_t)n * TSR_TOP_MAX * sizeof *ids);
+    if (ids) b->ids = ids;
+    float *vals = realloc(b->vals, (size_t)n * TSR_TOP_MAX * sizeof *vals);
+    if (vals) b->vals = vals;
+    float *z = realloc(b->z, (size_t)n * sizeof *z);
+    if (z) b->z = z;
+    float *inv = realloc(b->inv, (size_t)n * sizeof *inv);
+    if (inv) b->inv = inv;
+    int *und = realloc(b->undecided, (size_t)n * 2 * sizeof *und);
+    if (und) b->undecided = und;
+    if (!ids || !vals || !z || !inv || !und) return tsr_fail(TSR_ERR_NOMEM, "step: out of memory for candidates");
+    b->cap = n;
+    return TSR_OK;
+}
+
+void tsr_top_bufs_free(tsr_top_bufs *b)
+{
+    free(b->ids);
+    free(b->vals);
+    free(b->z);
+    free(b->inv);
+    free(b->undecided);
+    memset(b, 0, sizeof *b);
 }
 
 static tsr_status scratch_reserve(tsr_step_scratch *s, int n_in, size_t rows, int vocab)
@@ -40,18 +64,8 @@ static tsr_status scratch_reserve(tsr_step_scratch *s, int n_in, size_t rows, in
         if (ids) s->pick_ids = ids;
         float *vals = realloc(s->pick_vals, (size_t)n_in * sizeof *vals);
         if (vals) s->pick_vals = vals;
-        int32_t *tids = realloc(s->top_ids, (size_t)n_in * TSR_TOP_MAX * sizeof *tids);
-        if (tids) s->top_ids = tids;
-        float *tvals = realloc(s->top_vals, (size_t)n_in * TSR_TOP_MAX * sizeof *tvals);
-        if (tvals) s->top_vals = tvals;
-        float *tz = realloc(s->top_z, (size_t)n_in * sizeof *tz);
-        if (tz) s->top_z = tz;
-        float *tinv = realloc(s->top_inv, (size_t)n_in * sizeof *tinv);
-        if (tinv) s->top_inv = tinv;
-        int *und = realloc(s->undecided, (size_t)n_in * 2 * sizeof *und);
-        if (und) s->undecided = und;
-        if (!in || !owner || !ids || !vals || !tids || !tvals || !tz || !tinv || !und)
-            return tsr_fail(TSR_ERR_NOMEM, "step: out of memory");
+        if (!in || !owner || !ids || !vals) return tsr_fail(TSR_ERR_NOMEM, "step: out of memory");
+        TSR_TRY(tsr_top_bufs_reserve(&s->top, n_in));
         s->cap_in = n_in;
     }
     if (rows > s->cap_rows) {
@@ -164,17 +178,17 @@ tsr_status tsr_engine_run_step(tsr_engine *e, tsr_step_scratch *scratch, const t
         const int pick =
             tsr_step_call_picks(step, scratch->in, scratch->owner, nb, rows, tsr_forward_pick_rows(e->fwd));
         int top = !pick && tsr_step_call_top(step, scratch->in, scratch->owner, nb, rows, tsr_forward_top_rows(e->fwd));
-        if (top && scratch->top_backoff > 0) {
-            scratch->top_backoff--;
+        if (top && scratch->top.backoff > 0) {
+            scratch->top.backoff--;
             top = 0;
         }
         if ((st = scratch_reserve(scratch, n, pick || top ? 0 : rows, vocab)) != TSR_OK) break;
         if (pick) {
             st = tsr_forward_argmax(e->fwd, scratch->in, nb, scratch->pick_ids, scratch->pick_vals);
         } else if (top) {
-            tsr_step_call_inv_temps(step, scratch->in, scratch->owner, nb, scratch->top_inv);
-            st = tsr_forward_top(e->fwd, scratch->in, nb, scratch->top_inv, scratch->top_ids, scratch->top_vals,
-                                 scratch->top_z);
+            tsr_step_call_inv_temps(step, scratch->in, scratch->owner, nb, scratch->top.inv);
+            st = tsr_forward_top(e->fwd, scratch->in, nb, scratch->top.inv, scratch->top.ids, scratch->top.vals,
+                                 scratch->top.z);
         } else {
             st = tsr_forward(e->fwd, scratch->in, nb, rows ? scratch->logits : NULL);
         }
@@ -197,12 +211,12 @@ tsr_status tsr_engine_run_step(tsr_engine *e, tsr_step_scratch *scratch, const t
             if (top) {
                 int decided = 1;
                 if (nrows && q->sample && done[i] == q->n_tokens)
-                    st = tsr_step_sample_top(scratch->top_ids + row * TSR_TOP_MAX,
-                                             scratch->top_vals + row * TSR_TOP_MAX, scratch->top_z[row], vocab, step,
+                    st = tsr_step_sample_top(scratch->top.ids + row * TSR_TOP_MAX,
+                                             scratch->top.vals + row * TSR_TOP_MAX, scratch->top.z[row], vocab, step,
                                              q, &results[i], &decided);
                 if (st == TSR_OK && !decided) {
-                    scratch->undecided[n_undecided] = i;
-                    scratch->undecided[n + n_undecided++] = (int)row;
+                    scratch->top.undecided[n_undecided] = i;
+                    scratch->top.undecided[n + n_undecided++] = (int)row;
                 }
                 row += (size_t)nrows;
                 continue;
@@ -216,10 +230,10 @@ tsr_status tsr_engine_run_step(tsr_engine *e, tsr_step_scratch *scratch, const t
                 st = tsr_step_sample(src + (size_t)(nrows - 1) * vocab, vocab, step, q, &results[i]);
             row += (size_t)nrows;
         }
-        if (top) tsr_step_top_backoff(&scratch->top_backoff, n_undecided, (int)rows);
+        if (top) tsr_step_top_backoff(&scratch->top.backoff, n_undecided, (int)rows);
         if (st == TSR_OK && n_undecided) st = scratch_reserve(scratch, n, rows, vocab);
         if (st == TSR_OK && n_undecided)
-            st = tsr_step_sample_undecided(e->fwd, step, scratch->undecided, scratch->undecided + n, n_undecided,
+            st = tsr_step_sample_undecided(e->fwd, step, scratch->top.undecided, scratch->top.undecided + n, n_undecided,
                                            vocab, scratch->logits, results);
         if (st != TSR_OK) break;
     }
