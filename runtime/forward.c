@@ -39,7 +39,7 @@ struct tsr_forward_ctx {
      * temperature it is computed at, [logit_rows] each */
     int32_t *top_ids;
     float *top_vals, *top_z, *top_inv;
-    int last_rows;          /* logits rows the last call left in `logits` (tsr_forward_fetch_row) */
+    int last_rows;          /* logits rows the last reducing call left in `logits` (tsr_forward_fetch_rows) */
     layout_arrays host, dev;
 };
 
