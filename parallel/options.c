@@ -25,7 +25,8 @@ void tsr_par_opts_help(FILE *f)
                "  --gpu-memory SIZE   usable memory per GPU, e.g. 24GiB (or one per worker: 24GiB,20GiB)\n"
                "  --comm-timeout S    seconds to wait for a peer before failing (default 120, 0 = forever)\n"
                "  --load-timeout S    seconds to wait for the workers to load (default 1800)\n"
-               "  --micro-batches N   forward calls per step pipelined over layer stages (default 2)\n"
+               "  --micro-batches N   pipelining over layer stages: steps in flight and calls per prefill step\n"
+               "                      (default 2; 1 = off)\n"
                "  --bind auto|none    hwloc CPU/memory binding of ranks (default auto)\n"
                "  --quiet-ranks       no per-rank start-up lines\n");
 }

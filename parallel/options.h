@@ -6,7 +6,8 @@
  *   --gpu-memory SIZE[,SIZE..]  usable memory per GPU (one value for all, or one per worker), e.g. 24GiB
  *   --comm-timeout S            longest wait for a peer in one operation, seconds (default 120; 0 = none)
  *   --load-timeout S            longest wait for the workers to load (default 1800)
- *   --micro-batches N           forward calls per step pipelined over layer stages (default 2; 1 = off)
+ *   --micro-batches N           pipelining over layer stages: min(N, stages) steps in flight, N calls per
+ *                               prefill step (default 2; 1 = off)
  *   --bind auto|none            hwloc binding of ranks (default auto)
  *   --quiet-ranks               no per-rank start-up lines on stderr
  * Values are kept as given and checked when the run starts (parallel/session.h). */
