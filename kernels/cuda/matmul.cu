@@ -10,7 +10,8 @@
  * 16 × 16 tile one mma per 8-token tile (two, hi and lo, up to 8 rows) into fp32 accumulators that are scaled
  * once per group. Warps of a block add up in shared memory; when K is split over blocks to fill the chip, a
  * second kernel adds the blocks' partial sums and the bias (deterministic). Up to three matrices with the same
- * input (q/k/v, gate/up) run as one launch.
+ * input (q/k/v, gate/up) run as one launch. On sm_90, 2 to 32 rows take frag_gemv_bulk_kernel instead: the same
+ * products from 512-column blocks whose units arrive by bulk copies (bulk.cuh) issued by one producer warp.
  * EXL2 and GPTQ, prefill and batches from TSR_CUDA_DQ_MIN_M (default 33) rows: the activations are gathered
  * through the permutation as fp16; column slabs of the matrix are dequantized to fp16 into one buffer reserved at
  * model preparation (the largest layer matrix) and multiplied by cuBLAS (fp16 operands, fp32 accumulation), as
@@ -18,6 +19,7 @@
  * Dense weights: a warp-per-column GEMV for M <= 8, cuBLAS (GemmEx, fp32 accumulation) above. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
+#include "kernels/cuda/bulk.cuh"
 #include "kernels/cuda/exl2_frag.cuh"
 #include "kernels/cuda/launch.cuh"
 
@@ -515,6 +517,193 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
         }
 }
 
+/* ---- decode GEMV on sm_90: whole units streamed by bulk copies from one producer warp ---- */
+
+/* The same products as frag_gemv_kernel, organized so that the per-unit bookkeeping leaves the consumer warps: a
+ * block covers FT_COLS columns (16 column blocks) of a range of units; one producer lane streams each unit's 16
+ * column blocks (contiguous in the fragment layout), its group's scale codes and its scale table into a ring slot
+ * with three bulk copies, and each of the 8 consumer warps decodes its 2 column blocks of every unit from the
+ * slot. The warps own distinct columns: no reduction inside the block; K splits over blocks are added as before.
+ * Up to 8 rows the block stages its activations itself (hi + lo halves); above, it copies its stretch of the
+ * pre-staged fp16 ones. (A ring that packed units by their own width, 4-bit units taking half the room of 8-bit
+ * ones, was measured slower: kernels/cuda/NOTES.md, stop 18.) */
+#define FT_CONSUMERS 8
+#define FT_CB (2 * FT_CONSUMERS) /* column blocks per block */
+#define FT_COLS (32 * FT_CB)
+#define FT_RING 4
+#define FT_SLOT_WORDS (FT_CB * 32 * 8)        /* one unit of width 8 */
+#define FT_HDR_WORDS (4 * FT_CB + 16 * FT_CB) /* scale or zero codes, then EXL2's table (8 words) or GPTQ's scales */
+#define FT_STEP_WORDS (FT_SLOT_WORDS + FT_HDR_WORDS)
+#define FT_MAX_UNITS 256 /* per block (FG_STAGE_MAX / 128 bytes per unit at M = 1) */
+#define FT_MIN_UNITS 8   /* split K no further than this many units per block */
+
+/* Shared memory after the staged activations. */
+struct ft_shared {
+    uint64_t full[FT_RING], empty[FT_RING];
+    uint2 meta[FT_MAX_UNITS];
+    uint32_t ring[FT_RING][FT_STEP_WORDS];
+};
+
+/* Producer: unit i of the block (record m) into its ring slot, arming the slot's full barrier. */
+template <bool GPTQ>
+__device__ __forceinline__ void ft_issue(const tsr_linear_dev &L, ft_shared &F, int i, int cbf, int live)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint2 m = F.meta[i];
+    const int bits = GPTQ ? 4 : (int)(m.y >> 24), grp = (int)(m.y & 0xffffffu), s = i % FT_RING;
+    uint32_t *slot = F.ring[s];
+    const unsigned wbytes = (unsigned)live * 128u * (unsigned)bits, cbytes = (unsigned)live * 16u;
+    const unsigned tbytes = GPTQ ? (unsigned)live * 64u : 32u;
+    mbar_expect_tx(&F.full[s], wbytes + cbytes + tbytes);
+    bulk_copy(slot, L.fw + m.x + (size_t)cbf * 32 * bits, wbytes, &F.full[s]);
+    const uint32_t *codes = (GPTQ ? L.g_zeros : L.q_scale) + (size_t)grp * (L.Npad / 8) + 4 * cbf;
+    bulk_copy(slot + FT_SLOT_WORDS, codes, cbytes, &F.full[s]);
+    const void *tab = GPTQ ? (const void *)(L.g_scales + (size_t)grp * L.Npad + 32 * cbf)
+                           : (const void *)(L.s_table + (size_t)grp * 16);
+    bulk_copy(slot + FT_SLOT_WORDS + 4 * FT_CB, tab, tbytes, &F.full[s]);
+#endif
+}
+
+/* Consumer warp w: units [ra, rb) of the block, all of width B, from their slots; a warp whose column blocks are
+ * both past the matrix (`idle`) only takes part in the ring's barriers. */
+template <int B, bool GPTQ, bool ONE, int NT>
+__device__ __forceinline__ void ft_run(const tsr_linear_dev &L, ft_shared &F, const void *stage, int ra, int rb,
+                                       int w, bool idle, int lane, int M, int &cur, frag_scales (&sc)[2],
+                                       float (&acc)[NT][4][4], float (&tot)[NT][4][4])
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int g = lane >> 2;
+    for (int i = ra; i < rb; i++) {
+        const int s = i % FT_RING;
+        mbar_wait(&F.full[s], (unsigned)(i / FT_RING) & 1u);
+        if (!idle) {
+            const uint32_t *slot = F.ring[s];
+            const int grp = (int)(F.meta[i].y & 0xffffffu);
+            if (grp != cur) {
+                if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
+                const uint32_t *hdr = slot + FT_SLOT_WORDS;
+#pragma unroll
+                for (int c = 0; c < 2; c++)
+                    frag_scales_decode(hdr + 4 * (2 * w + c),
+                                       (const __half *)(hdr + 4 * FT_CB) + (GPTQ ? 32 * (2 * w + c) : 0), GPTQ,
+                                       L.zero_add, g, sc[c]);
+                cur = grp;
+            }
+            fg_unit<B, GPTQ, NT>(slot + 2 * w * 32 * B, stage, i, M, lane, sc, acc);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&F.empty[s]);
+    }
+#endif
+}
+
+template <bool ONE, bool GPTQ, int NT>
+__global__ void __launch_bounds__((FT_CONSUMERS + 1) * 32, NT == 1 ? 2 : 1)
+    frag_gemv_bulk_kernel(const __grid_constant__ fg_group G, const float *x, int M, int stage_words)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ uint4 fg_smem[];
+    int b = blockIdx.x;
+    const fg_part &P = G.p[group_part(G, b)];
+    const tsr_linear_dev &L = P.L;
+    const int colb = b % P.col_blocks, split = b / P.col_blocks;
+    const int u0 = split * P.ub, nu = min(L.n_units, u0 + P.ub) - u0;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int ncb = L.Npad / 32, cbf = colb * FT_CB, live = min(FT_CB, ncb - cbf);
+    ft_shared &F = *(ft_shared *)((uint32_t *)fg_smem + stage_words);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < FT_RING; s++) mbar_init(&F.full[s], 1), mbar_init(&F.empty[s], FT_CONSUMERS);
+        mbar_init_fence();
+    }
+    for (int i = threadIdx.x; i < nu; i += blockDim.x) F.meta[i] = L.units[u0 + i];
+    __syncthreads();
+    /* the weights are constant: the ring fills before waiting for the kernel that writes x (PDL) and while the
+     * block stages x */
+    const bool producer = warp == FT_CONSUMERS && lane == 0;
+    if (producer)
+        for (int i = 0; i < min(nu, FT_RING); i++) ft_issue<GPTQ>(L, F, i, cbf, live);
+    if (NT == 1) {
+        const int pairs = nu * 8;
+        const int chunks = (pairs + FG_STAGE_CHUNK * (int)blockDim.x - 1) / (FG_STAGE_CHUNK * (int)blockDim.x);
+        fg_src S;
+        fg_stage_src(L, u0, pairs, 0, S);
+        tsr_pdl_wait();
+        fg_stage_chunk(x, L.K, M, pairs, 0, S, fg_smem);
+        for (int c = 1; c < chunks; c++) {
+            fg_stage_src(L, u0, pairs, c, S);
+            fg_stage_chunk(x, L.K, M, pairs, c, S, fg_smem);
+        }
+    } else { /* the block's stretch of the pre-staged entries: nu · 2 · M · 4 of 8 bytes */
+        tsr_pdl_wait();
+        const uint4 *src = (const uint4 *)(P.xs + (size_t)u0 * 2 * M * 4);
+        for (int i = threadIdx.x; i < nu * M * 4; i += blockDim.x) cp_async16(fg_smem + i, src + i);
+        cp_async_commit();
+        cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (warp == FT_CONSUMERS) {
+        if (producer)
+            for (int i = FT_RING; i < nu; i++) {
+                mbar_wait(&F.empty[i % FT_RING], (unsigned)(i / FT_RING - 1) & 1u);
+                ft_issue<GPTQ>(L, F, i, cbf, live);
+            }
+        tsr_pdl_trigger();
+        return;
+    }
+
+    float acc[NT][4][4], tot[NT][4][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int t = 0; t < 4; t++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[nt][t][i] = tot[nt][t][i] = 0.0f;
+    frag_scales sc[2] = {};
+    int cur = -1;
+    const bool idle = 2 * warp >= live;
+    for (int ra = 0; ra < nu;) {
+        const int rb = fg_run_end(F.meta, ra + 1, nu, ra);
+        if (GPTQ) {
+            ft_run<4, true, ONE, NT>(L, F, fg_smem, ra, rb, warp, idle, lane, M, cur, sc, acc, tot);
+        } else {
+            frag_with_width((int)(F.meta[ra].y >> 24), [&](auto wd) {
+                constexpr int B = decltype(wd)::value;
+                ft_run<B, false, ONE, NT>(L, F, fg_smem, ra, rb, warp, idle, lane, M, cur, sc, acc, tot);
+            });
+        }
+        ra = rb;
+    }
+    tsr_pdl_trigger();
+    if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
+    const int g = lane >> 2;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            const int cb = cbf + 2 * warp + (t >> 1);
+            if (cb >= ncb) continue;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int m = 8 * nt + 2 * (lane & 3) + (i & 1), nn = 32 * cb + 16 * (t & 1) + g + 8 * (i >> 1);
+                if (m >= M) continue;
+                if (P.partial)
+                    P.partial[((size_t)split * M + m) * L.Npad + nn] = tot[nt][t][i];
+                else if (nn < L.N)
+                    P.y[(size_t)m * L.N + nn] = tot[nt][t][i] + (L.bias ? __half2float(L.bias[nn]) : 0.0f);
+            }
+        }
+#endif
+}
+
+/* The bulk kernel for M rows: token 0 only, or 1, 2 or 4 token tiles of 8. */
+template <bool GPTQ> static void (*ft_kernel(int M))(const fg_group, const float *, int, int)
+{
+    if (M == 1) return frag_gemv_bulk_kernel<true, GPTQ, 1>;
+    if (M <= 8) return frag_gemv_bulk_kernel<false, GPTQ, 1>;
+    if (M <= 16) return frag_gemv_bulk_kernel<false, GPTQ, 2>;
+    return frag_gemv_bulk_kernel<false, GPTQ, 4>;
+}
+
 /* Sums the K-split partials of each part (those with splits > 1) plus bias into y, all parts in one launch. */
 struct red_part {
     const float *partial;
@@ -577,6 +766,39 @@ static int fg_target(void)
     return t;
 }
 
+/* Units per block and K splits of one matrix for frag_gemv_bulk_kernel: K split into as many pieces as give the
+ * part its share of two blocks per SM (both fit beside each other), keeping FT_MIN_UNITS units per block. */
+static void ft_plan(const tsr_linear_dev *L, int M, int target, int *ub, int *splits)
+{
+    const int col_blocks = (int)tsr_div_up(L->Npad, FT_COLS);
+    const int ub_max = min(fg_stage_max(M) / fg_unit_bytes(M), FT_MAX_UNITS);
+    int sp = max(1, min(target / col_blocks, L->n_units / FT_MIN_UNITS));
+    int u = (L->n_units + sp - 1) / sp;
+    if (u > ub_max) u = ub_max;
+    *ub = u;
+    *splits = (L->n_units + u - 1) / u;
+}
+
+/* Whether M rows take frag_gemv_bulk_kernel: on sm_90 and later, from 2 up to TSR_CUDA_GEMV_BULK rows (default
+ * FG_MAX_M, all the GEMV's rows; 0 keeps frag_gemv_kernel for all). One row stays with frag_gemv_kernel, which
+ * measured 2-4 % faster there (NOTES.md, stop 18). */
+static bool ft_on(int M)
+{
+    static int most = -1;
+    if (most < 0) {
+        const char *e = getenv("TSR_CUDA_GEMV_BULK");
+        int dev = 0, major = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+            cudaGetLastError();
+            major = 0;
+        }
+        most = major < 9 ? 0 : e ? atoi(e) : FG_MAX_M;
+        if (most < 0) most = 0;
+    }
+    return M >= 2 && M <= most;
+}
+
 /* The kernel for M rows: token 0 only, or 1, 2 or 4 token tiles of 8. */
 template <bool GPTQ> static void (*fg_kernel(int M))(const fg_group, const float *, int, int)
 {
@@ -584,6 +806,29 @@ template <bool GPTQ> static void (*fg_kernel(int M))(const fg_group, const float
     if (M <= 8) return frag_gemv_kernel<false, GPTQ, 1>;
     if (M <= 16) return frag_gemv_kernel<false, GPTQ, 2>;
     return frag_gemv_kernel<false, GPTQ, 4>;
+}
+
+/* frag_gemv_kernel's launch for the planned group G: shared memory for the staged activations, then per warp its
+ * unit records and its ring (the final reduction reuses the start). */
+static void fg_launch_warps(const fg_group &G, bool gptq, const float *x, int M, unsigned blocks, int stage_words)
+{
+    const int NT = M <= 8 ? 1 : M <= 16 ? 2 : 4;
+    const size_t warp_words = (size_t)FG_RING * FG_STEP_WORDS + 2 * FG_WARP_UNITS;
+    size_t smem = ((size_t)stage_words + FG_WARPS * warp_words) * 4;
+    const size_t red_bytes = (size_t)FG_WARPS * NT * 16 * 32 * sizeof(float);
+    if (smem < red_bytes) smem = red_bytes;
+    void (*kern)(const fg_group, const float *, int, int) = gptq ? fg_kernel<true>(M) : fg_kernel<false>(M);
+    static void (*opted[8])(const fg_group, const float *, int, int);
+    for (int i = 0; i < 8; i++) {
+        if (opted[i] == kern) break;
+        if (!opted[i]) {
+            TSR_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)(fg_stage_max(M) + FG_WARPS * warp_words * 4)));
+            opted[i] = kern;
+            break;
+        }
+    }
+    tsr_launch_smem(kern, dim3(blocks), dim3(FG_WARPS * 32), smem, G, x, M, stage_words);
 }
 
 /* Where a single-matrix launch left K-split partial sums for the caller to add (linear_add_norm), instead of
@@ -606,12 +851,16 @@ static void fg_launch(const tsr_linear_dev *const *Ls, int n, const float *x, in
     size_t scratch = 0, offset[FG_MAX_PARTS];
     unsigned blocks = 0;
     int ub_max = 0;
+    const bool bulk = ft_on(M);
     G.n = n;
     for (int i = 0; i < n; i++) {
         const tsr_linear_dev *L = Ls[i];
-        const int col_blocks = (int)tsr_div_up(L->Npad, FG_COLS);
+        const int col_blocks = (int)tsr_div_up(L->Npad, bulk ? FT_COLS : FG_COLS);
         int ub, sp;
-        fg_plan(L, M, fg_target() / n, &ub, &sp);
+        if (bulk)
+            ft_plan(L, M, 2 * fg_target() / n, &ub, &sp);
+        else
+            fg_plan(L, M, fg_target() / n, &ub, &sp);
         splits[i] = sp;
         offset[i] = scratch;
         if (sp > 1) scratch += (size_t)sp * M * L->Npad;
@@ -644,33 +893,31 @@ static void fg_launch(const tsr_linear_dev *const *Ls, int n, const float *x, in
         }
         tsr_launch(fg_prestage_kernel, dim3(pre_blocks), dim3(256), S, x, M, Ls[0]->K);
     }
-    /* shared memory: the staged activations, then per warp its unit records and its ring; the final reduction
-     * reuses the start */
-    const int NT = M <= 8 ? 1 : M <= 16 ? 2 : 4;
     const int stage_words = ub_max * fg_unit_bytes(M) / 4;
-    const size_t warp_words = (size_t)FG_RING * FG_STEP_WORDS + 2 * FG_WARP_UNITS;
-    size_t smem = ((size_t)stage_words + FG_WARPS * warp_words) * 4;
-    const size_t red_bytes = (size_t)FG_WARPS * NT * 16 * 32 * sizeof(float);
-    if (smem < red_bytes) smem = red_bytes;
-    const bool gptq = Ls[0]->gptq != 0;
-    void (*kern)(const fg_group, const float *, int, int) = gptq ? fg_kernel<true>(M) : fg_kernel<false>(M);
-    static void (*opted[8])(const fg_group, const float *, int, int);
-    for (int i = 0; i < 8; i++) {
-        if (opted[i] == kern) break;
-        if (!opted[i]) {
-            TSR_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                (int)(fg_stage_max(M) + FG_WARPS * warp_words * 4)));
-            opted[i] = kern;
-            break;
+    if (bulk) { /* shared memory: the staged activations, the ring's barriers, the unit records, the ring */
+        const size_t smem = (size_t)stage_words * 4 + sizeof(ft_shared);
+        void (*kern)(const fg_group, const float *, int, int) = Ls[0]->gptq ? ft_kernel<true>(M) : ft_kernel<false>(M);
+        static void (*opted[8])(const fg_group, const float *, int, int);
+        for (int i = 0; i < 8; i++) {
+            if (opted[i] == kern) break;
+            if (!opted[i]) {
+                const size_t most = (size_t)fg_stage_max(M) + sizeof(ft_shared);
+                TSR_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+                opted[i] = kern;
+                break;
+            }
         }
+        tsr_launch_smem(kern, dim3(blocks), dim3((FT_CONSUMERS + 1) * 32), smem, G, x, M, stage_words);
+    } else {
+        fg_launch_warps(G, Ls[0]->gptq != 0, x, M, blocks, stage_words);
     }
-    tsr_launch_smem(kern, dim3(blocks), dim3(FG_WARPS * 32), smem, G, x, M, stage_words);
     if (parts) {
         *parts = fg_parts{G.p[0].partial, G.p[0].partial ? splits[0] : 0, Ls[0]->Npad};
         return;
     }
     if (R.n) tsr_launch(exl2_reduce_group_kernel, dim3(red_blocks), dim3(256), R, M);
 }
+
 
 /* ---- EXL2 through cuBLAS: dequantize column slabs to fp16, then one dense GEMM per slab ---- */
 
