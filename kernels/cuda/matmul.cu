@@ -410,6 +410,32 @@ __global__ void fg_prestage_kernel(const __grid_constant__ fg_pre_group G, const
     P.xs[i] = make_uint2(h2_bits(__floats2half2_rn(v[0], v[1])), h2_bits(__floats2half2_rn(v[2], v[3])));
 }
 
+/* The block's activations for units [u0, u0 + nu) into shared memory, by all its threads: up to 8 rows gathered
+ * here (hi + lo halves), above that copied from the entries fg_prestage_kernel wrote (nu · 2 · M · 4 of 8 bytes).
+ * Waits for the kernel that writes x (PDL) first. */
+template <int NT>
+__device__ __forceinline__ void fg_stage_block(const fg_part &P, const float *x, int M, int u0, int nu, uint4 *stage)
+{
+    if (NT == 1) {
+        const int pairs = nu * 8;
+        const int chunks = (pairs + FG_STAGE_CHUNK * (int)blockDim.x - 1) / (FG_STAGE_CHUNK * (int)blockDim.x);
+        fg_src S;
+        fg_stage_src(P.L, u0, pairs, 0, S);
+        tsr_pdl_wait();
+        fg_stage_chunk(x, P.L.K, M, pairs, 0, S, stage);
+        for (int c = 1; c < chunks; c++) {
+            fg_stage_src(P.L, u0, pairs, c, S);
+            fg_stage_chunk(x, P.L.K, M, pairs, c, S, stage);
+        }
+    } else {
+        tsr_pdl_wait();
+        const uint4 *src = (const uint4 *)(P.xs + (size_t)u0 * 2 * M * 4);
+        for (int i = threadIdx.x; i < nu * M * 4; i += blockDim.x) cp_async16(stage + i, src + i);
+        cp_async_commit();
+        cp_async_wait<0>();
+    }
+}
+
 template <bool ONE, bool GPTQ, int NT>
 __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     frag_gemv_kernel(const __grid_constant__ fg_group G, const float *x, int M, int stage_words)
@@ -440,23 +466,7 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     const int rb0 = fg_run_end(W.meta, n > 0 ? 1 : 0, n, 0);
     const int bits0 = n > 0 ? (GPTQ ? 4 : (int)(W.meta[0].y >> 24)) : 0;
     if (n > 0) fg_prologue_any(bits0, W, wa, wa + rb0);
-    if (NT == 1) {
-        const int pairs = nu * 8, chunks = (pairs + FG_STAGE_CHUNK * FG_WARPS * 32 - 1) / (FG_STAGE_CHUNK * FG_WARPS * 32);
-        fg_src S;
-        fg_stage_src(L, u0, pairs, 0, S);
-        tsr_pdl_wait();
-        fg_stage_chunk(x, L.K, M, pairs, 0, S, fg_smem);
-        for (int c = 1; c < chunks; c++) {
-            fg_stage_src(L, u0, pairs, c, S);
-            fg_stage_chunk(x, L.K, M, pairs, c, S, fg_smem);
-        }
-    } else { /* the block's stretch of the pre-staged entries: nu · 2 · M · 4 of 8 bytes */
-        tsr_pdl_wait();
-        const uint4 *src = (const uint4 *)(P.xs + (size_t)u0 * 2 * M * 4);
-        for (int i = threadIdx.x; i < nu * M * 4; i += FG_WARPS * 32) cp_async16(fg_smem + i, src + i);
-        cp_async_commit();
-        cp_async_wait<0>();
-    }
+    fg_stage_block<NT>(P, x, M, u0, nu, fg_smem);
     __syncthreads();
 
     float acc[NT][4][4], tot[NT][4][4];
@@ -622,24 +632,7 @@ __global__ void __launch_bounds__((FT_CONSUMERS + 1) * 32, NT == 1 ? 2 : 1)
     const bool producer = warp == FT_CONSUMERS && lane == 0;
     if (producer)
         for (int i = 0; i < min(nu, FT_RING); i++) ft_issue<GPTQ>(L, F, i, cbf, live);
-    if (NT == 1) {
-        const int pairs = nu * 8;
-        const int chunks = (pairs + FG_STAGE_CHUNK * (int)blockDim.x - 1) / (FG_STAGE_CHUNK * (int)blockDim.x);
-        fg_src S;
-        fg_stage_src(L, u0, pairs, 0, S);
-        tsr_pdl_wait();
-        fg_stage_chunk(x, L.K, M, pairs, 0, S, fg_smem);
-        for (int c = 1; c < chunks; c++) {
-            fg_stage_src(L, u0, pairs, c, S);
-            fg_stage_chunk(x, L.K, M, pairs, c, S, fg_smem);
-        }
-    } else { /* the block's stretch of the pre-staged entries: nu · 2 · M · 4 of 8 bytes */
-        tsr_pdl_wait();
-        const uint4 *src = (const uint4 *)(P.xs + (size_t)u0 * 2 * M * 4);
-        for (int i = threadIdx.x; i < nu * M * 4; i += blockDim.x) cp_async16(fg_smem + i, src + i);
-        cp_async_commit();
-        cp_async_wait<0>();
-    }
+    fg_stage_block<NT>(P, x, M, u0, nu, fg_smem);
     __syncthreads();
     if (warp == FT_CONSUMERS) {
         if (producer)
