@@ -1,18 +1,19 @@
 /* Matrix multiplication on the GPU for every linear layer: y[M][N] = x[M][K] · W + bias.
  *
- * EXL2 and GPTQ, decode (M <= 32, below TSR_CUDA_DQ_MIN_M): a tensor-core GEMV over the fragment layout of
- * exl2_frag.cuh. A block of 8 warps covers 128 columns and a range of 32-row units; the block first gathers its
- * activations through the permutation into shared memory in the B-operand order of mma.m16n8k16 (up to 8 rows
- * split into fp16 hi + lo halves, so the products are exact to ~2^-22 like fp32; above 8 rows fp16, as on the
- * cuBLAS path, staged once per launch by a small kernel and copied by each block), and each warp then streams 64
- * columns of one quarter of the units: b words per lane per 32 × 32 block, each pair of codes masked in place
- * into an fp16 pattern (one LOP3) and scaled back with the zero point subtracted by one HFMA2 (exact), then per
- * 16 × 16 tile one mma per 8-token tile (two, hi and lo, up to 8 rows) into fp32 accumulators that are scaled
- * once per group. Warps of a block add up in shared memory; when K is split over blocks to fill the chip, a
- * second kernel adds the blocks' partial sums and the bias (deterministic). Up to three matrices with the same
- * input (q/k/v, gate/up) run as one launch. On sm_90, 2 to 32 rows take frag_gemv_bulk_kernel instead: the same
- * products from 512-column blocks whose units arrive by bulk copies (bulk.cuh) issued by one producer warp.
- * EXL2 and GPTQ, prefill and batches from TSR_CUDA_DQ_MIN_M (default 33) rows: the activations are gathered
+ * EXL2 and GPTQ, decode (below TSR_CUDA_DQ_MIN_M rows, in chunks of at most 32): a tensor-core GEMV over the fragment
+ * layout of exl2_frag.cuh. A block of 8 warps covers 128 columns and a range of 32-row units; the block first gathers
+ * its activations through the permutation into shared memory in the B-operand order of mma.m16n8k16 (up to 8 rows split
+ * into fp16 hi + lo halves, so the products are exact to ~2^-22 like fp32; above 8 rows fp16, as on the cuBLAS path,
+ * staged once per launch by a small kernel and copied by each block), and each warp then streams 64 columns of one
+ * quarter of the units: b words per lane per 32 × 32 block, each pair of codes masked in place into an fp16 pattern
+ * (one LOP3) and scaled back with the zero point subtracted by one HFMA2 (exact), then per 16 × 16 tile one mma per
+ * 8-token tile (two, hi and lo, up to 8 rows) into fp32 accumulators that are scaled once per group. Warps of a block
+ * add up in shared memory; when K is split over blocks to fill the chip, a second kernel adds the blocks' partial sums
+ * and the bias (deterministic). Up to three matrices with the same input (q/k/v, gate/up) run as one launch. On sm_90,
+ * 2 to 32 rows take frag_gemv_bulk_kernel instead: the same products from 512-column blocks whose units arrive by bulk
+ * copies (bulk.cuh) issued by one producer warp.
+ * EXL2 and GPTQ, prefill and batches from TSR_CUDA_DQ_MIN_M (default 57 on sm_90, where the bulk GEMV runs 33-56
+ * rows as two chunks faster than the dequantize round trip; 33 elsewhere) rows: the activations are gathered
  * through the permutation as fp16; column slabs of the matrix are dequantized to fp16 into one buffer reserved at
  * model preparation (the largest layer matrix) and multiplied by cuBLAS (fp16 operands, fp32 accumulation), as
  * ExLlamaV2 does above 50 rows. kernels/cuda/NOTES.md has the figures.
@@ -838,6 +839,15 @@ struct fg_parts {
 static void fg_launch(const tsr_linear_dev *const *Ls, int n, const float *x, int M, float *const *ys,
                       fg_parts *parts = NULL)
 {
+    if (M > FG_MAX_M) { /* chunks of FG_MAX_M rows (from TSR_CUDA_DQ_MIN_M above 33); linear_add_norm cuts its own */
+        if (parts) tsr_cuda_fatal(__FILE__, __LINE__, "GEMV partial sums asked for more than 32 rows");
+        for (int r0 = 0; r0 < M; r0 += FG_MAX_M) {
+            float *yc[FG_MAX_PARTS];
+            for (int i = 0; i < n; i++) yc[i] = ys[i] + (size_t)r0 * Ls[i]->N;
+            fg_launch(Ls, n, x + (size_t)r0 * Ls[0]->K, min(FG_MAX_M, M - r0), yc);
+        }
+        return;
+    }
     fg_group G = {};
     red_group R = {};
     int splits[FG_MAX_PARTS];
@@ -1002,14 +1012,18 @@ __global__ void __launch_bounds__(128) frag_dequant_kernel(tsr_linear_dev L, int
     for (int k = 0; k < 32; k++) dq[((size_t)u * 32 + k) * ldw + (size_t)j * 32 + lane] = tile[warp][k][lane];
 }
 
-/* The smallest M that takes this path (TSR_CUDA_DQ_MIN_M, 1 to 33: the GEMV serves at most 32 rows), read once. */
+/* The smallest M that takes this path (TSR_CUDA_DQ_MIN_M, 1 to 65: below it the GEMV runs in chunks of at most 32
+ * rows), read once. With the bulk GEMV, two chunks stream the weights twice, which beats the dequantize round trip
+ * up to about 56 rows (8B geometry: 40 rows +5 %, 48 rows +3 %, 64 rows -5 % decode; NOTES.md, stop 18). */
+#define FG_CHUNKED_DQ_MIN_M 57
 static int dq_min_m(void)
 {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("TSR_CUDA_DQ_MIN_M");
-        v = e ? atoi(e) : FG_MAX_M + 1;
-        if (v < 1 || v > FG_MAX_M + 1) v = FG_MAX_M + 1;
+        const int most = 2 * FG_MAX_M + 1, dflt = ft_on(FG_MAX_M) ? FG_CHUNKED_DQ_MIN_M : FG_MAX_M + 1;
+        v = e ? atoi(e) : dflt;
+        if (v < 1 || v > most) v = dflt;
     }
     return v;
 }
@@ -1280,6 +1294,12 @@ void tsr_cuda_linear_add_norm(const tsr_linear *Lh, const float *a, int M, float
     const tsr_linear_dev *L = (const tsr_linear_dev *)Lh->dev;
     if (M <= 0) return;
     if (!L) tsr_cuda_fatal(__FILE__, __LINE__, "linear layer used before prepare_model");
+    if (L->kind == TSR_LINEAR_EXL2 && !dq_path(M) && M > FG_MAX_M) { /* the GEMV's row chunks, one by one */
+        for (int r0 = 0; r0 < M; r0 += FG_MAX_M)
+            tsr_cuda_linear_add_norm(Lh, a + (size_t)r0 * L->K, min(FG_MAX_M, M - r0), x + (size_t)r0 * L->N, w, eps,
+                                     out + (size_t)r0 * L->N);
+        return;
+    }
     if (L->kind == TSR_LINEAR_EXL2 && !dq_path(M)) {
         fg_parts parts;
         fg_launch(&L, 1, a, M, &out, &parts);

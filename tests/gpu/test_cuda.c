@@ -646,7 +646,7 @@ static void test_linear_exl2(void **state)
     shell.final_norm = shell.embed;
     shell.head = L;
     assert_int_equal(gpu->prepare_model(&shell), TSR_OK);
-    const int Ms[] = {1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 100};
+    const int Ms[] = {1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 40, 56, 57, 100};
     for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
         int M = Ms[t];
         float *x = rand_host((size_t)M * q.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
@@ -656,9 +656,10 @@ static void test_linear_exl2(void **state)
         float *got = to_host(dy, (size_t)M * L.N);
         char what[64];
         snprintf(what, sizeof what, "EXL2 linear M=%d (%s)", M,
-                 M <= 8 ? "GEMV" : M <= 32 ? "GEMV, fp16 activations" : "dequantized cuBLAS GEMM");
-        /* above 8 rows the GEMV rounds activations to fp16, and from 33 rows (TSR_CUDA_DQ_MIN_M) the GEMM rounds
-         * activations and weights to fp16 */
+                 M <= 8 ? "GEMV" : M <= 32 ? "GEMV, fp16 activations" : M <= 56 ? "sm_90: GEMV chunks" : "GEMM");
+        /* above 8 rows the GEMV rounds activations to fp16 (33-56 rows: chunks of 32 on sm_90), and from
+         * TSR_CUDA_DQ_MIN_M rows (57 on sm_90, else 33) the dequantized cuBLAS GEMM rounds activations and weights
+         * to fp16 */
         expect_close(what, got, want, (size_t)M * L.N, M <= 8 ? 1e-5 : 2e-3);
         /* the same matrix three times through linear_many: one grouped launch for M <= 32, with its own output
          * and partial-sum stretch per part */
