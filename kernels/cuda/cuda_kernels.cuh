@@ -15,6 +15,21 @@ void tsr_cuda_add_rmsnorm(float *x, const float *y, const tsr_dense *w, float ep
 void tsr_cuda_add_parts(float *x, const float *parts, int n_parts, size_t part_stride, int ld, const __half *bias,
                         const tsr_dense *w, float eps, int rows, int dim, float *out);
 void tsr_cuda_linear(const tsr_linear *L, const float *x, int M, float *y);
+/* The decode GEMV (gemv.cu) of n EXL2/GPTQ matrices sharing x and K: y[i] = x · W_i + bias_i, in one launch (plus a
+ * reduction or staging launch) per TSR_GEMV_MAX_M rows. With parts (one matrix, at most TSR_GEMV_MAX_M rows), the
+ * K-split partial sums (without the bias) are left to the caller instead: `splits` parts of [M][Npad] floats from
+ * `partial`, or splits = 0 when y was written. */
+#define TSR_GEMV_MAX_M 32
+#define TSR_GEMV_MAX_PARTS 3
+struct tsr_linear_dev;
+struct tsr_gemv_parts {
+    const float *partial;
+    int splits, Npad;
+};
+void tsr_cuda_gemv(const tsr_linear_dev *const *L, int n, const float *x, int M, float *const *y,
+                   tsr_gemv_parts *parts = NULL);
+/* Whether M rows run the sm_90 bulk-copy GEMV (TSR_CUDA_GEMV_BULK; gemv.cu). */
+bool tsr_cuda_gemv_bulk(int M);
 /* ops.h linear_add_norm: the decode GEMV's K-split parts are added in the residual pass. */
 void tsr_cuda_linear_add_norm(const tsr_linear *L, const float *a, int M, float *x, const tsr_dense *w, float eps,
                               float *out);

@@ -26,6 +26,7 @@
 
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <type_traits>
 
 /* Low-plane bits of a width; the rest is the high plane. */
 __host__ __device__ constexpr int frag_lb(int b) { return b == 8 ? 8 : b >= 4 ? 4 : 2; }
@@ -147,6 +148,19 @@ __device__ __forceinline__ void frag_group_params(const tsr_linear_dev &L, int g
     const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
     const __half *tab = L.gptq ? L.g_scales + (size_t)grp * L.Npad + 32 * cb : L.s_table + (size_t)grp * 16;
     frag_scales_decode(wq, tab, L.gptq, L.zero_add, g, *out);
+}
+
+/* Calls f(std::integral_constant<int, B>{}) for a unit's width B = bits: 2, 3, 4, 5, 6, anything else 8. */
+template <class F> __device__ __forceinline__ void frag_with_width(int bits, F &&f)
+{
+    switch (bits) {
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+    }
 }
 
 #endif

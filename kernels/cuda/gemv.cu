@@ -1,0 +1,888 @@
+/* The decode GEMV of EXL2 and GPTQ matrices (matmul.cu takes it below TSR_CUDA_DQ_MIN_M rows; tsr_cuda_gemv).
+ *
+ * A tensor-core GEMV over the fragment layout of exl2_frag.cuh. A block of 8 warps covers 128 columns and a range of
+ * 32-row units; the block first gathers its activations through the permutation into shared memory in the B-operand
+ * order of mma.m16n8k16 (up to 8 rows split into fp16 hi + lo halves, so the products are exact to ~2^-22 like fp32;
+ * above 8 rows fp16, as on the cuBLAS path, staged once per launch by a small kernel and copied by each block), and
+ * each warp then streams 64 columns of one quarter of the units: b words per lane per 32 × 32 block, each pair of codes
+ * masked in place into an fp16 pattern (one LOP3) and scaled back with the zero point subtracted by one HFMA2 (exact),
+ * then per 16 × 16 tile one mma per 8-token tile (two, hi and lo, up to 8 rows) into fp32 accumulators that are scaled
+ * once per group. Warps of a block add up in shared memory; when K is split over blocks to fill the chip, a second
+ * kernel adds the blocks' partial sums and the bias (deterministic). Up to three matrices with the same input (q/k/v,
+ * gate/up) run as one launch. On sm_90, 2 to 32 rows take frag_gemv_bulk_kernel instead: the same products from
+ * 512-column blocks whose units arrive by bulk copies (bulk.cuh) issued by one producer warp. */
+#include "kernels/cuda/bulk.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_kernels.cuh"
+#include "kernels/cuda/exl2_frag.cuh"
+#include "kernels/cuda/launch.cuh"
+
+#include <stdlib.h>
+
+/* ---- decode GEMV over the fragment layout ---- */
+
+#define FG_WARPS 8         /* per block: 2 column groups of 64 × FG_WK slices of the block's units */
+#define FG_WK 4
+#define FG_COLS 128        /* columns per block */
+#define FG_MAX_PARTS TSR_GEMV_MAX_PARTS /* matrices per launch */
+#define FG_STAGE_MAX 32768 /* bytes of staged activations per block, M <= 8 (two blocks per SM) */
+#define FG_STAGE_WIDE 131072 /* the same for 8 < M <= 32 (one block per SM) */
+#define FG_MAX_M TSR_GEMV_MAX_M /* rows per launch at most: 1, 2 or 4 mma n-tiles of 8 tokens */
+#define FG_WARP_UNITS 64   /* unit records per warp, copied to shared memory */
+
+/* One matrix of a launch: its blocks are col_blocks × splits of the grid, after those of the parts before. */
+struct fg_part {
+    tsr_linear_dev L;
+    float *y, *partial; /* partial: [splits][M][Npad] when K is split over blocks, else NULL */
+    const uint2 *xs;    /* M > 8: the activations pre-staged by fg_prestage_kernel (fp16, B-operand order) */
+    int ub;             /* units per block */
+    int col_blocks, blocks;
+};
+struct fg_group {
+    fg_part p[FG_MAX_PARTS];
+    int n;
+};
+
+/* The part of a grouped launch that block b belongs to: parts take consecutive stretches of their `blocks` blocks,
+ * and b becomes the block's index within its part. */
+template <typename Group, typename Index> __device__ __forceinline__ int group_part(const Group &G, Index &b)
+{
+    int part = 0;
+    while (part + 1 < G.n && b >= G.p[part].blocks) b -= G.p[part++].blocks;
+    return part;
+}
+
+/* The per-warp ring of weight steps in shared memory (cp.async). A step is NU units of one width (two of at most
+ * 4 bits, else one) for the warp's two column blocks, followed by one header entry per unit with its group's
+ * scale data. FG_RING - 1 steps are in flight while the warp decodes the oldest. The loop is compiled once per
+ * width and runs over a run of equal-width units (the converter orders groups by width, so a warp sees 2-3
+ * runs); the ring drains at the end of a run. */
+#define FG_RING 4
+#define FG_SLOT_WORDS 512 /* 2 units × 2 column blocks × 32 lanes × 4 words, or 1 × 2 × 32 × 8 */
+#define FG_HDR_WORDS 40   /* per unit: codes (2 × 4 words), then EXL2's 16-entry scale table (8 words) or GPTQ's
+                           * fp16 scales (2 × 16 words) */
+#define FG_STEP_WORDS (FG_SLOT_WORDS + 2 * FG_HDR_WORDS)
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+/* tot += S · acc for the 4 tiles (2 column blocks × 2 column tiles) of a warp and each of its NT token tiles at
+ * the end of a group; ONE: only token 0 (C column 0) is live. */
+template <bool ONE, int NT>
+__device__ __forceinline__ void fg_flush(float (&acc)[NT][4][4], float (&tot)[NT][4][4], const frag_scales (&sc)[2])
+{
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            const float s0 = sc[t >> 1].s[2 * (t & 1)], s1 = sc[t >> 1].s[2 * (t & 1) + 1];
+            tot[nt][t][0] = fmaf(s0, acc[nt][t][0], tot[nt][t][0]);
+            tot[nt][t][2] = fmaf(s1, acc[nt][t][2], tot[nt][t][2]);
+            if (!ONE) {
+                tot[nt][t][1] = fmaf(s0, acc[nt][t][1], tot[nt][t][1]);
+                tot[nt][t][3] = fmaf(s1, acc[nt][t][3], tot[nt][t][3]);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[nt][t][i] = 0.0f;
+        }
+}
+
+/* Everything a warp's run loop needs besides the accumulators. Each lane copies at most one 16-byte piece of a
+ * unit's header: from hsrc + group · hstride to word hdst of the entry (when hon). */
+struct fg_warp {
+    const uint2 *meta;  /* the warp's unit records in shared memory (index: unit - wa) */
+    uint32_t *ring;
+    const void *stage;  /* the block's staged activations (uint4 hi + lo entries for M <= 8, else uint2 hi) */
+    const uint32_t *fw;
+    const char *hsrc;
+    uint32_t hstride;   /* bytes per group (group offsets stay far below 4 GiB: groups × Npad × 2 bytes at most) */
+    int hdst;
+    bool hon;
+    int wa, u0, M, lane, cb0;
+    bool live[2];
+    int src_cb[2];      /* the column block each half of the ring copies: cb0 + c, or a live one when cb0 + c is past
+                         * the matrix (its results are never written), so the copies need no predicate */
+};
+
+/* The header piece lane `lane` copies (see fg_warp and FG_HDR_WORDS). */
+__device__ __forceinline__ void fg_header_role(const tsr_linear_dev &L, fg_warp &W)
+{
+    const int lane = W.lane;
+    W.hon = false;
+    W.hsrc = NULL;
+    W.hstride = 0;
+    W.hdst = 0;
+    if (lane < 2) { /* scale codes (EXL2) or zero codes (GPTQ) of column block cb0 + lane */
+        W.hon = true;
+        W.hsrc = (const char *)((L.gptq ? L.g_zeros : L.q_scale) + 4 * (lane == 0 ? W.src_cb[0] : W.src_cb[1]));
+        W.hstride = (uint32_t)(L.Npad / 8) * 4;
+        W.hdst = 4 * lane;
+    } else if (!L.gptq && lane < 4) { /* the group's 16-entry scale table, two halves */
+        W.hon = true;
+        W.hsrc = (const char *)(L.s_table + 8 * (lane - 2));
+        W.hstride = 16 * sizeof(__half);
+        W.hdst = 8 + 4 * (lane - 2);
+    } else if (L.gptq && lane >= 8 && lane < 16) { /* 4 × 16 bytes of fp16 scales per column block */
+        const int c = (lane - 8) >> 2, q = (lane - 8) & 3;
+        W.hon = true;
+        W.hsrc = (const char *)(L.g_scales + 32 * (c == 0 ? W.src_cb[0] : W.src_cb[1]) + 8 * q);
+        W.hstride = (uint32_t)L.Npad * sizeof(__half);
+        W.hdst = 8 + 16 * c + 4 * q;
+    }
+}
+
+/* Copies step `st` of the run [ra, rb) into ring slot `si`. */
+template <int B>
+__device__ __forceinline__ void fg_issue(const fg_warp &W, int ra, int rb, int st, int si)
+{
+    constexpr int NU = B <= 4 ? 2 : 1, piece = 32 * B /* words per (unit, column block) */;
+    uint32_t *slot = W.ring + si * FG_STEP_WORDS;
+#pragma unroll
+    for (int uu = 0; uu < NU; uu++) {
+        const int i = ra + st * NU + uu;
+        if (i >= rb) break;
+        const uint2 m = W.meta[i - W.wa];
+        const uint32_t *unit = W.fw + m.x;
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const uint32_t *src = unit + W.src_cb[c] * piece;
+            uint32_t *dst = slot + (uu * 2 + c) * piece;
+#pragma unroll
+            for (int k = 0; k < (piece + 127) / 128; k++) {
+                const int o = k * 128 + W.lane * 4;
+                if (o < piece) cp_async16(dst + o, src + o);
+            }
+        }
+        if (W.hon)
+            cp_async16(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS + W.hdst, W.hsrc + (m.y & 0xffffffu) * W.hstride);
+    }
+}
+
+/* Scales and zero points of a group from its header entry (decoded by frag_scales_decode, as frag_group_params). */
+template <int B, bool GPTQ>
+__device__ __forceinline__ void fg_group_from_hdr(const uint32_t *hdr, int zero_add, int g, frag_scales (&sc)[2])
+{
+#pragma unroll
+    for (int c = 0; c < 2; c++)
+        frag_scales_decode(hdr + 4 * c, (const __half *)(hdr + 8 + (GPTQ ? 16 * c : 0)), GPTQ, zero_add, g, sc[c]);
+}
+
+/* One 16-row step KS of a unit: the four tiles' A operands (column block c, column tile ct: tile 2 c + ct,
+ * fragment 2 ct + KS), then their mma's per token tile, interleaved across tiles so that no two adjacent mma's
+ * share an accumulator. bf: the staged B operands of each token tile (hi, hi, lo, lo); with one token tile the lo
+ * halves make the products exact, with more the activations are fp16 (as on the cuBLAS path). */
+template <int B, bool GPTQ, int KS, int NT>
+__device__ __forceinline__ void fg_ks(const uint32_t (&w)[2][B], const uint4 (&bf)[NT], const frag_scales (&sc)[2],
+                                      float (&acc)[NT][4][4])
+{
+    uint32_t a[4][4];
+    frag_a<B, GPTQ, KS>(w[0], sc[0], a[0]);
+    frag_a<B, GPTQ, 2 + KS>(w[0], sc[0], a[1]);
+    frag_a<B, GPTQ, KS>(w[1], sc[1], a[2]);
+    frag_a<B, GPTQ, 2 + KS>(w[1], sc[1], a[3]);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int t = 0; t < 4; t++) mma_16816(acc[nt][t], a[t], bf[nt].x, bf[nt].y);
+    if (NT == 1)
+#pragma unroll
+        for (int t = 0; t < 4; t++) mma_16816(acc[0][t], a[t], bf[0].z, bf[0].w);
+}
+
+/* The staged B operands of 16-row step uk for each token tile (see fg_stage_chunk for the entries). */
+template <int NT>
+__device__ __forceinline__ void fg_bop(const void *stage, int uk, int M, int lane, uint4 (&bf)[NT])
+{
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const int tok = (lane >> 2) + 8 * nt, e = (uk * M + tok) * 4 + (lane & 3);
+        if (NT == 1) {
+            bf[nt] = tok < M ? ((const uint4 *)stage)[e] : make_uint4(0, 0, 0, 0);
+        } else {
+            const uint2 v = tok < M ? ((const uint2 *)stage)[e] : make_uint2(0, 0);
+            bf[nt] = make_uint4(v.x, v.y, 0, 0);
+        }
+    }
+}
+
+/* Decodes one unit of width B from its slot: the lane's words, then per 16-row step the staged B operands and
+ * fg_ks (the four tiles' A operands and their mma's). */
+template <int B, bool GPTQ, int NT>
+__device__ __forceinline__ void fg_unit(const uint32_t *words, const void *stage, int ul, int M, int lane,
+                                        const frag_scales (&sc)[2], float (&acc)[NT][4][4])
+{
+    constexpr int na = frag_na(B), nb = frag_nb(B);
+    uint32_t w[2][B];
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        const uint32_t *p = words + c * 32 * B;
+        if constexpr (na == 4) {
+            const uint4 v = *(const uint4 *)(p + lane * 4);
+            w[c][0] = v.x, w[c][1] = v.y, w[c][2] = v.z, w[c][3] = v.w;
+        } else {
+            const uint2 v = *(const uint2 *)(p + lane * 2);
+            w[c][0] = v.x, w[c][1] = v.y;
+        }
+        if constexpr (nb == 4) {
+            const uint4 v = *(const uint4 *)(p + 32 * na + lane * 4);
+            w[c][4] = v.x, w[c][5] = v.y, w[c][6] = v.z, w[c][7] = v.w;
+        } else if constexpr (nb == 2) {
+            const uint2 v = *(const uint2 *)(p + 32 * na + lane * 2);
+            w[c][na] = v.x, w[c][na + 1] = v.y;
+        } else if constexpr (nb == 1) {
+            w[c][na] = p[32 * na + lane];
+        }
+    }
+    uint4 bf[NT];
+    fg_bop<NT>(stage, ul * 2, M, lane, bf);
+    fg_ks<B, GPTQ, 0, NT>(w, bf, sc, acc);
+    fg_bop<NT>(stage, ul * 2 + 1, M, lane, bf);
+    fg_ks<B, GPTQ, 1, NT>(w, bf, sc, acc);
+}
+
+/* The first FG_RING - 1 steps of the run [ra, rb) of width B, into slots 0, 1, ... (see fg_run). */
+template <int B> __device__ __forceinline__ void fg_prologue(const fg_warp &W, int ra, int rb)
+{
+    constexpr int NU = B <= 4 ? 2 : 1;
+    const int steps = (rb - ra + NU - 1) / NU;
+#pragma unroll
+    for (int s = 0; s < FG_RING - 1; s++) {
+        if (s < steps) fg_issue<B>(W, ra, rb, s, s);
+        cp_async_commit();
+    }
+}
+
+/* fg_prologue for a run of runtime width `bits`. */
+__device__ __forceinline__ void fg_prologue_any(int bits, const fg_warp &W, int ra, int rb)
+{
+    frag_with_width(bits, [&](auto w) {
+        constexpr int B = decltype(w)::value;
+        fg_prologue<B>(W, ra, rb);
+    });
+}
+
+/* The end of a run in the warp's unit records: rb advanced past the units as wide as unit ref, up to n. */
+__device__ __forceinline__ int fg_run_end(const uint2 *meta, int rb, int n, int ref)
+{
+    while (rb < n && (int)(meta[rb].y >> 24) == (int)(meta[ref].y >> 24)) rb++;
+    return rb;
+}
+
+/* The warp's units [ra, rb) (all of width B) through the ring, FG_RING - 1 steps in flight; the ring starts at
+ * slot 0 and drains at the end (a warp sees 2-3 runs). `issued`: the prologue is already in flight. */
+template <int B, bool GPTQ, bool ONE, int NT>
+__device__ __forceinline__ void fg_run(const tsr_linear_dev &L, const fg_warp &W, int ra, int rb, bool issued, int &cur,
+                                    frag_scales (&sc)[2], float (&acc)[NT][4][4], float (&tot)[NT][4][4])
+{
+    constexpr int NU = B <= 4 ? 2 : 1;
+    const int steps = (rb - ra + NU - 1) / NU, g = W.lane >> 2;
+    if (!issued) fg_prologue<B>(W, ra, rb);
+    for (int st = 0; st < steps; st++) {
+        cp_async_wait<FG_RING - 2>();
+        __syncwarp();
+        if (st + FG_RING - 1 < steps) fg_issue<B>(W, ra, rb, st + FG_RING - 1, (st + FG_RING - 1) % FG_RING);
+        cp_async_commit();
+        const uint32_t *slot = W.ring + (st % FG_RING) * FG_STEP_WORDS;
+#pragma unroll
+        for (int uu = 0; uu < NU; uu++) {
+            const int i = ra + st * NU + uu;
+            if (i >= rb) break;
+            const int grp = (int)(W.meta[i - W.wa].y & 0xffffffu);
+            if (grp != cur) {
+                if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
+                fg_group_from_hdr<B, GPTQ>(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS, L.zero_add, g, sc);
+                cur = grp;
+            }
+            fg_unit<B, GPTQ, NT>(slot + uu * 2 * 32 * B, W.stage, i - W.u0, W.M, W.lane, sc, acc);
+        }
+    }
+    cp_async_wait<0>();
+    __syncwarp();
+}
+
+/* Activations of units [u0, u0 + nu) as staged B operands: entry ((unit · 2 + ks) · M + token) · 4 + quad holds
+ * the hi halves of rows c, c+1 and c+8, c+9 (c = 2 quad) of the 16-row step, then the lo halves. The block's
+ * threads take the (16-row step, quad) pairs of the range in chunks of FG_STAGE_CHUNK each: a chunk's sources
+ * (unit rows through the permutation, which does not depend on x) are read first, so the first chunk's can be read
+ * before the PDL wait, and then all its x values are requested before any is converted. */
+#define FG_STAGE_CHUNK 4
+struct fg_src {
+    int s[FG_STAGE_CHUNK][4];
+};
+
+__device__ __forceinline__ void fg_stage_src(const tsr_linear_dev &L, int u0, int pairs, int chunk, fg_src &S)
+{
+#pragma unroll
+    for (int p = 0; p < FG_STAGE_CHUNK; p++) {
+        const int i = (chunk * FG_STAGE_CHUNK + p) * (int)blockDim.x + (int)threadIdx.x;
+        const int k = u0 * 32 + (i >> 2) * 16 + 2 * (i & 3);
+#pragma unroll
+        for (int j = 0; j < 4; j++) S.s[p][j] = i < pairs ? L.uperm[k + (j & 1) + 8 * (j >> 1)] : -1;
+    }
+}
+
+__device__ __forceinline__ void fg_stage_chunk(const float *x, int K, int M, int pairs, int chunk, const fg_src &S,
+                                               uint4 *stage)
+{
+    for (int tok = 0; tok < M; tok++) {
+        float v[FG_STAGE_CHUNK][4];
+#pragma unroll
+        for (int p = 0; p < FG_STAGE_CHUNK; p++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) v[p][j] = S.s[p][j] >= 0 ? x[(size_t)tok * K + S.s[p][j]] : 0.0f;
+#pragma unroll
+        for (int p = 0; p < FG_STAGE_CHUNK; p++) {
+            const int i = (chunk * FG_STAGE_CHUNK + p) * (int)blockDim.x + (int)threadIdx.x;
+            if (i >= pairs) continue;
+            __half hi[4], lo[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                hi[j] = __float2half_rn(v[p][j]);
+                lo[j] = __float2half_rn(v[p][j] - __half2float(hi[j]));
+            }
+            stage[((i >> 2) * M + tok) * 4 + (i & 3)] =
+                make_uint4(h2_bits(__halves2half2(hi[0], hi[1])), h2_bits(__halves2half2(hi[2], hi[3])),
+                           h2_bits(__halves2half2(lo[0], lo[1])), h2_bits(__halves2half2(lo[2], lo[3])));
+        }
+    }
+}
+
+/* For 8 < M <= 32 the activations are staged once per launch instead of once per block (each block would gather
+ * M times more values than at M = 1): the entries of fg_stage_chunk, hi halves only, for every unit of each part,
+ * which the blocks then copy whole with cp.async. */
+struct fg_pre_part {
+    const int32_t *uperm;
+    uint2 *xs;
+    unsigned entries, blocks;
+};
+struct fg_pre_group {
+    fg_pre_part p[FG_MAX_PARTS];
+    int n;
+};
+
+__global__ void fg_prestage_kernel(const __grid_constant__ fg_pre_group G, const float *x, int M, int K)
+{
+    tsr_pdl_wait();
+    tsr_pdl_trigger();
+    unsigned b = blockIdx.x;
+    const fg_pre_part &P = G.p[group_part(G, b)];
+    const unsigned i = b * blockDim.x + threadIdx.x;
+    if (i >= P.entries) return;
+    const int q = (int)(i & 3), tok = (int)((i >> 2) % M), uk = (int)((i >> 2) / M);
+    const int k = uk * 16 + 2 * q;
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int src = P.uperm[k + (j & 1) + 8 * (j >> 1)];
+        v[j] = src >= 0 ? x[(size_t)tok * K + src] : 0.0f;
+    }
+    P.xs[i] = make_uint2(h2_bits(__floats2half2_rn(v[0], v[1])), h2_bits(__floats2half2_rn(v[2], v[3])));
+}
+
+/* The block's activations for units [u0, u0 + nu) into shared memory, by all its threads: up to 8 rows gathered
+ * here (hi + lo halves), above that copied from the entries fg_prestage_kernel wrote (nu · 2 · M · 4 of 8 bytes).
+ * Waits for the kernel that writes x (PDL) first. */
+template <int NT>
+__device__ __forceinline__ void fg_stage_block(const fg_part &P, const float *x, int M, int u0, int nu, uint4 *stage)
+{
+    if (NT == 1) {
+        const int pairs = nu * 8;
+        const int chunks = (pairs + FG_STAGE_CHUNK * (int)blockDim.x - 1) / (FG_STAGE_CHUNK * (int)blockDim.x);
+        fg_src S;
+        fg_stage_src(P.L, u0, pairs, 0, S);
+        tsr_pdl_wait();
+        fg_stage_chunk(x, P.L.K, M, pairs, 0, S, stage);
+        for (int c = 1; c < chunks; c++) {
+            fg_stage_src(P.L, u0, pairs, c, S);
+            fg_stage_chunk(x, P.L.K, M, pairs, c, S, stage);
+        }
+    } else {
+        tsr_pdl_wait();
+        const uint4 *src = (const uint4 *)(P.xs + (size_t)u0 * 2 * M * 4);
+        for (int i = threadIdx.x; i < nu * M * 4; i += blockDim.x) cp_async16(stage + i, src + i);
+        cp_async_commit();
+        cp_async_wait<0>();
+    }
+}
+
+template <bool ONE, bool GPTQ, int NT>
+__global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
+    frag_gemv_kernel(const __grid_constant__ fg_group G, const float *x, int M, int stage_words)
+{
+    extern __shared__ uint4 fg_smem[];
+    int b = blockIdx.x;
+    const fg_part &P = G.p[group_part(G, b)];
+    const tsr_linear_dev &L = P.L;
+    const int colb = b % P.col_blocks, split = b / P.col_blocks;
+    const int u0 = split * P.ub, u1 = min(L.n_units, u0 + P.ub), nu = u1 - u0;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wc = warp & 1, wk = warp >> 1;
+    const int ncb = L.Npad / 32;
+    const int per = (nu + FG_WK - 1) / FG_WK, wa = u0 + wk * per, n = max(0, min(u1, wa + per) - wa);
+    uint32_t *wsm = (uint32_t *)fg_smem + stage_words + warp * (FG_RING * FG_STEP_WORDS + 2 * FG_WARP_UNITS);
+    fg_warp W;
+    W.meta = (const uint2 *)wsm;
+    W.ring = wsm + 2 * FG_WARP_UNITS;
+    W.stage = fg_smem;
+    W.wa = wa, W.u0 = u0, W.M = M, W.lane = lane, W.cb0 = (colb * 4 + wc * 2);
+    W.live[0] = W.cb0 < ncb, W.live[1] = W.cb0 + 1 < ncb;
+    W.src_cb[0] = W.live[0] ? W.cb0 : 0, W.src_cb[1] = W.live[1] ? W.cb0 + 1 : W.src_cb[0];
+    W.fw = L.fw;
+    fg_header_role(L, W);
+    for (int i = lane; i < n; i += 32) ((uint2 *)wsm)[i] = L.units[wa + i];
+    __syncwarp();
+    /* the weights are constant: the first run's first steps go out before waiting for the kernel that writes x
+     * (programmatic dependent launch) and while the block stages x */
+    const int rb0 = fg_run_end(W.meta, n > 0 ? 1 : 0, n, 0);
+    const int bits0 = n > 0 ? (GPTQ ? 4 : (int)(W.meta[0].y >> 24)) : 0;
+    if (n > 0) fg_prologue_any(bits0, W, wa, wa + rb0);
+    fg_stage_block<NT>(P, x, M, u0, nu, fg_smem);
+    __syncthreads();
+
+    float acc[NT][4][4], tot[NT][4][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int t = 0; t < 4; t++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[nt][t][i] = tot[nt][t][i] = 0.0f;
+    frag_scales sc[2] = {};
+    int cur = -1;
+    for (int ra = 0; ra < n;) {
+        const int bits = (int)(W.meta[ra].y >> 24);
+        const int rb = fg_run_end(W.meta, ra + 1, n, ra);
+        const bool issued = ra == 0;
+        if (GPTQ) {
+            fg_run<4, true, ONE, NT>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot);
+        } else {
+            frag_with_width(bits, [&](auto w) {
+                constexpr int B = decltype(w)::value;
+                fg_run<B, false, ONE, NT>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot);
+            });
+        }
+        ra = rb;
+    }
+    tsr_pdl_trigger();
+    if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
+
+    /* the FG_WK slices of each column group meet in shared memory (the staging area is free again) */
+    __syncthreads();
+    float *red = (float *)fg_smem;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int t = 0; t < 4; t++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[((warp * NT + nt) * 16 + t * 4 + i) * 32 + lane] = tot[nt][t][i];
+    __syncthreads();
+    if (wk != 0) return;
+    const int g = lane >> 2;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            const int cb = W.cb0 + (t >> 1);
+            if (cb >= ncb) continue;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int m = 8 * nt + 2 * (lane & 3) + (i & 1), nn = 32 * cb + 16 * (t & 1) + g + 8 * (i >> 1);
+                if (m >= M) continue;
+                float v = 0.0f;
+                for (int k = 0; k < FG_WK; k++) v += red[(((k * 2 + wc) * NT + nt) * 16 + t * 4 + i) * 32 + lane];
+                if (P.partial)
+                    P.partial[((size_t)split * M + m) * L.Npad + nn] = v;
+                else if (nn < L.N)
+                    P.y[(size_t)m * L.N + nn] = v + (L.bias ? __half2float(L.bias[nn]) : 0.0f);
+            }
+        }
+}
+
+/* ---- decode GEMV on sm_90: whole units streamed by bulk copies from one producer warp ---- */
+
+/* The same products as frag_gemv_kernel, organized so that the per-unit bookkeeping leaves the consumer warps: a
+ * block covers FT_COLS columns (16 column blocks) of a range of units; one producer lane streams each unit's 16
+ * column blocks (contiguous in the fragment layout), its group's scale codes and its scale table into a ring slot
+ * with three bulk copies, and each of the 8 consumer warps decodes its 2 column blocks of every unit from the
+ * slot. The warps own distinct columns: no reduction inside the block; K splits over blocks are added as before.
+ * Up to 8 rows the block stages its activations itself (hi + lo halves); above, it copies its stretch of the
+ * pre-staged fp16 ones. (A ring that packed units by their own width, 4-bit units taking half the room of 8-bit
+ * ones, was measured slower: kernels/cuda/NOTES.md, stop 18.) */
+#define FT_CONSUMERS 8
+#define FT_CB (2 * FT_CONSUMERS) /* column blocks per block */
+#define FT_COLS (32 * FT_CB)
+#define FT_RING 4
+#define FT_SLOT_WORDS (FT_CB * 32 * 8)        /* one unit of width 8 */
+#define FT_HDR_WORDS (4 * FT_CB + 16 * FT_CB) /* scale or zero codes, then EXL2's table (8 words) or GPTQ's scales */
+#define FT_STEP_WORDS (FT_SLOT_WORDS + FT_HDR_WORDS)
+#define FT_MAX_UNITS 256 /* per block (FG_STAGE_MAX / 128 bytes per unit at M = 1) */
+#define FT_MIN_UNITS 8   /* split K no further than this many units per block */
+
+/* Shared memory after the staged activations. */
+struct ft_shared {
+    uint64_t full[FT_RING], empty[FT_RING];
+    uint2 meta[FT_MAX_UNITS];
+    uint32_t ring[FT_RING][FT_STEP_WORDS];
+};
+
+/* Producer: unit i of the block (record m) into its ring slot, arming the slot's full barrier. */
+template <bool GPTQ>
+__device__ __forceinline__ void ft_issue(const tsr_linear_dev &L, ft_shared &F, int i, int cbf, int live)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint2 m = F.meta[i];
+    const int bits = GPTQ ? 4 : (int)(m.y >> 24), grp = (int)(m.y & 0xffffffu), s = i % FT_RING;
+    uint32_t *slot = F.ring[s];
+    const unsigned wbytes = (unsigned)live * 128u * (unsigned)bits, cbytes = (unsigned)live * 16u;
+    const unsigned tbytes = GPTQ ? (unsigned)live * 64u : 32u;
+    mbar_expect_tx(&F.full[s], wbytes + cbytes + tbytes);
+    bulk_copy(slot, L.fw + m.x + (size_t)cbf * 32 * bits, wbytes, &F.full[s]);
+    const uint32_t *codes = (GPTQ ? L.g_zeros : L.q_scale) + (size_t)grp * (L.Npad / 8) + 4 * cbf;
+    bulk_copy(slot + FT_SLOT_WORDS, codes, cbytes, &F.full[s]);
+    const void *tab = GPTQ ? (const void *)(L.g_scales + (size_t)grp * L.Npad + 32 * cbf)
+                           : (const void *)(L.s_table + (size_t)grp * 16);
+    bulk_copy(slot + FT_SLOT_WORDS + 4 * FT_CB, tab, tbytes, &F.full[s]);
+#endif
+}
+
+/* Consumer warp w: units [ra, rb) of the block, all of width B, from their slots; a warp whose column blocks are
+ * both past the matrix (`idle`) only takes part in the ring's barriers. */
+template <int B, bool GPTQ, bool ONE, int NT>
+__device__ __forceinline__ void ft_run(const tsr_linear_dev &L, ft_shared &F, const void *stage, int ra, int rb,
+                                       int w, bool idle, int lane, int M, int &cur, frag_scales (&sc)[2],
+                                       float (&acc)[NT][4][4], float (&tot)[NT][4][4])
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int g = lane >> 2;
+    for (int i = ra; i < rb; i++) {
+        const int s = i % FT_RING;
+        mbar_wait(&F.full[s], (unsigned)(i / FT_RING) & 1u);
+        if (!idle) {
+            const uint32_t *slot = F.ring[s];
+            const int grp = (int)(F.meta[i].y & 0xffffffu);
+            if (grp != cur) {
+                if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
+                const uint32_t *hdr = slot + FT_SLOT_WORDS;
+#pragma unroll
+                for (int c = 0; c < 2; c++)
+                    frag_scales_decode(hdr + 4 * (2 * w + c),
+                                       (const __half *)(hdr + 4 * FT_CB) + (GPTQ ? 32 * (2 * w + c) : 0), GPTQ,
+                                       L.zero_add, g, sc[c]);
+                cur = grp;
+            }
+            fg_unit<B, GPTQ, NT>(slot + 2 * w * 32 * B, stage, i, M, lane, sc, acc);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&F.empty[s]);
+    }
+#endif
+}
+
+template <bool ONE, bool GPTQ, int NT>
+__global__ void __launch_bounds__((FT_CONSUMERS + 1) * 32, NT == 1 ? 2 : 1)
+    frag_gemv_bulk_kernel(const __grid_constant__ fg_group G, const float *x, int M, int stage_words)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ uint4 fg_smem[];
+    int b = blockIdx.x;
+    const fg_part &P = G.p[group_part(G, b)];
+    const tsr_linear_dev &L = P.L;
+    const int colb = b % P.col_blocks, split = b / P.col_blocks;
+    const int u0 = split * P.ub, nu = min(L.n_units, u0 + P.ub) - u0;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int ncb = L.Npad / 32, cbf = colb * FT_CB, live = min(FT_CB, ncb - cbf);
+    ft_shared &F = *(ft_shared *)((uint32_t *)fg_smem + stage_words);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < FT_RING; s++) mbar_init(&F.full[s], 1), mbar_init(&F.empty[s], FT_CONSUMERS);
+        mbar_init_fence();
+    }
+    for (int i = threadIdx.x; i < nu; i += blockDim.x) F.meta[i] = L.units[u0 + i];
+    __syncthreads();
+    /* the weights are constant: the ring fills before waiting for the kernel that writes x (PDL) and while the
+     * block stages x */
+    const bool producer = warp == FT_CONSUMERS && lane == 0;
+    if (producer)
+        for (int i = 0; i < min(nu, FT_RING); i++) ft_issue<GPTQ>(L, F, i, cbf, live);
+    fg_stage_block<NT>(P, x, M, u0, nu, fg_smem);
+    __syncthreads();
+    if (warp == FT_CONSUMERS) {
+        if (producer)
+            for (int i = FT_RING; i < nu; i++) {
+                mbar_wait(&F.empty[i % FT_RING], (unsigned)(i / FT_RING - 1) & 1u);
+                ft_issue<GPTQ>(L, F, i, cbf, live);
+            }
+        tsr_pdl_trigger();
+        return;
+    }
+
+    float acc[NT][4][4], tot[NT][4][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int t = 0; t < 4; t++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[nt][t][i] = tot[nt][t][i] = 0.0f;
+    frag_scales sc[2] = {};
+    int cur = -1;
+    const bool idle = 2 * warp >= live;
+    for (int ra = 0; ra < nu;) {
+        const int rb = fg_run_end(F.meta, ra + 1, nu, ra);
+        if (GPTQ) {
+            ft_run<4, true, ONE, NT>(L, F, fg_smem, ra, rb, warp, idle, lane, M, cur, sc, acc, tot);
+        } else {
+            frag_with_width((int)(F.meta[ra].y >> 24), [&](auto wd) {
+                constexpr int B = decltype(wd)::value;
+                ft_run<B, false, ONE, NT>(L, F, fg_smem, ra, rb, warp, idle, lane, M, cur, sc, acc, tot);
+            });
+        }
+        ra = rb;
+    }
+    tsr_pdl_trigger();
+    if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
+    const int g = lane >> 2;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            const int cb = cbf + 2 * warp + (t >> 1);
+            if (cb >= ncb) continue;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int m = 8 * nt + 2 * (lane & 3) + (i & 1), nn = 32 * cb + 16 * (t & 1) + g + 8 * (i >> 1);
+                if (m >= M) continue;
+                if (P.partial)
+                    P.partial[((size_t)split * M + m) * L.Npad + nn] = tot[nt][t][i];
+                else if (nn < L.N)
+                    P.y[(size_t)m * L.N + nn] = tot[nt][t][i] + (L.bias ? __half2float(L.bias[nn]) : 0.0f);
+            }
+        }
+#endif
+}
+
+/* The bulk kernel for M rows: token 0 only, or 1, 2 or 4 token tiles of 8. */
+template <bool GPTQ> static void (*ft_kernel(int M))(const fg_group, const float *, int, int)
+{
+    if (M == 1) return frag_gemv_bulk_kernel<true, GPTQ, 1>;
+    if (M <= 8) return frag_gemv_bulk_kernel<false, GPTQ, 1>;
+    if (M <= 16) return frag_gemv_bulk_kernel<false, GPTQ, 2>;
+    return frag_gemv_bulk_kernel<false, GPTQ, 4>;
+}
+
+/* Sums the K-split partials of each part (those with splits > 1) plus bias into y, all parts in one launch. */
+struct red_part {
+    const float *partial;
+    const __half *bias;
+    float *y;
+    int splits, N, Npad;
+    unsigned blocks;
+};
+struct red_group {
+    red_part p[FG_MAX_PARTS];
+    int n;
+};
+
+__global__ void exl2_reduce_group_kernel(const __grid_constant__ red_group G, int M)
+{
+    tsr_pdl_wait();
+    tsr_pdl_trigger();
+    unsigned b = blockIdx.x;
+    const red_part &P = G.p[group_part(G, b)];
+    const size_t i = (size_t)b * blockDim.x + threadIdx.x;
+    if (i >= (size_t)M * P.N) return;
+    const int m = (int)(i / P.N), n = (int)(i % P.N);
+    float s = P.bias ? __half2float(P.bias[n]) : 0.0f;
+    for (int k = 0; k < P.splits; k++) s += P.partial[((size_t)k * M + m) * P.Npad + n];
+    P.y[i] = s;
+}
+
+/* Units per block and K splits of one matrix: split K only as far as needed to give the chip about `target`
+ * blocks, keeping at least two units per warp and the staged activations within FG_STAGE_MAX. */
+/* Bytes of staged activations per block, and per unit and token: hi + lo halves up to 8 rows, hi halves above. */
+static int fg_stage_max(int M) { return M <= 8 ? FG_STAGE_MAX : FG_STAGE_WIDE; }
+static int fg_unit_bytes(int M) { return (M <= 8 ? 128 : 64) * M; }
+
+static void fg_plan(const tsr_linear_dev *L, int M, int target, int *ub, int *splits)
+{
+    const int col_blocks = (int)tsr_div_up(L->Npad, FG_COLS);
+    const int ub_max = min(fg_stage_max(M) / fg_unit_bytes(M), FG_WARP_UNITS * FG_WK);
+    int sp = 1;
+    while (col_blocks * sp < target && L->n_units / (sp * 2) >= 2 * FG_WK) sp *= 2;
+    int u = (L->n_units + sp - 1) / sp;
+    if (u > ub_max) u = ub_max;
+    *ub = u;
+    *splits = (L->n_units + u - 1) / u;
+}
+
+/* The block target: TSR_CUDA_GEMV_BLOCKS, else one block per SM. Two fit (registers, shared memory), but splitting
+ * K that far costs more in per-block staging and ring start-up than it gains (NOTES.md, stop 15). */
+static int fg_target(void)
+{
+    static int t = -1;
+    if (t < 0) {
+        const char *e = getenv("TSR_CUDA_GEMV_BLOCKS");
+        int dev = 0, sms = 132;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+            cudaGetLastError();
+            sms = 132;
+        }
+        t = e && atoi(e) > 0 ? atoi(e) : sms;
+    }
+    return t;
+}
+
+/* Units per block and K splits of one matrix for frag_gemv_bulk_kernel: K split into as many pieces as give the
+ * part its share of two blocks per SM (both fit beside each other), keeping FT_MIN_UNITS units per block. */
+static void ft_plan(const tsr_linear_dev *L, int M, int target, int *ub, int *splits)
+{
+    const int col_blocks = (int)tsr_div_up(L->Npad, FT_COLS);
+    const int ub_max = min(fg_stage_max(M) / fg_unit_bytes(M), FT_MAX_UNITS);
+    int sp = max(1, min(target / col_blocks, L->n_units / FT_MIN_UNITS));
+    int u = (L->n_units + sp - 1) / sp;
+    if (u > ub_max) u = ub_max;
+    *ub = u;
+    *splits = (L->n_units + u - 1) / u;
+}
+
+/* Whether M rows take frag_gemv_bulk_kernel: on sm_90 and later, from 2 up to TSR_CUDA_GEMV_BULK rows (default
+ * FG_MAX_M, all the GEMV's rows; 0 keeps frag_gemv_kernel for all). One row stays with frag_gemv_kernel, which
+ * measured 2-4 % faster there (NOTES.md, stop 18). */
+bool tsr_cuda_gemv_bulk(int M)
+{
+    static int most = -1;
+    if (most < 0) {
+        const char *e = getenv("TSR_CUDA_GEMV_BULK");
+        int dev = 0, major = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+            cudaGetLastError();
+            major = 0;
+        }
+        most = major < 9 ? 0 : e ? atoi(e) : FG_MAX_M;
+        if (most < 0) most = 0;
+    }
+    return M >= 2 && M <= most;
+}
+
+/* The kernel for M rows: token 0 only, or 1, 2 or 4 token tiles of 8. */
+template <bool GPTQ> static void (*fg_kernel(int M))(const fg_group, const float *, int, int)
+{
+    if (M == 1) return frag_gemv_kernel<true, GPTQ, 1>;
+    if (M <= 8) return frag_gemv_kernel<false, GPTQ, 1>;
+    if (M <= 16) return frag_gemv_kernel<false, GPTQ, 2>;
+    return frag_gemv_kernel<false, GPTQ, 4>;
+}
+
+/* frag_gemv_kernel's launch for the planned group G: shared memory for the staged activations, then per warp its
+ * unit records and its ring (the final reduction reuses the start). */
+static void fg_launch_warps(const fg_group &G, bool gptq, const float *x, int M, unsigned blocks, int stage_words)
+{
+    const int NT = M <= 8 ? 1 : M <= 16 ? 2 : 4;
+    const size_t warp_words = (size_t)FG_RING * FG_STEP_WORDS + 2 * FG_WARP_UNITS;
+    size_t smem = ((size_t)stage_words + FG_WARPS * warp_words) * 4;
+    const size_t red_bytes = (size_t)FG_WARPS * NT * 16 * 32 * sizeof(float);
+    if (smem < red_bytes) smem = red_bytes;
+    void (*kern)(const fg_group, const float *, int, int) = gptq ? fg_kernel<true>(M) : fg_kernel<false>(M);
+    static void (*opted[8])(const fg_group, const float *, int, int);
+    for (int i = 0; i < 8; i++) {
+        if (opted[i] == kern) break;
+        if (!opted[i]) {
+            TSR_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)(fg_stage_max(M) + FG_WARPS * warp_words * 4)));
+            opted[i] = kern;
+            break;
+        }
+    }
+    tsr_launch_smem(kern, dim3(blocks), dim3(FG_WARPS * 32), smem, G, x, M, stage_words);
+}
+
+/* The decode GEMV of n matrices with the same input and K (cuda_kernels.cuh): per FG_MAX_M rows one launch (plus one
+ * reduction launch when any of them splits K over blocks, unless `parts` takes them over, and for M > 8 one staging
+ * launch before it). Each part's partial sums take their own stretch of scratch slot 3, its pre-staged activations
+ * their own stretch of slot 0. */
+void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M, float *const *ys,
+                   tsr_gemv_parts *parts)
+{
+    if (M > FG_MAX_M) { /* chunks of FG_MAX_M rows (from TSR_CUDA_DQ_MIN_M above 33); linear_add_norm cuts its own */
+        if (parts) tsr_cuda_fatal(__FILE__, __LINE__, "GEMV partial sums asked for more than 32 rows");
+        for (int r0 = 0; r0 < M; r0 += FG_MAX_M) {
+            float *yc[FG_MAX_PARTS];
+            for (int i = 0; i < n; i++) yc[i] = ys[i] + (size_t)r0 * Ls[i]->N;
+            tsr_cuda_gemv(Ls, n, x + (size_t)r0 * Ls[0]->K, min(FG_MAX_M, M - r0), yc, NULL);
+        }
+        return;
+    }
+    fg_group G = {};
+    red_group R = {};
+    int splits[FG_MAX_PARTS];
+    size_t scratch = 0, offset[FG_MAX_PARTS];
+    unsigned blocks = 0;
+    int ub_max = 0;
+    const bool bulk = tsr_cuda_gemv_bulk(M);
+    G.n = n;
+    for (int i = 0; i < n; i++) {
+        const tsr_linear_dev *L = Ls[i];
+        const int col_blocks = (int)tsr_div_up(L->Npad, bulk ? FT_COLS : FG_COLS);
+        int ub, sp;
+        if (bulk)
+            ft_plan(L, M, 2 * fg_target() / n, &ub, &sp);
+        else
+            fg_plan(L, M, fg_target() / n, &ub, &sp);
+        splits[i] = sp;
+        offset[i] = scratch;
+        if (sp > 1) scratch += (size_t)sp * M * L->Npad;
+        G.p[i] = fg_part{*L, ys[i], NULL, NULL, ub, col_blocks, col_blocks * sp};
+        blocks += (unsigned)(col_blocks * sp);
+        if (ub > ub_max) ub_max = ub;
+    }
+    float *partial = scratch ? (float *)tsr_cuda_scratch(3, scratch * sizeof(float)) : NULL;
+    unsigned red_blocks = 0;
+    for (int i = 0; i < n; i++) {
+        if (splits[i] <= 1) continue;
+        G.p[i].partial = partial + offset[i];
+        const unsigned rb = tsr_div_up((size_t)M * Ls[i]->N, 256);
+        R.p[R.n++] = red_part{G.p[i].partial, Ls[i]->bias, ys[i], splits[i], Ls[i]->N, Ls[i]->Npad, rb};
+        red_blocks += rb;
+    }
+    if (M > 8) { /* every part's activations staged once, fp16 hi halves in B-operand order */
+        fg_pre_group S = {};
+        size_t xs_entries = 0;
+        for (int i = 0; i < n; i++) xs_entries += (size_t)Ls[i]->n_units * 2 * M * 4;
+        uint2 *xs = (uint2 *)tsr_cuda_scratch(0, xs_entries * sizeof(uint2));
+        unsigned pre_blocks = 0;
+        S.n = n;
+        for (int i = 0; i < n; i++) {
+            const unsigned entries = (unsigned)Ls[i]->n_units * 2 * M * 4;
+            S.p[i] = fg_pre_part{Ls[i]->uperm, xs, entries, tsr_div_up(entries, 256)};
+            G.p[i].xs = xs;
+            xs += entries;
+            pre_blocks += S.p[i].blocks;
+        }
+        tsr_launch(fg_prestage_kernel, dim3(pre_blocks), dim3(256), S, x, M, Ls[0]->K);
+    }
+    const int stage_words = ub_max * fg_unit_bytes(M) / 4;
+    if (bulk) { /* shared memory: the staged activations, the ring's barriers, the unit records, the ring */
+        const size_t smem = (size_t)stage_words * 4 + sizeof(ft_shared);
+        void (*kern)(const fg_group, const float *, int, int) = Ls[0]->gptq ? ft_kernel<true>(M) : ft_kernel<false>(M);
+        static void (*opted[8])(const fg_group, const float *, int, int);
+        for (int i = 0; i < 8; i++) {
+            if (opted[i] == kern) break;
+            if (!opted[i]) {
+                const size_t most = (size_t)fg_stage_max(M) + sizeof(ft_shared);
+                TSR_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+                opted[i] = kern;
+                break;
+            }
+        }
+        tsr_launch_smem(kern, dim3(blocks), dim3((FT_CONSUMERS + 1) * 32), smem, G, x, M, stage_words);
+    } else {
+        fg_launch_warps(G, Ls[0]->gptq != 0, x, M, blocks, stage_words);
+    }
+    if (parts) {
+        *parts = tsr_gemv_parts{G.p[0].partial, G.p[0].partial ? splits[0] : 0, Ls[0]->Npad};
+        return;
+    }
+    if (R.n) tsr_launch(exl2_reduce_group_kernel, dim3(red_blocks), dim3(256), R, M);
+}
