@@ -67,6 +67,8 @@ int tsr_topo_bind_worker(int index, int count, const char *busid, char *desc, si
         snprintf(what, sizeof what, "GPU %s", busid);
     } else if (busid && *busid) {
         snprintf(what, sizeof what, "GPU %s (not in the hwloc topology: spread)", busid);
+    } else if (busid) {
+        snprintf(what, sizeof what, "GPU worker %d of %d on this host (bus id unknown: spread)", index, count);
     } else {
         snprintf(what, sizeof what, "CPU worker %d of %d on this host", index, count);
     }
