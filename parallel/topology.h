@@ -12,8 +12,9 @@
 #include <stddef.h>
 
 /* Binds worker `index` of `count` workers on this host; busid ("0000:3b:00.0") for a GPU worker ("" when its bus id
- * is unknown: an even share of the host, as for a CPU worker), NULL for a CPU worker. Writes a one-line description and the bound cpuset as an hwloc list string ("" when unbound); returns the
- * number of cores bound to (0 when unbound). */
+ * is unknown: an even share of the host, as for a CPU worker), NULL for a CPU worker. Writes a one-line description
+ * and the bound cpuset as an hwloc list string ("" when unbound); returns the number of cores bound to (0 when
+ * unbound). */
 int tsr_topo_bind_worker(int index, int count, const char *busid, char *desc, size_t desc_cap, char *cpuset,
                          size_t cpuset_cap);
 

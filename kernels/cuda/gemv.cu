@@ -724,7 +724,8 @@ static int fg_target(void)
     if (t < 0) {
         const char *e = getenv("TSR_CUDA_GEMV_BLOCKS");
         int dev = 0, sms = 132;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
             cudaGetLastError();
             sms = 132;
         }

@@ -121,7 +121,8 @@ static int dq_min_m(void)
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("TSR_CUDA_DQ_MIN_M");
-        const int most = 2 * TSR_GEMV_MAX_M + 1, dflt = tsr_cuda_gemv_bulk(TSR_GEMV_MAX_M) ? FG_CHUNKED_DQ_MIN_M : TSR_GEMV_MAX_M + 1;
+        const int most = 2 * TSR_GEMV_MAX_M + 1;
+        const int dflt = tsr_cuda_gemv_bulk(TSR_GEMV_MAX_M) ? FG_CHUNKED_DQ_MIN_M : TSR_GEMV_MAX_M + 1;
         v = e ? atoi(e) : dflt;
         if (v < 1 || v > most) v = dflt;
     }
@@ -396,8 +397,8 @@ void tsr_cuda_linear_add_norm(const tsr_linear *Lh, const float *a, int M, float
     if (!L) tsr_cuda_fatal(__FILE__, __LINE__, "linear layer used before prepare_model");
     if (L->kind == TSR_LINEAR_EXL2 && !dq_path(M) && M > TSR_GEMV_MAX_M) { /* the GEMV's row chunks, one by one */
         for (int r0 = 0; r0 < M; r0 += TSR_GEMV_MAX_M)
-            tsr_cuda_linear_add_norm(Lh, a + (size_t)r0 * L->K, min(TSR_GEMV_MAX_M, M - r0), x + (size_t)r0 * L->N, w, eps,
-                                     out + (size_t)r0 * L->N);
+            tsr_cuda_linear_add_norm(Lh, a + (size_t)r0 * L->K, min(TSR_GEMV_MAX_M, M - r0), x + (size_t)r0 * L->N, w,
+                                     eps, out + (size_t)r0 * L->N);
         return;
     }
     if (L->kind == TSR_LINEAR_EXL2 && !dq_path(M)) {
