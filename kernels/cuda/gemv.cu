@@ -92,6 +92,17 @@ __device__ __forceinline__ void fg_flush(float (&acc)[NT][4][4], float (&tot)[NT
         }
 }
 
+/* Both accumulator sets of a warp at zero, before its first unit. */
+template <int NT> __device__ __forceinline__ void fg_zero(float (&acc)[NT][4][4], float (&tot)[NT][4][4])
+{
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int t = 0; t < 4; t++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[nt][t][i] = tot[nt][t][i] = 0.0f;
+}
+
 /* Everything a warp's run loop needs besides the accumulators. Each lane copies at most one 16-byte piece of a
  * unit's header: from hsrc + group · hstride to word hdst of the entry (when hon). */
 struct fg_warp {
@@ -444,12 +455,7 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     __syncthreads();
 
     float acc[NT][4][4], tot[NT][4][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int t = 0; t < 4; t++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[nt][t][i] = tot[nt][t][i] = 0.0f;
+    fg_zero<NT>(acc, tot);
     frag_scales sc[2] = {};
     int cur = -1;
     for (int ra = 0; ra < n;) {
@@ -619,12 +625,7 @@ __global__ void __launch_bounds__((FT_CONSUMERS + 1) * 32, NT == 1 ? 2 : 1)
     }
 
     float acc[NT][4][4], tot[NT][4][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int t = 0; t < 4; t++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[nt][t][i] = tot[nt][t][i] = 0.0f;
+    fg_zero<NT>(acc, tot);
     frag_scales sc[2] = {};
     int cur = -1;
     const bool idle = 2 * warp >= live;
@@ -716,6 +717,17 @@ static void fg_plan(const tsr_linear_dev *L, int M, int target, int *ub, int *sp
     *splits = (L->n_units + u - 1) / u;
 }
 
+/* Attribute attr of the current device, or fallback when it cannot be read. */
+static int device_attr(cudaDeviceAttr attr, int fallback)
+{
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, attr, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return fallback;
+    }
+    return v;
+}
+
 /* The block target: TSR_CUDA_GEMV_BLOCKS, else one block per SM. Two fit (registers, shared memory), but splitting
  * K that far costs more in per-block staging and ring start-up than it gains (NOTES.md, stop 15). */
 static int fg_target(void)
@@ -723,13 +735,7 @@ static int fg_target(void)
     static int t = -1;
     if (t < 0) {
         const char *e = getenv("TSR_CUDA_GEMV_BLOCKS");
-        int dev = 0, sms = 132;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-            cudaGetLastError();
-            sms = 132;
-        }
-        t = e && atoi(e) > 0 ? atoi(e) : sms;
+        t = e && atoi(e) > 0 ? atoi(e) : device_attr(cudaDevAttrMultiProcessorCount, 132);
     }
     return t;
 }
@@ -755,13 +761,7 @@ bool tsr_cuda_gemv_bulk(int M)
     static int most = -1;
     if (most < 0) {
         const char *e = getenv("TSR_CUDA_GEMV_BULK");
-        int dev = 0, major = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-            cudaGetLastError();
-            major = 0;
-        }
-        most = major < 9 ? 0 : e ? atoi(e) : FG_MAX_M;
+        most = device_attr(cudaDevAttrComputeCapabilityMajor, 0) < 9 ? 0 : e ? atoi(e) : FG_MAX_M;
         if (most < 0) most = 0;
     }
     return M >= 2 && M <= most;
