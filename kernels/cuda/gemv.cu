@@ -741,7 +741,9 @@ static int fg_target(void)
 }
 
 /* Units per block and K splits of one matrix for frag_gemv_bulk_kernel: K split into as many pieces as give the
- * part its share of two blocks per SM (both fit beside each other), keeping FT_MIN_UNITS units per block. */
+ * part its share of `target` blocks, keeping FT_MIN_UNITS units per block. The caller asks for two blocks per SM up
+ * to 8 rows (both fit beside each other) and one above, where the 2- and 4-tile kernels' registers allow only one
+ * (two per SM there measured 5-9 % slower at 16-48 rows: NOTES.md, stop 18). */
 static void ft_plan(const tsr_linear_dev *L, int M, int target, int *ub, int *splits)
 {
     const int col_blocks = (int)tsr_div_up(L->Npad, FT_COLS);
@@ -828,7 +830,7 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
         const int col_blocks = (int)tsr_div_up(L->Npad, bulk ? FT_COLS : FG_COLS);
         int ub, sp;
         if (bulk)
-            ft_plan(L, M, 2 * fg_target() / n, &ub, &sp);
+            ft_plan(L, M, (M <= 8 ? 2 : 1) * fg_target() / n, &ub, &sp);
         else
             fg_plan(L, M, fg_target() / n, &ub, &sp);
         splits[i] = sp;
