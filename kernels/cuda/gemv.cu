@@ -769,6 +769,22 @@ bool tsr_cuda_gemv_bulk(int M)
     return M >= 2 && M <= most;
 }
 
+/* Lets kernel use up to `bytes` of dynamic shared memory, once per kernel (every GEMV instance of this file fits in
+ * the table). */
+typedef void (*fg_kernel_t)(const fg_group, const float *, int, int);
+static void fg_allow_smem(fg_kernel_t kern, size_t bytes)
+{
+    static fg_kernel_t allowed[16];
+    for (int i = 0; i < 16; i++) {
+        if (allowed[i] == kern) return;
+        if (!allowed[i]) {
+            TSR_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+            allowed[i] = kern;
+            return;
+        }
+    }
+}
+
 /* The kernel for M rows: token 0 only, or 1, 2 or 4 token tiles of 8. */
 template <bool GPTQ> static void (*fg_kernel(int M))(const fg_group, const float *, int, int)
 {
@@ -787,17 +803,8 @@ static void fg_launch_warps(const fg_group &G, bool gptq, const float *x, int M,
     size_t smem = ((size_t)stage_words + FG_WARPS * warp_words) * 4;
     const size_t red_bytes = (size_t)FG_WARPS * NT * 16 * 32 * sizeof(float);
     if (smem < red_bytes) smem = red_bytes;
-    void (*kern)(const fg_group, const float *, int, int) = gptq ? fg_kernel<true>(M) : fg_kernel<false>(M);
-    static void (*opted[8])(const fg_group, const float *, int, int);
-    for (int i = 0; i < 8; i++) {
-        if (opted[i] == kern) break;
-        if (!opted[i]) {
-            TSR_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                (int)(fg_stage_max(M) + FG_WARPS * warp_words * 4)));
-            opted[i] = kern;
-            break;
-        }
-    }
+    fg_kernel_t kern = gptq ? fg_kernel<true>(M) : fg_kernel<false>(M);
+    fg_allow_smem(kern, fg_stage_max(M) + FG_WARPS * warp_words * 4);
     tsr_launch_smem(kern, dim3(blocks), dim3(FG_WARPS * 32), smem, G, x, M, stage_words);
 }
 
@@ -868,17 +875,8 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
     const int stage_words = ub_max * fg_unit_bytes(M) / 4;
     if (bulk) { /* shared memory: the staged activations, the ring's barriers, the unit records, the ring */
         const size_t smem = (size_t)stage_words * 4 + sizeof(ft_shared);
-        void (*kern)(const fg_group, const float *, int, int) = Ls[0]->gptq ? ft_kernel<true>(M) : ft_kernel<false>(M);
-        static void (*opted[8])(const fg_group, const float *, int, int);
-        for (int i = 0; i < 8; i++) {
-            if (opted[i] == kern) break;
-            if (!opted[i]) {
-                const size_t most = (size_t)fg_stage_max(M) + sizeof(ft_shared);
-                TSR_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
-                opted[i] = kern;
-                break;
-            }
-        }
+        fg_kernel_t kern = Ls[0]->gptq ? ft_kernel<true>(M) : ft_kernel<false>(M);
+        fg_allow_smem(kern, (size_t)fg_stage_max(M) + sizeof(ft_shared));
         tsr_launch_smem(kern, dim3(blocks), dim3((FT_CONSUMERS + 1) * 32), smem, G, x, M, stage_words);
     } else {
         fg_launch_warps(G, Ls[0]->gptq != 0, x, M, blocks, stage_words);
