@@ -6,8 +6,8 @@
  * above 8 rows fp16, as on the cuBLAS path, staged once per launch by a small kernel and copied by each block), and
  * each warp then streams 64 columns of one quarter of the units: b words per lane per 32 × 32 block, each pair of codes
  * masked in place into an fp16 pattern (one LOP3) and scaled back with the zero point subtracted by one HFMA2 (exact),
- * then per 16 × 16 tile one mma per 8-token tile (two, hi and lo, up to 8 rows) into fp32 accumulators that are scaled
- * once per group. Warps of a block add up in shared memory; when K is split over blocks to fill the chip, a second
+ * then per 16 × 16 tile one mma per 8-token tile into fp32 accumulators that are scaled once per group (up to 4 rows
+ * the hi and lo halves take the 8 B-columns of one mma, 5 to 8 rows two mma's). Warps of a block add up in shared memory; when K is split over blocks to fill the chip, a second
  * kernel adds the blocks' partial sums and the bias (deterministic). Up to three matrices with the same input (q/k/v,
  * gate/up) run as one launch. On sm_90, 2 to 32 rows take frag_gemv_bulk_kernel instead: the same products from
  * 512-column blocks whose units arrive by bulk copies (bulk.cuh) issued by one producer warp. */
@@ -103,6 +103,17 @@ template <int NT> __device__ __forceinline__ void fg_zero(float (&acc)[NT][4][4]
             for (int i = 0; i < 4; i++) acc[nt][t][i] = tot[nt][t][i] = 0.0f;
 }
 
+/* With hi and lo in one mma (fg_bop's PK), token n's two sums sit in C columns n and n + 4, two lanes apart: their
+ * total goes to the lane of column n (lane % 4 < 2; the other lanes' columns are past the rows). */
+template <bool ONE> __device__ __forceinline__ void fg_unpack(float (&tot)[4][4])
+{
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (!ONE || !(i & 1)) tot[t][i] += __shfl_xor_sync(0xffffffffu, tot[t][i], 2);
+}
+
 /* Everything a warp's run loop needs besides the accumulators. Each lane copies at most one 16-byte piece of a
  * unit's header: from hsrc + group · hstride to word hdst of the entry (when hon). */
 struct fg_warp {
@@ -186,8 +197,9 @@ __device__ __forceinline__ void fg_group_from_hdr(const uint32_t *hdr, int zero_
 /* One 16-row step KS of a unit: the four tiles' A operands (column block c, column tile ct: tile 2 c + ct,
  * fragment 2 ct + KS), then their mma's per token tile, interleaved across tiles so that no two adjacent mma's
  * share an accumulator. bf: the staged B operands of each token tile (hi, hi, lo, lo); with one token tile the lo
- * halves make the products exact, with more the activations are fp16 (as on the cuBLAS path). */
-template <int B, bool GPTQ, int KS, int NT>
+ * halves make the products exact (a second mma per tile, unless PK: fg_bop), with more the activations are fp16
+ * (as on the cuBLAS path). */
+template <int B, bool GPTQ, int KS, int NT, bool PK>
 __device__ __forceinline__ void fg_ks(const uint32_t (&w)[2][B], const uint4 (&bf)[NT], const frag_scales (&sc)[2],
                                       float (&acc)[NT][4][4])
 {
@@ -200,30 +212,39 @@ __device__ __forceinline__ void fg_ks(const uint32_t (&w)[2][B], const uint4 (&b
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int t = 0; t < 4; t++) mma_16816(acc[nt][t], a[t], bf[nt].x, bf[nt].y);
-    if (NT == 1)
+    if (NT == 1 && !PK)
 #pragma unroll
         for (int t = 0; t < 4; t++) mma_16816(acc[0][t], a[t], bf[0].z, bf[0].w);
 }
 
-/* The staged B operands of 16-row step uk for each token tile (see fg_stage_chunk for the entries). */
-template <int NT>
+/* The staged B operands of 16-row step uk for each token tile (see fg_stage_chunk for the entries). PK (one tile,
+ * at most 4 rows): B-column n < 4 takes token n's hi halves and column n + 4 its lo halves, so that one mma gives
+ * both products (C columns n and n + 4, two lanes apart, are added at the end: fg_unpack); otherwise column n of
+ * tile nt is token 8 nt + n, and one tile's hi and lo halves take two mma's. */
+template <int NT, bool PK>
 __device__ __forceinline__ void fg_bop(const void *stage, int uk, int M, int lane, uint4 (&bf)[NT])
 {
+    if constexpr (PK) {
+        const int tok = (lane >> 2) & 3, e = (uk * M + tok) * 4 + (lane & 3);
+        const uint2 v = tok < M ? ((const uint2 *)stage)[2 * e + (lane >> 4)] : make_uint2(0, 0);
+        bf[0] = make_uint4(v.x, v.y, 0, 0);
+    } else {
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        const int tok = (lane >> 2) + 8 * nt, e = (uk * M + tok) * 4 + (lane & 3);
-        if (NT == 1) {
-            bf[nt] = tok < M ? ((const uint4 *)stage)[e] : make_uint4(0, 0, 0, 0);
-        } else {
-            const uint2 v = tok < M ? ((const uint2 *)stage)[e] : make_uint2(0, 0);
-            bf[nt] = make_uint4(v.x, v.y, 0, 0);
+        for (int nt = 0; nt < NT; nt++) {
+            const int tok = (lane >> 2) + 8 * nt, e = (uk * M + tok) * 4 + (lane & 3);
+            if (NT == 1) {
+                bf[nt] = tok < M ? ((const uint4 *)stage)[e] : make_uint4(0, 0, 0, 0);
+            } else {
+                const uint2 v = tok < M ? ((const uint2 *)stage)[e] : make_uint2(0, 0);
+                bf[nt] = make_uint4(v.x, v.y, 0, 0);
+            }
         }
     }
 }
 
 /* Decodes one unit of width B from its slot: the lane's words, then per 16-row step the staged B operands and
  * fg_ks (the four tiles' A operands and their mma's). */
-template <int B, bool GPTQ, int NT>
+template <int B, bool GPTQ, int NT, bool PK>
 __device__ __forceinline__ void fg_unit(const uint32_t *words, const void *stage, int ul, int M, int lane,
                                         const frag_scales (&sc)[2], float (&acc)[NT][4][4])
 {
@@ -250,10 +271,10 @@ __device__ __forceinline__ void fg_unit(const uint32_t *words, const void *stage
         }
     }
     uint4 bf[NT];
-    fg_bop<NT>(stage, ul * 2, M, lane, bf);
-    fg_ks<B, GPTQ, 0, NT>(w, bf, sc, acc);
-    fg_bop<NT>(stage, ul * 2 + 1, M, lane, bf);
-    fg_ks<B, GPTQ, 1, NT>(w, bf, sc, acc);
+    fg_bop<NT, PK>(stage, ul * 2, M, lane, bf);
+    fg_ks<B, GPTQ, 0, NT, PK>(w, bf, sc, acc);
+    fg_bop<NT, PK>(stage, ul * 2 + 1, M, lane, bf);
+    fg_ks<B, GPTQ, 1, NT, PK>(w, bf, sc, acc);
 }
 
 /* The first FG_RING - 1 steps of the run [ra, rb) of width B, into slots 0, 1, ... (see fg_run). */
@@ -286,7 +307,7 @@ __device__ __forceinline__ int fg_run_end(const uint2 *meta, int rb, int n, int 
 
 /* The warp's units [ra, rb) (all of width B) through the ring, FG_RING - 1 steps in flight; the ring starts at
  * slot 0 and drains at the end (a warp sees 2-3 runs). `issued`: the prologue is already in flight. */
-template <int B, bool GPTQ, bool ONE, int NT>
+template <int B, bool GPTQ, bool ONE, bool PK, int NT>
 __device__ __forceinline__ void fg_run(const tsr_linear_dev &L, const fg_warp &W, int ra, int rb, bool issued, int &cur,
                                     frag_scales (&sc)[2], float (&acc)[NT][4][4], float (&tot)[NT][4][4])
 {
@@ -309,7 +330,7 @@ __device__ __forceinline__ void fg_run(const tsr_linear_dev &L, const fg_warp &W
                 fg_group_from_hdr<B, GPTQ>(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS, L.zero_add, g, sc);
                 cur = grp;
             }
-            fg_unit<B, GPTQ, NT>(slot + uu * 2 * 32 * B, W.stage, i - W.u0, W.M, W.lane, sc, acc);
+            fg_unit<B, GPTQ, NT, PK>(slot + uu * 2 * 32 * B, W.stage, i - W.u0, W.M, W.lane, sc, acc);
         }
     }
     cp_async_wait<0>();
@@ -421,7 +442,7 @@ __device__ __forceinline__ void fg_stage_block(const fg_part &P, const float *x,
     }
 }
 
-template <bool ONE, bool GPTQ, int NT>
+template <bool ONE, bool PK, bool GPTQ, int NT>
 __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     frag_gemv_kernel(const __grid_constant__ fg_group G, const float *x, int M, int stage_words)
 {
@@ -463,17 +484,18 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
         const int rb = fg_run_end(W.meta, ra + 1, n, ra);
         const bool issued = ra == 0;
         if (GPTQ) {
-            fg_run<4, true, ONE, NT>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot);
+            fg_run<4, true, ONE, PK, NT>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot);
         } else {
             frag_with_width(bits, [&](auto w) {
                 constexpr int B = decltype(w)::value;
-                fg_run<B, false, ONE, NT>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot);
+                fg_run<B, false, ONE, PK, NT>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot);
             });
         }
         ra = rb;
     }
     tsr_pdl_trigger();
     if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
+    if (PK) fg_unpack<ONE>(tot[0]);
 
     /* the FG_WK slices of each column group meet in shared memory (the staging area is free again) */
     __syncthreads();
@@ -556,7 +578,7 @@ __device__ __forceinline__ void ft_issue(const tsr_linear_dev &L, ft_shared &F, 
 
 /* Consumer warp w: units [ra, rb) of the block, all of width B, from their slots; a warp whose column blocks are
  * both past the matrix (`idle`) only takes part in the ring's barriers. */
-template <int B, bool GPTQ, bool ONE, int NT>
+template <int B, bool GPTQ, bool ONE, bool PK, int NT>
 __device__ __forceinline__ void ft_run(const tsr_linear_dev &L, ft_shared &F, const void *stage, int ra, int rb,
                                        int w, bool idle, int lane, int M, int &cur, frag_scales (&sc)[2],
                                        float (&acc)[NT][4][4], float (&tot)[NT][4][4])
@@ -579,7 +601,7 @@ __device__ __forceinline__ void ft_run(const tsr_linear_dev &L, ft_shared &F, co
                                        L.zero_add, g, sc[c]);
                 cur = grp;
             }
-            fg_unit<B, GPTQ, NT>(slot + 2 * w * 32 * B, stage, i, M, lane, sc, acc);
+            fg_unit<B, GPTQ, NT, PK>(slot + 2 * w * 32 * B, stage, i, M, lane, sc, acc);
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(&F.empty[s]);
@@ -587,7 +609,7 @@ __device__ __forceinline__ void ft_run(const tsr_linear_dev &L, ft_shared &F, co
 #endif
 }
 
-template <bool ONE, bool GPTQ, int NT>
+template <bool ONE, bool PK, bool GPTQ, int NT>
 __global__ void __launch_bounds__((FT_CONSUMERS + 1) * 32, NT == 1 ? 2 : 1)
     frag_gemv_bulk_kernel(const __grid_constant__ fg_group G, const float *x, int M, int stage_words)
 {
@@ -632,17 +654,18 @@ __global__ void __launch_bounds__((FT_CONSUMERS + 1) * 32, NT == 1 ? 2 : 1)
     for (int ra = 0; ra < nu;) {
         const int rb = fg_run_end(F.meta, ra + 1, nu, ra);
         if (GPTQ) {
-            ft_run<4, true, ONE, NT>(L, F, fg_smem, ra, rb, warp, idle, lane, M, cur, sc, acc, tot);
+            ft_run<4, true, ONE, PK, NT>(L, F, fg_smem, ra, rb, warp, idle, lane, M, cur, sc, acc, tot);
         } else {
             frag_with_width((int)(F.meta[ra].y >> 24), [&](auto wd) {
                 constexpr int B = decltype(wd)::value;
-                ft_run<B, false, ONE, NT>(L, F, fg_smem, ra, rb, warp, idle, lane, M, cur, sc, acc, tot);
+                ft_run<B, false, ONE, PK, NT>(L, F, fg_smem, ra, rb, warp, idle, lane, M, cur, sc, acc, tot);
             });
         }
         ra = rb;
     }
     tsr_pdl_trigger();
     if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
+    if (PK) fg_unpack<ONE>(tot[0]);
     const int g = lane >> 2;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -663,13 +686,26 @@ __global__ void __launch_bounds__((FT_CONSUMERS + 1) * 32, NT == 1 ? 2 : 1)
 #endif
 }
 
-/* The bulk kernel for M rows: token 0 only, or 1, 2 or 4 token tiles of 8. */
+/* Whether up to 4 rows put the hi and lo halves into one mma (fg_bop's PK): TSR_CUDA_GEMV_PACK, default 1 (0: two
+ * mma's, as for 5 to 8 rows; kept to measure the difference). */
+static bool fg_pack(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("TSR_CUDA_GEMV_PACK");
+        on = e && atoi(e) == 0 ? 0 : 1;
+    }
+    return on != 0;
+}
+
+/* The bulk kernel for M rows (from 2: one row stays on frag_gemv_kernel, tsr_cuda_gemv_bulk): hi and lo in one mma
+ * up to 4 rows, or 1, 2 or 4 token tiles of 8. */
 template <bool GPTQ> static void (*ft_kernel(int M))(const fg_group, const float *, int, int)
 {
-    if (M == 1) return frag_gemv_bulk_kernel<true, GPTQ, 1>;
-    if (M <= 8) return frag_gemv_bulk_kernel<false, GPTQ, 1>;
-    if (M <= 16) return frag_gemv_bulk_kernel<false, GPTQ, 2>;
-    return frag_gemv_bulk_kernel<false, GPTQ, 4>;
+    if (M <= 4 && fg_pack()) return frag_gemv_bulk_kernel<false, true, GPTQ, 1>;
+    if (M <= 8) return frag_gemv_bulk_kernel<false, false, GPTQ, 1>;
+    if (M <= 16) return frag_gemv_bulk_kernel<false, false, GPTQ, 2>;
+    return frag_gemv_bulk_kernel<false, false, GPTQ, 4>;
 }
 
 /* Sums the K-split partials of each part (those with splits > 1) plus bias into y, all parts in one launch. */
@@ -785,13 +821,15 @@ static void fg_allow_smem(fg_kernel_t kern, size_t bytes)
     }
 }
 
-/* The kernel for M rows: token 0 only, or 1, 2 or 4 token tiles of 8. */
+/* The kernel for M rows: token 0 only, hi and lo in one mma up to 4 rows, or 1, 2 or 4 token tiles of 8
+ * (TSR_CUDA_GEMV_PACK=0: two mma's per tile, hi and lo, up to 8 rows). */
 template <bool GPTQ> static void (*fg_kernel(int M))(const fg_group, const float *, int, int)
 {
-    if (M == 1) return frag_gemv_kernel<true, GPTQ, 1>;
-    if (M <= 8) return frag_gemv_kernel<false, GPTQ, 1>;
-    if (M <= 16) return frag_gemv_kernel<false, GPTQ, 2>;
-    return frag_gemv_kernel<false, GPTQ, 4>;
+    if (M == 1) return fg_pack() ? frag_gemv_kernel<true, true, GPTQ, 1> : frag_gemv_kernel<true, false, GPTQ, 1>;
+    if (M <= 4 && fg_pack()) return frag_gemv_kernel<false, true, GPTQ, 1>;
+    if (M <= 8) return frag_gemv_kernel<false, false, GPTQ, 1>;
+    if (M <= 16) return frag_gemv_kernel<false, false, GPTQ, 2>;
+    return frag_gemv_kernel<false, false, GPTQ, 4>;
 }
 
 /* frag_gemv_kernel's launch for the planned group G: shared memory for the staged activations, then per warp its
