@@ -7,10 +7,11 @@
  * each warp then streams 64 columns of one quarter of the units: b words per lane per 32 × 32 block, each pair of codes
  * masked in place into an fp16 pattern (one LOP3) and scaled back with the zero point subtracted by one HFMA2 (exact),
  * then per 16 × 16 tile one mma per 8-token tile into fp32 accumulators that are scaled once per group (up to 4 rows
- * the hi and lo halves take the 8 B-columns of one mma, 5 to 8 rows two mma's). Warps of a block add up in shared memory; when K is split over blocks to fill the chip, a second
- * kernel adds the blocks' partial sums and the bias (deterministic). Up to three matrices with the same input (q/k/v,
- * gate/up) run as one launch. On sm_90, 2 to 32 rows take frag_gemv_bulk_kernel instead: the same products from
- * 512-column blocks whose units arrive by bulk copies (bulk.cuh) issued by one producer warp. */
+ * the hi and lo halves take the 8 B-columns of one mma, 5 to 8 rows two mma's). Warps of a block add up in shared
+ * memory; when K is split over blocks to fill the chip, a second kernel adds the blocks' partial sums and the bias
+ * (deterministic). Up to three matrices with the same input (q/k/v, gate/up) run as one launch. On sm_90, 2 to 32
+ * rows take frag_gemv_bulk_kernel instead: the same products from 512-column blocks whose units arrive by bulk
+ * copies (bulk.cuh) issued by one producer warp. */
 #include "kernels/cuda/bulk.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
