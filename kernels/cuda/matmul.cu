@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(128) frag_dequant_kernel(tsr_linear_dev L, int
  * 33 (below it the GEMV), and with the bulk GEMV (sm_90), whose chunks of 32 rows stream the weights once per chunk,
  * 57 for matrices below 64 Mi weights and 65 (never, up to 64 rows) for larger ones. Measured (NOTES.md, stops 18
  * and 19): 8B geometry, two chunks beat the dequantize round trip up to about 56 rows (40 rows +5 %, 48 +3 %, 64
- * -5 % decode); 70B geometry (layer matrices of 67-235 Mi weights), 64 rows as two chunks +9 % at 4.0 and 2.5 bpw. */
+ * -5 % decode); 70B geometry (layer matrices of 64-224 Mi weights), 64 rows as two chunks +9 % at 4.0 and 2.5 bpw. */
 #define FG_CHUNKED_DQ_MIN_M 57
 #define FG_BIG_WEIGHTS ((size_t)1 << 26)
 static int dq_min_m(const tsr_linear_dev *L)
