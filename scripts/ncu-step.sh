@@ -24,3 +24,4 @@ timeout 500 $NCU --clock-control none --cache-control none --csv --launch-count 
 echo "ncu exit $? after $SECONDS s"
 python3 scripts/ncu-step.py "$out/ncu-step.csv" | head -30
 xz -9 "$out/ncu-step.csv"
+rm -rf $m
