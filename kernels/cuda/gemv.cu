@@ -806,20 +806,19 @@ bool tsr_cuda_gemv_bulk(int M)
     return M >= 2 && M <= most;
 }
 
-/* Lets kernel use up to `bytes` of dynamic shared memory, once per kernel (every GEMV instance of this file fits in
- * the table). */
+/* Lets kernel use up to `bytes` of dynamic shared memory, once per kernel: the table has room for every GEMV
+ * instance of this file (20: 12 of frag_gemv_kernel, 8 of the bulk kernel), and were it ever full, the attribute
+ * would be set on every call rather than skipped. */
+#define FG_KERNELS 32
 typedef void (*fg_kernel_t)(const fg_group, const float *, int, int);
 static void fg_allow_smem(fg_kernel_t kern, size_t bytes)
 {
-    static fg_kernel_t allowed[16];
-    for (int i = 0; i < 16; i++) {
-        if (allowed[i] == kern) return;
-        if (!allowed[i]) {
-            TSR_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-            allowed[i] = kern;
-            return;
-        }
-    }
+    static fg_kernel_t allowed[FG_KERNELS];
+    int i = 0;
+    while (i < FG_KERNELS && allowed[i] && allowed[i] != kern) i++;
+    if (i < FG_KERNELS && allowed[i] == kern) return;
+    TSR_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    if (i < FG_KERNELS) allowed[i] = kern;
 }
 
 /* The kernel for M rows: token 0 only, hi and lo in one mma up to 4 rows, or 1, 2 or 4 token tiles of 8
