@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ncu on the decode GEMV of an 8B-geometry model (tessera synth; TSR_NCU_FORMAT=gptq for 4-bit GPTQ g128, else
 # EXL2 4.0 bpw): launch-level throughput, occupancy and warp stall reasons of TSR_NCU_COUNT kernels of
-# TSR_NCU_KERNEL after the first TSR_NCU_SKIP. Pack with tests/parallel/gpu-pack.sh, carry .parpack; logs to $OUT.
+# TSR_NCU_KERNEL after the first TSR_NCU_SKIP (TSR_NCU_CACHE=none keeps the caches warm between kernels). Pack
+# with tests/parallel/gpu-pack.sh, carry .parpack; logs to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -15,7 +16,8 @@ else
     --bpw 4.0 --shard-size 2048 --threads 16 --out $m > /dev/null
 fi
 NCU=$(ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1); NCU=${NCU:-ncu}
-timeout 400 $NCU --clock-control none --kernel-name "regex:${TSR_NCU_KERNEL:-frag_gemv}" --launch-skip "${TSR_NCU_SKIP:-4}" \
+timeout 400 $NCU --clock-control none --cache-control "${TSR_NCU_CACHE:-all}" \
+  --kernel-name "regex:${TSR_NCU_KERNEL:-frag_gemv}" --launch-skip "${TSR_NCU_SKIP:-4}" \
   --launch-count "${TSR_NCU_COUNT:-2}" --section SpeedOfLight --section Occupancy --section SchedulerStats \
   --section WarpStateStats --section InstructionStats --print-details all \
   "$bin" bench --model $m --device cuda --batch 1 --prompt-len 64 --gen 4 > "$out/ncu.txt" 2>&1

@@ -498,36 +498,36 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
     if (PK) fg_unpack<ONE>(tot[0]);
 
-    /* the FG_WK slices of each column group meet in shared memory (the staging area is free again) */
+    /* the FG_WK slices of each column group meet in shared memory (the staging area is free again), as
+     * red[slice][token][column of the block]; then the whole block adds them up, one (token, column) per thread
+     * and pass, and stores them coalesced (a per-fragment store in every warp was a quarter of the time of the
+     * small matrices at one row, mostly instruction-cache misses in its unrolled branches: NOTES.md, stop 20) */
     __syncthreads();
     float *red = (float *)fg_smem;
+    const int g = lane >> 2;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int t = 0; t < 4; t++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) red[((warp * NT + nt) * 16 + t * 4 + i) * 32 + lane] = tot[nt][t][i];
-    __syncthreads();
-    if (wk != 0) return;
-    const int g = lane >> 2;
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-            const int cb = W.cb0 + (t >> 1);
-            if (cb >= ncb) continue;
-#pragma unroll
             for (int i = 0; i < 4; i++) {
-                const int m = 8 * nt + 2 * (lane & 3) + (i & 1), nn = 32 * cb + 16 * (t & 1) + g + 8 * (i >> 1);
-                if (m >= M) continue;
-                float v = 0.0f;
-                for (int k = 0; k < FG_WK; k++) v += red[(((k * 2 + wc) * NT + nt) * 16 + t * 4 + i) * 32 + lane];
-                if (P.partial)
-                    P.partial[((size_t)split * M + m) * L.Npad + nn] = v;
-                else if (nn < L.N)
-                    P.y[(size_t)m * L.N + nn] = v + (L.bias ? __half2float(L.bias[nn]) : 0.0f);
+                const int m = 8 * nt + 2 * (lane & 3) + (i & 1);
+                const int c = 64 * wc + 32 * (t >> 1) + 16 * (t & 1) + g + 8 * (i >> 1);
+                if ((!ONE || !(i & 1)) && m < M) red[(wk * M + m) * FG_COLS + c] = tot[nt][t][i];
             }
-        }
+    __syncthreads();
+    const int live_cols = min(FG_COLS, L.Npad - colb * FG_COLS);
+    for (int e = threadIdx.x; e < M * FG_COLS; e += FG_WARPS * 32) {
+        const int m = e / FG_COLS, c = e % FG_COLS, nn = colb * FG_COLS + c;
+        if (c >= live_cols) continue;
+        float v = 0.0f;
+#pragma unroll
+        for (int k = 0; k < FG_WK; k++) v += red[(k * M + m) * FG_COLS + c];
+        if (P.partial)
+            P.partial[((size_t)split * M + m) * L.Npad + nn] = v;
+        else if (nn < L.N)
+            P.y[(size_t)m * L.N + nn] = v + (L.bias ? __half2float(L.bias[nn]) : 0.0f);
+    }
 }
 
 /* ---- decode GEMV on sm_90: whole units streamed by bulk copies from one producer warp ---- */
@@ -549,6 +549,7 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
 #define FT_STEP_WORDS (FT_SLOT_WORDS + FT_HDR_WORDS)
 #define FT_MAX_UNITS 256 /* per block (FG_STAGE_MAX / 128 bytes per unit at M = 1) */
 #define FT_MIN_UNITS 8   /* split K no further than this many units per block */
+static_assert(FT_RING * FT_STEP_WORDS >= FG_MAX_M * FT_COLS, "the ring holds the block's results at the end");
 
 /* Shared memory after the staged activations. */
 struct ft_shared {
@@ -667,23 +668,32 @@ __global__ void __launch_bounds__((FT_CONSUMERS + 1) * 32, NT == 1 ? 2 : 1)
     tsr_pdl_trigger();
     if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
     if (PK) fg_unpack<ONE>(tot[0]);
+    /* each warp's columns go through the ring (free once every consumer is past its last unit) as red[token][column
+     * of the block], and the warp stores them coalesced (as frag_gemv_kernel's end) */
+    asm volatile("bar.sync 1, %0;\n" ::"n"(FT_CONSUMERS * 32) : "memory");
+    float *red = (float *)F.ring;
     const int g = lane >> 2;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int t = 0; t < 4; t++) {
-            const int cb = cbf + 2 * warp + (t >> 1);
-            if (cb >= ncb) continue;
+        for (int t = 0; t < 4; t++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const int m = 8 * nt + 2 * (lane & 3) + (i & 1), nn = 32 * cb + 16 * (t & 1) + g + 8 * (i >> 1);
-                if (m >= M) continue;
-                if (P.partial)
-                    P.partial[((size_t)split * M + m) * L.Npad + nn] = tot[nt][t][i];
-                else if (nn < L.N)
-                    P.y[(size_t)m * L.N + nn] = tot[nt][t][i] + (L.bias ? __half2float(L.bias[nn]) : 0.0f);
+                const int m = 8 * nt + 2 * (lane & 3) + (i & 1);
+                const int c = 64 * warp + 32 * (t >> 1) + 16 * (t & 1) + g + 8 * (i >> 1);
+                if (m < M) red[m * FT_COLS + c] = tot[nt][t][i];
             }
-        }
+    __syncwarp();
+    const int live_cols = 32 * live;
+    for (int e = lane; e < M * 64; e += 32) {
+        const int m = e >> 6, c = 64 * warp + (e & 63), nn = 32 * cbf + c;
+        if (c >= live_cols) continue;
+        const float v = red[m * FT_COLS + c];
+        if (P.partial)
+            P.partial[((size_t)split * M + m) * L.Npad + nn] = v;
+        else if (nn < L.N)
+            P.y[(size_t)m * L.N + nn] = v + (L.bias ? __half2float(L.bias[nn]) : 0.0f);
+    }
 #endif
 }
 
@@ -836,10 +846,9 @@ template <bool GPTQ> static void (*fg_kernel(int M))(const fg_group, const float
  * unit records and its ring (the final reduction reuses the start). */
 static void fg_launch_warps(const fg_group &G, bool gptq, const float *x, int M, unsigned blocks, int stage_words)
 {
-    const int NT = M <= 8 ? 1 : M <= 16 ? 2 : 4;
     const size_t warp_words = (size_t)FG_RING * FG_STEP_WORDS + 2 * FG_WARP_UNITS;
     size_t smem = ((size_t)stage_words + FG_WARPS * warp_words) * 4;
-    const size_t red_bytes = (size_t)FG_WARPS * NT * 16 * 32 * sizeof(float);
+    const size_t red_bytes = (size_t)FG_WK * M * FG_COLS * sizeof(float);
     if (smem < red_bytes) smem = red_bytes;
     fg_kernel_t kern = gptq ? fg_kernel<true>(M) : fg_kernel<false>(M);
     fg_allow_smem(kern, fg_stage_max(M) + FG_WARPS * warp_words * 4);
