@@ -73,11 +73,15 @@ void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, i
     TSR_CUDA_LAUNCHED();
 }
 
-#define RESIDUAL_PER_THREAD 8 /* elements of a row each thread loads before it stores any */
+#define RESIDUAL_PER_THREAD 4 /* elements of a row per thread and pass (a 4096-wide row: one pass of 1024 threads) */
+#define RESIDUAL_PARTS_AT_ONCE 4 /* parts whose loads go out together */
 
 /* x[r] += y[r] (the sum of n_parts parts of row r, part p at y + p · part_stride, rows ld apart, plus bias), then,
  * with w, out[r] = rmsnorm(x[r]) · w: the residual add of add_rmsnorm (one part) and of linear_add_norm (the K-split
- * partial sums of the product). */
+ * partial sums of the product). One block per row, so the row's sum of squares needs no second kernel; the block is
+ * alone on its SM, so it is bound by round trips to L2: each thread requests the loads of several parts before it
+ * adds any (in part order, so the sums are those of a plain loop), the weights of the norm before the sum of squares
+ * is known, and keeps the row in registers when one pass covers it. */
 __global__ void residual_kernel(float *x, const float *y, int n_parts, size_t part_stride, int ld, const __half *bias,
                                 const void *w, int dtype, float eps, int dim, float *out)
 {
@@ -85,18 +89,35 @@ __global__ void residual_kernel(float *x, const float *y, int n_parts, size_t pa
     tsr_pdl_trigger();
     float *xr = x + (size_t)blockIdx.x * dim;
     const float *yr = y + (size_t)blockIdx.x * ld;
-    float ss = 0.0f;
-    for (int base = 0; base < dim; base += RESIDUAL_PER_THREAD * (int)blockDim.x) {
-        /* every load of the chunk (x, the parts, the bias) is issued before the first store */
-        float v[RESIDUAL_PER_THREAD];
+    const int step = RESIDUAL_PER_THREAD * (int)blockDim.x;
+    float ss = 0.0f, v[RESIDUAL_PER_THREAD];
+    for (int base = 0; base < dim; base += step) {
 #pragma unroll
         for (int r = 0; r < RESIDUAL_PER_THREAD; r++) {
             const int i = base + r * (int)blockDim.x + (int)threadIdx.x;
-            v[r] = 0.0f;
-            if (i >= dim) continue;
-            v[r] = xr[i] + (bias ? __half2float(bias[i]) : 0.0f);
-            for (int p = 0; p < n_parts; p++) v[r] += yr[p * part_stride + i];
+            v[r] = i < dim ? xr[i] + (bias ? __half2float(bias[i]) : 0.0f) : 0.0f;
         }
+        int p = 0;
+        for (; p + RESIDUAL_PARTS_AT_ONCE <= n_parts; p += RESIDUAL_PARTS_AT_ONCE) {
+            float t[RESIDUAL_PARTS_AT_ONCE][RESIDUAL_PER_THREAD];
+#pragma unroll
+            for (int q = 0; q < RESIDUAL_PARTS_AT_ONCE; q++)
+#pragma unroll
+                for (int r = 0; r < RESIDUAL_PER_THREAD; r++) {
+                    const int i = base + r * (int)blockDim.x + (int)threadIdx.x;
+                    t[q][r] = i < dim ? yr[(p + q) * part_stride + i] : 0.0f;
+                }
+#pragma unroll
+            for (int q = 0; q < RESIDUAL_PARTS_AT_ONCE; q++)
+#pragma unroll
+                for (int r = 0; r < RESIDUAL_PER_THREAD; r++) v[r] += t[q][r];
+        }
+        for (; p < n_parts; p++)
+#pragma unroll
+            for (int r = 0; r < RESIDUAL_PER_THREAD; r++) {
+                const int i = base + r * (int)blockDim.x + (int)threadIdx.x;
+                if (i < dim) v[r] += yr[p * part_stride + i];
+            }
 #pragma unroll
         for (int r = 0; r < RESIDUAL_PER_THREAD; r++) {
             const int i = base + r * (int)blockDim.x + (int)threadIdx.x;
@@ -106,9 +127,24 @@ __global__ void residual_kernel(float *x, const float *y, int n_parts, size_t pa
         }
     }
     if (!w) return;
+    float *o = out + (size_t)blockIdx.x * dim;
+    if (dim <= step) { /* the row is still in v: the weights go out before the barrier, which orders y's reads */
+        float wv[RESIDUAL_PER_THREAD];
+#pragma unroll
+        for (int r = 0; r < RESIDUAL_PER_THREAD; r++) {
+            const int i = r * (int)blockDim.x + (int)threadIdx.x;
+            wv[r] = i < dim ? load_elem(w, dtype, i) : 0.0f;
+        }
+        const float inv = rsqrtf(block_sum(ss) / dim + eps);
+#pragma unroll
+        for (int r = 0; r < RESIDUAL_PER_THREAD; r++) {
+            const int i = r * (int)blockDim.x + (int)threadIdx.x;
+            if (i < dim) o[i] = wv[r] * (v[r] * inv);
+        }
+        return;
+    }
     /* block_sum's barrier puts every read of y before the writes of out, which may alias it */
     const float inv = rsqrtf(block_sum(ss) / dim + eps);
-    float *o = out + (size_t)blockIdx.x * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = load_elem(w, dtype, i) * (xr[i] * inv);
 }
 

@@ -746,22 +746,21 @@ __global__ void exl2_reduce_group_kernel(const __grid_constant__ red_group G, in
     P.y[i] = s;
 }
 
-/* Units per block and K splits of one matrix: split K only as far as needed to give the chip about `target`
- * blocks, keeping at least two units per warp and the staged activations within FG_STAGE_MAX. */
 /* Bytes of staged activations per block, and per unit and token: hi + lo halves up to 8 rows, hi halves above. */
 static int fg_stage_max(int M) { return M <= 8 ? FG_STAGE_MAX : FG_STAGE_WIDE; }
 static int fg_unit_bytes(int M) { return (M <= 8 ? 128 : 64) * M; }
 
-static void fg_plan(const tsr_linear_dev *L, int M, int target, int *ub, int *splits)
+/* Units per block for frag_gemv_kernel when the launch's matrices (same K: n_units units each) have col_blocks
+ * column blocks in all: K is split only as far as needed to give the chip about `target` blocks, keeping at least
+ * two units per warp and the staged activations within the stage limit. Every matrix of a group gets the same
+ * units per block, so that no block has more work than the rest (q with twice k's units per block was the critical
+ * path of the q/k/v launch); a matrix's splits are then its units over that. */
+static int fg_plan(int col_blocks, int n_units, int M, int target)
 {
-    const int col_blocks = (int)tsr_div_up(L->Npad, FG_COLS);
     const int ub_max = min(fg_stage_max(M) / fg_unit_bytes(M), FG_WARP_UNITS * FG_WK);
     int sp = 1;
-    while (col_blocks * sp < target && L->n_units / (sp * 2) >= 2 * FG_WK) sp *= 2;
-    int u = (L->n_units + sp - 1) / sp;
-    if (u > ub_max) u = ub_max;
-    *ub = u;
-    *splits = (L->n_units + u - 1) / u;
+    while (col_blocks * sp < target && n_units / (sp * 2) >= 2 * FG_WK) sp *= 2;
+    return min((n_units + sp - 1) / sp, ub_max);
 }
 
 /* Attribute attr of the current device, or fallback when it cannot be read. */
@@ -878,15 +877,20 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
     unsigned blocks = 0;
     int ub_max = 0;
     const bool bulk = tsr_cuda_gemv_bulk(M);
+    int all_col_blocks = 0;
+    for (int i = 0; i < n; i++) all_col_blocks += (int)tsr_div_up(Ls[i]->Npad, FG_COLS);
+    const int fg_ub = fg_plan(all_col_blocks, Ls[0]->n_units, M, fg_target());
     G.n = n;
     for (int i = 0; i < n; i++) {
         const tsr_linear_dev *L = Ls[i];
         const int col_blocks = (int)tsr_div_up(L->Npad, bulk ? FT_COLS : FG_COLS);
         int ub, sp;
-        if (bulk)
+        if (bulk) {
             ft_plan(L, M, (M <= 8 ? 2 : 1) * fg_target() / n, &ub, &sp);
-        else
-            fg_plan(L, M, fg_target() / n, &ub, &sp);
+        } else {
+            ub = fg_ub;
+            sp = (L->n_units + ub - 1) / ub;
+        }
         splits[i] = sp;
         offset[i] = scratch;
         if (sp > 1) scratch += (size_t)sp * M * L->Npad;
