@@ -74,7 +74,7 @@ void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, i
 }
 
 #define RESIDUAL_PER_THREAD 4 /* elements of a row per thread and pass (a 4096-wide row: one pass of 1024 threads) */
-#define RESIDUAL_PARTS_AT_ONCE 4 /* parts whose loads go out together */
+#define RESIDUAL_PARTS_AT_ONCE 8 /* parts whose loads go out together (K splits: 8 at one row, 16-32 at 8) */
 
 /* x[r] += y[r] (the sum of n_parts parts of row r, part p at y + p · part_stride, rows ld apart, plus bias), then,
  * with w, out[r] = rmsnorm(x[r]) · w: the residual add of add_rmsnorm (one part) and of linear_add_norm (the K-split
@@ -97,27 +97,21 @@ __global__ void residual_kernel(float *x, const float *y, int n_parts, size_t pa
             const int i = base + r * (int)blockDim.x + (int)threadIdx.x;
             v[r] = i < dim ? xr[i] + (bias ? __half2float(bias[i]) : 0.0f) : 0.0f;
         }
-        int p = 0;
-        for (; p + RESIDUAL_PARTS_AT_ONCE <= n_parts; p += RESIDUAL_PARTS_AT_ONCE) {
+        for (int p = 0; p < n_parts; p += RESIDUAL_PARTS_AT_ONCE) {
             float t[RESIDUAL_PARTS_AT_ONCE][RESIDUAL_PER_THREAD];
 #pragma unroll
             for (int q = 0; q < RESIDUAL_PARTS_AT_ONCE; q++)
 #pragma unroll
                 for (int r = 0; r < RESIDUAL_PER_THREAD; r++) {
                     const int i = base + r * (int)blockDim.x + (int)threadIdx.x;
-                    t[q][r] = i < dim ? yr[(p + q) * part_stride + i] : 0.0f;
+                    t[q][r] = i < dim && p + q < n_parts ? yr[(p + q) * part_stride + i] : 0.0f;
                 }
 #pragma unroll
             for (int q = 0; q < RESIDUAL_PARTS_AT_ONCE; q++)
 #pragma unroll
-                for (int r = 0; r < RESIDUAL_PER_THREAD; r++) v[r] += t[q][r];
+                for (int r = 0; r < RESIDUAL_PER_THREAD; r++)
+                    if (p + q < n_parts) v[r] += t[q][r];
         }
-        for (; p < n_parts; p++)
-#pragma unroll
-            for (int r = 0; r < RESIDUAL_PER_THREAD; r++) {
-                const int i = base + r * (int)blockDim.x + (int)threadIdx.x;
-                if (i < dim) v[r] += yr[p * part_stride + i];
-            }
 #pragma unroll
         for (int r = 0; r < RESIDUAL_PER_THREAD; r++) {
             const int i = base + r * (int)blockDim.x + (int)threadIdx.x;

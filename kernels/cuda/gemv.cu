@@ -419,17 +419,25 @@ __global__ void fg_prestage_kernel(const __grid_constant__ fg_pre_group G, const
 
 /* The block's activations for units [u0, u0 + nu) into shared memory, by all its threads: up to 8 rows gathered
  * here (hi + lo halves), above that copied from the entries fg_prestage_kernel wrote (nu · 2 · M · 4 of 8 bytes).
- * Waits for the kernel that writes x (PDL) first. */
+ * In two calls: fg_stage_begin reads the first chunk's permutation entries, which do not depend on x, as the
+ * block's first loads (so they travel beside its unit records); fg_stage_block waits for the kernel that writes x
+ * (PDL) and stages. */
 template <int NT>
-__device__ __forceinline__ void fg_stage_block(const fg_part &P, const float *x, int M, int u0, int nu, uint4 *stage)
+__device__ __forceinline__ void fg_stage_begin(const fg_part &P, int u0, int nu, fg_src &S)
+{
+    if (NT == 1) fg_stage_src(P.L, u0, nu * 8, 0, S);
+}
+
+template <int NT>
+__device__ __forceinline__ void fg_stage_block(const fg_part &P, const float *x, int M, int u0, int nu, uint4 *stage,
+                                               const fg_src &S0)
 {
     if (NT == 1) {
         const int pairs = nu * 8;
         const int chunks = (pairs + FG_STAGE_CHUNK * (int)blockDim.x - 1) / (FG_STAGE_CHUNK * (int)blockDim.x);
-        fg_src S;
-        fg_stage_src(P.L, u0, pairs, 0, S);
         tsr_pdl_wait();
-        fg_stage_chunk(x, P.L.K, M, pairs, 0, S, stage);
+        fg_stage_chunk(x, P.L.K, M, pairs, 0, S0, stage);
+        fg_src S;
         for (int c = 1; c < chunks; c++) {
             fg_stage_src(P.L, u0, pairs, c, S);
             fg_stage_chunk(x, P.L.K, M, pairs, c, S, stage);
@@ -466,6 +474,8 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     W.src_cb[0] = W.live[0] ? W.cb0 : 0, W.src_cb[1] = W.live[1] ? W.cb0 + 1 : W.src_cb[0];
     W.fw = L.fw;
     fg_header_role(L, W);
+    fg_src S0;
+    fg_stage_begin<NT>(P, u0, nu, S0);
     for (int i = lane; i < n; i += 32) ((uint2 *)wsm)[i] = L.units[wa + i];
     __syncwarp();
     /* the weights are constant: the first run's first steps go out before waiting for the kernel that writes x
@@ -473,7 +483,7 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     const int rb0 = fg_run_end(W.meta, n > 0 ? 1 : 0, n, 0);
     const int bits0 = n > 0 ? (GPTQ ? 4 : (int)(W.meta[0].y >> 24)) : 0;
     if (n > 0) fg_prologue_any(bits0, W, wa, wa + rb0);
-    fg_stage_block<NT>(P, x, M, u0, nu, fg_smem);
+    fg_stage_block<NT>(P, x, M, u0, nu, fg_smem, S0);
     __syncthreads();
 
     float acc[NT][4][4], tot[NT][4][4];
@@ -629,6 +639,8 @@ __global__ void __launch_bounds__((FT_CONSUMERS + 1) * 32, NT == 1 ? 2 : 1)
         for (int s = 0; s < FT_RING; s++) mbar_init(&F.full[s], 1), mbar_init(&F.empty[s], FT_CONSUMERS);
         mbar_init_fence();
     }
+    fg_src S0;
+    fg_stage_begin<NT>(P, u0, nu, S0);
     for (int i = threadIdx.x; i < nu; i += blockDim.x) F.meta[i] = L.units[u0 + i];
     __syncthreads();
     /* the weights are constant: the ring fills before waiting for the kernel that writes x (PDL) and while the
@@ -636,7 +648,7 @@ __global__ void __launch_bounds__((FT_CONSUMERS + 1) * 32, NT == 1 ? 2 : 1)
     const bool producer = warp == FT_CONSUMERS && lane == 0;
     if (producer)
         for (int i = 0; i < min(nu, FT_RING); i++) ft_issue<GPTQ>(L, F, i, cbf, live);
-    fg_stage_block<NT>(P, x, M, u0, nu, fg_smem);
+    fg_stage_block<NT>(P, x, M, u0, nu, fg_smem, S0);
     __syncthreads();
     if (warp == FT_CONSUMERS) {
         if (producer)
