@@ -683,6 +683,42 @@ static void test_linear_exl2(void **state)
     free_matrix(&m);
 }
 
+/* linear_add_norm over a long K (3072 rows: 96 units), so that the residual pass adds more K-split parts than it
+ * loads at once (8): 8 parts at one row, 12 from 2 rows on sm_90 (the bulk kernel's plan), i.e. a full group of
+ * eight and a partial one. */
+static void test_linear_add_norm_splits(void **state)
+{
+    (void)state;
+    const int bits[] = {4, 3, 5, 8, 6, 2, 4, 3, 4, 5, 4, 8};
+    const int rows[] = {256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256};
+    synth_matrix m;
+    make_matrix(&m, 352, 12, bits, rows, 1);
+    tsr_st_set *set;
+    tsr_qmatrix q;
+    assert_int_equal(load(&m, NULL, &set, &q), TSR_OK);
+    tsr_linear L = {.kind = TSR_LINEAR_EXL2, .K = q.K, .N = 341, .q = q};
+    tsr_model shell = {0};
+    uint16_t one[8] = {0};
+    shell.embed = (tsr_dense){TSR_F16, 1, 8, one, NULL};
+    shell.final_norm = shell.embed;
+    shell.head = L;
+    assert_int_equal(gpu->prepare_model(&shell), TSR_OK);
+    const int Ms[] = {1, 2, 8};
+    for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
+        const int M = Ms[t];
+        float *x = rand_host((size_t)M * q.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
+        cpu->linear(&L, x, M, want);
+        float *dx = dev_copy(x, (size_t)M * q.K * 4);
+        check_linear_add_norm(&L, &shell.head, dx, want, M);
+        free(x), free(want);
+        gpu->release(dx);
+    }
+    gpu->release_model(&shell);
+    tsr_qmatrix_free(&q);
+    tsr_st_set_free(set);
+    free_matrix(&m);
+}
+
 static void test_linear_dense(void **state)
 {
     (void)state;
@@ -992,7 +1028,8 @@ int main(void)
     printf("device: %s\n", desc);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise),  cmocka_unit_test(test_attention), cmocka_unit_test(test_linear_exl2),
-        cmocka_unit_test(test_linear_dense), cmocka_unit_test(test_models), cmocka_unit_test(test_kv_pool_from_free_memory),
+        cmocka_unit_test(test_linear_add_norm_splits), cmocka_unit_test(test_linear_dense),
+        cmocka_unit_test(test_models),       cmocka_unit_test(test_kv_pool_from_free_memory),
         cmocka_unit_test(test_attention_kv_quant), cmocka_unit_test(test_models_kv_quant),
         cmocka_unit_test(test_argmax_rows), cmocka_unit_test(test_rope_store),
         cmocka_unit_test(test_top_rows),    cmocka_unit_test(test_step_top),
