@@ -115,6 +115,38 @@ template <bool ONE> __device__ __forceinline__ void fg_unpack(float (&tot)[4][4]
             if (!ONE || !(i & 1)) tot[t][i] += __shfl_xor_sync(0xffffffffu, tot[t][i], 2);
 }
 
+/* A warp's totals (its 2 column blocks × 2 column tiles, NT token tiles) into red[token][column], rows ld floats
+ * apart, the warp's first column at col0: lane and fragment index give token 8 nt + 2 (lane % 4) + i % 2 and column
+ * 32 (t / 2) + 16 (t % 2) + lane / 4 + 8 (i / 2) of mma.m16n8k16's C layout; tokens past M are skipped (ONE: only
+ * token 0's even entries are live). */
+template <bool ONE, int NT>
+__device__ __forceinline__ void fg_totals_to_smem(const float (&tot)[NT][4][4], float *red, int ld, int col0, int M,
+                                                  int lane)
+{
+    const int g = lane >> 2;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int t = 0; t < 4; t++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int m = 8 * nt + 2 * (lane & 3) + (i & 1);
+                const int c = col0 + 32 * (t >> 1) + 16 * (t & 1) + g + 8 * (i >> 1);
+                if ((!ONE || !(i & 1)) && m < M) red[m * ld + c] = tot[nt][t][i];
+            }
+}
+
+/* One result of a part: column nn of token m, as a K-split partial sum of split `split` when the part has them,
+ * else into y with the bias (columns past N are padding and dropped). */
+__device__ __forceinline__ void fg_store(const fg_part &P, int split, int M, int m, int nn, float v)
+{
+    const tsr_linear_dev &L = P.L;
+    if (P.partial)
+        P.partial[((size_t)split * M + m) * L.Npad + nn] = v;
+    else if (nn < L.N)
+        P.y[(size_t)m * L.N + nn] = v + (L.bias ? __half2float(L.bias[nn]) : 0.0f);
+}
+
 /* Everything a warp's run loop needs besides the accumulators. Each lane copies at most one 16-byte piece of a
  * unit's header: from hsrc + group · hstride to word hdst of the entry (when hon). */
 struct fg_warp {
@@ -514,29 +546,16 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
      * small matrices at one row, mostly instruction-cache misses in its unrolled branches: NOTES.md, stop 20) */
     __syncthreads();
     float *red = (float *)fg_smem;
-    const int g = lane >> 2;
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int t = 0; t < 4; t++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int m = 8 * nt + 2 * (lane & 3) + (i & 1);
-                const int c = 64 * wc + 32 * (t >> 1) + 16 * (t & 1) + g + 8 * (i >> 1);
-                if ((!ONE || !(i & 1)) && m < M) red[(wk * M + m) * FG_COLS + c] = tot[nt][t][i];
-            }
+    fg_totals_to_smem<ONE, NT>(tot, red + wk * M * FG_COLS, FG_COLS, 64 * wc, M, lane);
     __syncthreads();
     const int live_cols = min(FG_COLS, L.Npad - colb * FG_COLS);
     for (int e = threadIdx.x; e < M * FG_COLS; e += FG_WARPS * 32) {
-        const int m = e / FG_COLS, c = e % FG_COLS, nn = colb * FG_COLS + c;
+        const int m = e / FG_COLS, c = e % FG_COLS;
         if (c >= live_cols) continue;
         float v = 0.0f;
 #pragma unroll
         for (int k = 0; k < FG_WK; k++) v += red[(k * M + m) * FG_COLS + c];
-        if (P.partial)
-            P.partial[((size_t)split * M + m) * L.Npad + nn] = v;
-        else if (nn < L.N)
-            P.y[(size_t)m * L.N + nn] = v + (L.bias ? __half2float(L.bias[nn]) : 0.0f);
+        fg_store(P, split, M, m, colb * FG_COLS + c, v);
     }
 }
 
@@ -684,27 +703,13 @@ __global__ void __launch_bounds__((FT_CONSUMERS + 1) * 32, NT == 1 ? 2 : 1)
      * of the block], and the warp stores them coalesced (as frag_gemv_kernel's end) */
     asm volatile("bar.sync 1, %0;\n" ::"n"(FT_CONSUMERS * 32) : "memory");
     float *red = (float *)F.ring;
-    const int g = lane >> 2;
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int t = 0; t < 4; t++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int m = 8 * nt + 2 * (lane & 3) + (i & 1);
-                const int c = 64 * warp + 32 * (t >> 1) + 16 * (t & 1) + g + 8 * (i >> 1);
-                if (m < M) red[m * FT_COLS + c] = tot[nt][t][i];
-            }
+    fg_totals_to_smem<ONE, NT>(tot, red, FT_COLS, 64 * warp, M, lane);
     __syncwarp();
     const int live_cols = 32 * live;
     for (int e = lane; e < M * 64; e += 32) {
-        const int m = e >> 6, c = 64 * warp + (e & 63), nn = 32 * cbf + c;
+        const int m = e >> 6, c = 64 * warp + (e & 63);
         if (c >= live_cols) continue;
-        const float v = red[m * FT_COLS + c];
-        if (P.partial)
-            P.partial[((size_t)split * M + m) * L.Npad + nn] = v;
-        else if (nn < L.N)
-            P.y[(size_t)m * L.N + nn] = v + (L.bias ? __half2float(L.bias[nn]) : 0.0f);
+        fg_store(P, split, M, m, 32 * cbf + c, red[m * FT_COLS + c]);
     }
 #endif
 }
@@ -889,9 +894,9 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
     unsigned blocks = 0;
     int ub_max = 0;
     const bool bulk = tsr_cuda_gemv_bulk(M);
-    int all_col_blocks = 0;
-    for (int i = 0; i < n; i++) all_col_blocks += (int)tsr_div_up(Ls[i]->Npad, FG_COLS);
-    const int fg_ub = fg_plan(all_col_blocks, Ls[0]->n_units, M, fg_target());
+    int all_col_blocks = 0; /* frag_gemv_kernel's plan is the group's (fg_plan) */
+    for (int i = 0; i < n && !bulk; i++) all_col_blocks += (int)tsr_div_up(Ls[i]->Npad, FG_COLS);
+    const int fg_ub = bulk ? 0 : fg_plan(all_col_blocks, Ls[0]->n_units, M, fg_target());
     G.n = n;
     for (int i = 0; i < n; i++) {
         const tsr_linear_dev *L = Ls[i];
