@@ -627,32 +627,52 @@ static void check_linear_add_norm(const tsr_linear *Lc, const tsr_linear *Lg, co
     gpu->release((void *)wd.dev);
 }
 
+/* A random EXL2 matrix of N = 352 columns (341 used) and the given groups, loaded, and uploaded as the head of a
+ * host model shell with no layers, so that prepare_model uploads that one matrix. */
+typedef struct {
+    synth_matrix m;
+    tsr_st_set *set;
+    tsr_linear L;     /* host view (the CPU reference) */
+    tsr_model shell;  /* shell.head: the device view */
+} gpu_head;
+
+static void gpu_head_open(gpu_head *h, int G, const int *bits, const int *rows)
+{
+    static uint16_t one[8]; /* the shell's 1 × 8 embedding and final norm, never read */
+    make_matrix(&h->m, 352, G, bits, rows, 1);
+    tsr_qmatrix q;
+    assert_int_equal(load(&h->m, NULL, &h->set, &q), TSR_OK);
+    h->L = (tsr_linear){.kind = TSR_LINEAR_EXL2, .K = q.K, .N = 341, .q = q};
+    memset(&h->shell, 0, sizeof h->shell);
+    h->shell.embed = (tsr_dense){TSR_F16, 1, 8, one, NULL};
+    h->shell.final_norm = h->shell.embed;
+    h->shell.head = h->L;
+    assert_int_equal(gpu->prepare_model(&h->shell), TSR_OK);
+}
+
+static void gpu_head_close(gpu_head *h)
+{
+    gpu->release_model(&h->shell);
+    tsr_qmatrix_free(&h->L.q);
+    tsr_st_set_free(h->set);
+    free_matrix(&h->m);
+}
+
 static void test_linear_exl2(void **state)
 {
     (void)state;
     const int bits[] = {8, 6, 5, 4, 3, 2};
     const int rows[] = {32, 64, 96, 160, 256, 48};
-    synth_matrix m;
-    make_matrix(&m, 352, 6, bits, rows, 1);
-    tsr_st_set *set;
-    tsr_qmatrix q;
-    assert_int_equal(load(&m, NULL, &set, &q), TSR_OK);
-    /* a host model shell so prepare_model can upload one layer as the head */
-    tsr_linear L = {.kind = TSR_LINEAR_EXL2, .K = q.K, .N = 341, .q = q};
-    tsr_model shell = {0};
-    uint16_t one[8] = {0};
-    shell.cfg.n_layers = 0;
-    shell.embed = (tsr_dense){TSR_F16, 1, 8, one, NULL};
-    shell.final_norm = shell.embed;
-    shell.head = L;
-    assert_int_equal(gpu->prepare_model(&shell), TSR_OK);
+    gpu_head h;
+    gpu_head_open(&h, 6, bits, rows);
+    const tsr_linear L = h.L;
     const int Ms[] = {1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 40, 56, 57, 100};
     for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
         int M = Ms[t];
-        float *x = rand_host((size_t)M * q.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
+        float *x = rand_host((size_t)M * L.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
         cpu->linear(&L, x, M, want);
-        float *dx = dev_copy(x, (size_t)M * q.K * 4), *dy = dev_poisoned((size_t)M * L.N);
-        gpu->linear(&shell.head, dx, M, dy);
+        float *dx = dev_copy(x, (size_t)M * L.K * 4), *dy = dev_poisoned((size_t)M * L.N);
+        gpu->linear(&h.shell.head, dx, M, dy);
         float *got = to_host(dy, (size_t)M * L.N);
         char what[64];
         snprintf(what, sizeof what, "EXL2 linear M=%d (%s)", M,
@@ -664,7 +684,7 @@ static void test_linear_exl2(void **state)
         /* the same matrix three times through linear_many: one grouped launch for M <= 32, with its own output
          * and partial-sum stretch per part */
         float *dys[3] = {dev_poisoned((size_t)M * L.N), dev_poisoned((size_t)M * L.N), dev_poisoned((size_t)M * L.N)};
-        const tsr_linear *three[3] = {&shell.head, &shell.head, &shell.head};
+        const tsr_linear *three[3] = {&h.shell.head, &h.shell.head, &h.shell.head};
         gpu->linear_many(three, 3, dx, M, dys);
         for (int i = 0; i < 3; i++) {
             free(got);
@@ -673,14 +693,11 @@ static void test_linear_exl2(void **state)
             expect_close(what, got, want, (size_t)M * L.N, M <= 8 ? 1e-5 : 2e-3);
             gpu->release(dys[i]);
         }
-        check_linear_add_norm(&L, &shell.head, dx, want, M);
+        check_linear_add_norm(&L, &h.shell.head, dx, want, M);
         free(x), free(want), free(got);
         gpu->release(dx), gpu->release(dy);
     }
-    gpu->release_model(&shell);
-    tsr_qmatrix_free(&q);
-    tsr_st_set_free(set);
-    free_matrix(&m);
+    gpu_head_close(&h);
 }
 
 /* linear_add_norm over a long K (3072 rows: 96 units), so that the residual pass adds more K-split parts than it
@@ -691,32 +708,20 @@ static void test_linear_add_norm_splits(void **state)
     (void)state;
     const int bits[] = {4, 3, 5, 8, 6, 2, 4, 3, 4, 5, 4, 8};
     const int rows[] = {256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256};
-    synth_matrix m;
-    make_matrix(&m, 352, 12, bits, rows, 1);
-    tsr_st_set *set;
-    tsr_qmatrix q;
-    assert_int_equal(load(&m, NULL, &set, &q), TSR_OK);
-    tsr_linear L = {.kind = TSR_LINEAR_EXL2, .K = q.K, .N = 341, .q = q};
-    tsr_model shell = {0};
-    uint16_t one[8] = {0};
-    shell.embed = (tsr_dense){TSR_F16, 1, 8, one, NULL};
-    shell.final_norm = shell.embed;
-    shell.head = L;
-    assert_int_equal(gpu->prepare_model(&shell), TSR_OK);
+    gpu_head h;
+    gpu_head_open(&h, 12, bits, rows);
+    const tsr_linear L = h.L;
     const int Ms[] = {1, 2, 8};
     for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
         const int M = Ms[t];
-        float *x = rand_host((size_t)M * q.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
+        float *x = rand_host((size_t)M * L.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
         cpu->linear(&L, x, M, want);
-        float *dx = dev_copy(x, (size_t)M * q.K * 4);
-        check_linear_add_norm(&L, &shell.head, dx, want, M);
+        float *dx = dev_copy(x, (size_t)M * L.K * 4);
+        check_linear_add_norm(&L, &h.shell.head, dx, want, M);
         free(x), free(want);
         gpu->release(dx);
     }
-    gpu->release_model(&shell);
-    tsr_qmatrix_free(&q);
-    tsr_st_set_free(set);
-    free_matrix(&m);
+    gpu_head_close(&h);
 }
 
 static void test_linear_dense(void **state)
