@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Where a kernel's warps spend their time, per SASS instruction, from ncu's source page (scripts/ncu-source.sh).
+"""Where a kernel's warps spend their time, per SASS instruction, from ncu's source page (scripts/ncu-gemv.sh,
+TSR_NCU_SOURCE=1).
 
 `ncu --import R.ncu-rep --page source --csv --print-source sass` prints, per profiled launch, a "Kernel Name" line,
 a header and one row per SASS instruction with its warp-state samples (total and per stall reason) and executed
@@ -52,7 +53,7 @@ def report(k, window):
     print(f"=== {k['name'][:100]}")
     print(f"    {samples} samples, {executed} warp instructions, {len(rows)} instructions in the kernel")
     print("    stalls: " + ", ".join(f"{name} {100 * n / samples:.1f} %" for n, name in share[:8] if n))
-    # warps per launch: the most often executed first instruction gives the count of warps that ran
+    # the kernel's first instruction runs once per warp: its count is the launch's warps
     warps = max(get(rows[0], "Instructions Executed"), 1)
     for a in range(0, len(rows), window):
         seg = rows[a:a + window]
