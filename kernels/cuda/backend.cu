@@ -396,12 +396,12 @@ static tsr_status upload_linear(tsr_linear *L, tsr_dense *embed)
     const tsr_qmatrix *q = &L->q;
     d->Npad = q->N;
     TSR_TRY(tsr_cuda_exl2_pack(q, d, cuda_alloc));
-    /* EXL2 column scales take 16 values per group, one per scale code (already fp16 values) */
-    std::vector<uint16_t> s_table((size_t)q->G * 16);
+    /* EXL2 column scales take 16 values per group, one per scale code (fp16 values, kept as fp32) */
+    std::vector<float> s_table((size_t)q->G * 16);
     if (q->kind == TSR_QMATRIX_EXL2)
         for (int g = 0; g < q->G; g++)
             for (uint32_t c = 0; c < 16; c++)
-                s_table[(size_t)g * 16 + c] = tsr_float_to_half(tsr_qmatrix_code_scale(q, g, c));
+                s_table[(size_t)g * 16 + c] = tsr_round_half(tsr_qmatrix_code_scale(q, g, c));
     int scales_ok = 1;
     if (q->kind == TSR_QMATRIX_GPTQ) {
         /* GPTQ: fp16 scales per (group, column) (fp32 files rounded to fp16, as on the CPU) and the zero codes */
@@ -417,7 +417,7 @@ static tsr_status upload_linear(tsr_linear *L, tsr_dense *embed)
         d->q_scale = (const uint32_t *)upload(q->q_scale, (size_t)q->G * (q->N / 8) * 4);
         scales_ok = d->q_scale != NULL;
     }
-    d->s_table = (const __half *)upload(s_table.data(), s_table.size() * 2);
+    d->s_table = (const float *)upload(s_table.data(), s_table.size() * sizeof(float));
     if (q->bias) d->bias = (const __half *)upload(q->bias, (size_t)q->N * 2);
     if (!scales_ok || !d->s_table || (q->bias && !d->bias))
         return tsr_fail(TSR_ERR_NOMEM, "out of device memory uploading EXL2 weights");

@@ -40,7 +40,8 @@ struct tsr_linear_dev {
     const int32_t *uperm;   /* [32 n_units]: original input row of each unit row, -1 for padding */
     int n_units;            /* Kp = 32 n_units rows in unit order */
     const uint32_t *q_scale;/* [G][Npad/8] 4-bit scale codes (EXL2) */
-    const __half *s_table;  /* [G][16]: EXL2 column scale of each scale code, h((code + 1)^2 · scale_m) */
+    const float *s_table;   /* [G][16]: EXL2 column scale of each scale code, h((code + 1)^2 · scale_m) (fp16 values
+                             * held as fp32, so that a lookup needs no conversion) */
     const __half *bias;     /* [Npad] or NULL */
     /* GPTQ mode: per-(group, column) fp16 scales and 4-bit zero codes replace EXL2's scale codes and offset */
     int gptq;

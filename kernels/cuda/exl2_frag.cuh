@@ -28,6 +28,10 @@
 #include <stdint.h>
 #include <type_traits>
 
+/* Zero words after a matrix's last unit (one column block of width 8), so that a copy of a column-block pair whose
+ * second block is past the matrix stays inside the allocation. */
+#define FRAG_PAD_WORDS (32 * 8)
+
 /* Low-plane bits of a width; the rest is the high plane. */
 __host__ __device__ constexpr int frag_lb(int b) { return b == 8 ? 8 : b >= 4 ? 4 : 2; }
 /* Words per lane loaded first (one vector load), and after them. */
@@ -117,21 +121,36 @@ __device__ __forceinline__ void frag_a(const uint32_t (&w)[B], const frag_scales
     a[3] = frag_reg<B, GPTQ, 4 * F + 3>(w, sc.zc[j0 + 1]);
 }
 
-/* Scales and zero points of one column block: nibble g of code word j is column 8 j + g's code; tab: GPTQ, the
- * block's 32 fp16 scales, EXL2, the group's 16-entry scale table (frag_group_params and the GEMV's ring header). */
-__device__ __forceinline__ void frag_scales_decode(const uint32_t *wq, const __half *tab, bool gptq, int zero_add,
-                                                   int g, frag_scales &out)
+/* tab[i], one address computation (shift and add) when tab is in shared memory (the GEMV's ring header), where
+ * indexing through the generic pointer took two. */
+__device__ __forceinline__ float frag_table_load(const float *tab, int i)
 {
+    if (__isShared(tab)) {
+        float v;
+        const unsigned a = (unsigned)__cvta_generic_to_shared(tab) + 4u * (unsigned)i;
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a));
+        return v;
+    }
+    return tab[i];
+}
+
+/* Scales and zero points of one column block: nibble g of code word j is column 8 j + g's code; tab: GPTQ, the
+ * block's 32 fp16 scales, EXL2, the group's 16-entry scale table in fp32 (frag_group_params and the GEMV's ring
+ * header). */
+__device__ __forceinline__ void frag_scales_decode(uint4 q, const void *tab, bool gptq, int zero_add, int g,
+                                                   frag_scales &out)
+{
+    const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         const int code = (int)((wq[j] >> (4 * g)) & 0xfu);
         if (gptq) {
             const float zero = (float)(code + zero_add);
-            out.s[j] = __half2float(tab[8 * j + g]);
+            out.s[j] = __half2float(((const __half *)tab)[8 * j + g]);
             out.zc[j][0] = __float2half2_rn(-(1024.0f + zero));
             out.zc[j][1] = __float2half2_rn(-(64.0f + zero));
         } else {
-            out.s[j] = __half2float(tab[code]);
+            out.s[j] = frag_table_load((const float *)tab, code);
             out.zc[j][0] = out.zc[j][1] = __float2half2_rn(0.0f);
         }
     }
@@ -145,9 +164,9 @@ __device__ __forceinline__ void frag_group_params(const tsr_linear_dev &L, int g
 {
     const uint32_t *codes = L.gptq ? L.g_zeros : L.q_scale;
     const uint4 q = __ldg((const uint4 *)(codes + (size_t)grp * (L.Npad / 8) + 4 * cb));
-    const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
-    const __half *tab = L.gptq ? L.g_scales + (size_t)grp * L.Npad + 32 * cb : L.s_table + (size_t)grp * 16;
-    frag_scales_decode(wq, tab, L.gptq, L.zero_add, g, *out);
+    const void *tab = L.gptq ? (const void *)(L.g_scales + (size_t)grp * L.Npad + 32 * cb)
+                             : (const void *)(L.s_table + (size_t)grp * 16);
+    frag_scales_decode(q, tab, L.gptq, L.zero_add, g, *out);
 }
 
 /* Calls f(std::integral_constant<int, B>{}) for a unit's width B = bits: 2, 3, 4, 5, 6, anything else 8. */

@@ -68,11 +68,14 @@ tsr_status tsr_cuda_exl2_pack(const tsr_qmatrix *q, tsr_linear_dev *d, void *(*d
     if (words >= ((size_t)1 << 32))
         return tsr_fail(TSR_ERR_FORMAT, "quantized matrix too large for the device layout (%zu words)", words);
     d->n_units = (int)units.size();
-    d->fw = (const uint32_t *)dev_alloc(words * 4);
+    /* FRAG_PAD_WORDS of zeros after the last unit: the decode GEMV copies a warp's two column blocks as one pair,
+     * the second past the matrix when the first is its last (results never stored) */
+    d->fw = (const uint32_t *)dev_alloc((words + FRAG_PAD_WORDS) * 4);
     d->units = (const uint2 *)dev_alloc(units.size() * sizeof(uint2));
     d->uperm = (const int32_t *)dev_alloc(uperm.size() * sizeof(int32_t));
     if (!d->fw || !d->units || !d->uperm) return tsr_fail(TSR_ERR_NOMEM, "out of device memory uploading weights");
     cudaStream_t s = tsr_cuda_stream();
+    TSR_CUDA_CHECK(cudaMemsetAsync((void *)(d->fw + words), 0, FRAG_PAD_WORDS * 4, s));
     TSR_CUDA_CHECK(cudaMemcpyAsync((void *)d->units, units.data(), units.size() * sizeof(uint2), cudaMemcpyHostToDevice, s));
     TSR_CUDA_CHECK(cudaMemcpyAsync((void *)d->uperm, uperm.data(), uperm.size() * 4, cudaMemcpyHostToDevice, s));
     /* the file words and the unit list, only while the kernel runs */

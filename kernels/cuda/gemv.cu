@@ -60,8 +60,8 @@ template <typename Group, typename Index> __device__ __forceinline__ int group_p
  * runs); the ring drains at the end of a run. */
 #define FG_RING 4
 #define FG_SLOT_WORDS 512 /* 2 units × 2 column blocks × 32 lanes × 4 words, or 1 × 2 × 32 × 8 */
-#define FG_HDR_WORDS 40   /* per unit: codes (2 × 4 words), then EXL2's 16-entry scale table (8 words) or GPTQ's
-                           * fp16 scales (2 × 16 words) */
+#define FG_HDR_WORDS 40   /* per unit: codes (2 × 4 words), then EXL2's 16-entry scale table (16 fp32 words) or
+                           * GPTQ's fp16 scales (2 × 16 words) */
 #define FG_STEP_WORDS (FG_SLOT_WORDS + 2 * FG_HDR_WORDS)
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
@@ -147,74 +147,111 @@ __device__ __forceinline__ void fg_store(const fg_part &P, int split, int M, int
         P.y[(size_t)m * L.N + nn] = v + (L.bias ? __half2float(L.bias[nn]) : 0.0f);
 }
 
+/* Where a lane reads its B operands (fg_bop) in the block's staged activations. */
+struct fg_bsrc {
+    const uint2 *p; /* one token tile: the lane's entry of 16-row step 0; more: the staged activations */
+    int step;       /* one token tile: 8-byte words from one 16-row step's entry to the next */
+};
+
+/* With one token tile the lane's entry is fixed up to the 16-row step, so it is computed once per warp; the lanes
+ * of B-columns past the rows read the last row's entry instead (their C columns are never stored). */
+template <int NT, bool PK> __device__ __forceinline__ fg_bsrc fg_bsrc_of(const void *stage, int M, int lane)
+{
+    fg_bsrc b;
+    b.p = (const uint2 *)stage;
+    b.step = 0;
+    if (NT == 1) {
+        const int tok = min(PK ? (lane >> 2) & 3 : lane >> 2, M - 1);
+        b.p += (tok * 4 + (lane & 3)) * 2 + (PK ? lane >> 4 : 0);
+        b.step = M * 8;
+    }
+    return b;
+}
+
 /* Everything a warp's run loop needs besides the accumulators. Each lane copies at most one 16-byte piece of a
  * unit's header: from hsrc + group · hstride to word hdst of the entry (when hon). */
 struct fg_warp {
     const uint2 *meta;  /* the warp's unit records in shared memory (index: unit - wa) */
     uint32_t *ring;
-    const void *stage;  /* the block's staged activations (uint4 hi + lo entries for M <= 8, else uint2 hi) */
+    fg_bsrc bs;         /* the lane's view of the block's staged activations (fg_bsrc_of) */
     const uint32_t *fw;
-    const char *hsrc;
+    uint64_t hsrc;      /* an address (see fg_span) */
     uint32_t hstride;   /* bytes per group (group offsets stay far below 4 GiB: groups × Npad × 2 bytes at most) */
     int hdst;
     bool hon;
-    int wa, u0, M, lane, cb0;
+    int wa, u0, M, lane, cb0, ncb;
     bool live[2];
-    int src_cb[2];      /* the column block each half of the ring copies: cb0 + c, or a live one when cb0 + c is past
-                         * the matrix (its results are never written), so the copies need no predicate */
+    int src_cb[2];      /* the column block whose header each half of the ring copies: cb0 + c, or a live one when
+                         * cb0 + c is past the matrix (its results are never written), so the copies need no
+                         * predicate */
+    int wcb;            /* the first of the two column blocks whose weights the ring copies: cb0, or the last one
+                         * when cb0 is past the matrix (the second may be one past: FRAG_PAD_WORDS) */
 };
+
+/* A run of equal-width units [ra, ra + n) of a warp as its copies see it. w: the lane's first 16 bytes of column
+ * block wcb in a unit of this width that started at word 0 (a unit's record holds its first word); m0: ra's index
+ * in the warp's unit records. */
+struct fg_span {
+    uint64_t w; /* an address: pointer arithmetic made ptxas keep a base and a 64-bit index, 3 more per copy */
+    const uint2 *meta;
+    int n;
+};
+
+template <int B> __device__ __forceinline__ fg_span fg_span_of(const fg_warp &W, int ra, int rb)
+{
+    fg_span R;
+    R.meta = W.meta + (ra - W.wa);
+    R.n = rb - ra;
+    R.w = (uint64_t)(W.fw + W.wcb * 32 * B + W.lane * 4);
+    return R;
+}
 
 /* The header piece lane `lane` copies (see fg_warp and FG_HDR_WORDS). */
 __device__ __forceinline__ void fg_header_role(const tsr_linear_dev &L, fg_warp &W)
 {
     const int lane = W.lane;
     W.hon = false;
-    W.hsrc = NULL;
+    W.hsrc = 0;
     W.hstride = 0;
     W.hdst = 0;
     if (lane < 2) { /* scale codes (EXL2) or zero codes (GPTQ) of column block cb0 + lane */
         W.hon = true;
-        W.hsrc = (const char *)((L.gptq ? L.g_zeros : L.q_scale) + 4 * (lane == 0 ? W.src_cb[0] : W.src_cb[1]));
+        W.hsrc = (uint64_t)((L.gptq ? L.g_zeros : L.q_scale) + 4 * (lane == 0 ? W.src_cb[0] : W.src_cb[1]));
         W.hstride = (uint32_t)(L.Npad / 8) * 4;
         W.hdst = 4 * lane;
-    } else if (!L.gptq && lane < 4) { /* the group's 16-entry scale table, two halves */
+    } else if (!L.gptq && lane < 6) { /* the group's 16-entry scale table (fp32), four quarters */
         W.hon = true;
-        W.hsrc = (const char *)(L.s_table + 8 * (lane - 2));
-        W.hstride = 16 * sizeof(__half);
+        W.hsrc = (uint64_t)(L.s_table + 4 * (lane - 2));
+        W.hstride = 16 * sizeof(float);
         W.hdst = 8 + 4 * (lane - 2);
     } else if (L.gptq && lane >= 8 && lane < 16) { /* 4 × 16 bytes of fp16 scales per column block */
         const int c = (lane - 8) >> 2, q = (lane - 8) & 3;
         W.hon = true;
-        W.hsrc = (const char *)(L.g_scales + 32 * (c == 0 ? W.src_cb[0] : W.src_cb[1]) + 8 * q);
+        W.hsrc = (uint64_t)(L.g_scales + 32 * (c == 0 ? W.src_cb[0] : W.src_cb[1]) + 8 * q);
         W.hstride = (uint32_t)L.Npad * sizeof(__half);
         W.hdst = 8 + 16 * c + 4 * q;
     }
 }
 
-/* Copies step `st` of the run [ra, rb) into ring slot `si`. */
+/* Copies step `st` of the run R into ring slot `si`: NU units, the last one again where the run ends first (the
+ * decode skips it), so that the copies need no branch. The two column blocks of a unit are one contiguous piece. */
 template <int B>
-__device__ __forceinline__ void fg_issue(const fg_warp &W, int ra, int rb, int st, int si)
+__device__ __forceinline__ void fg_issue(const fg_warp &W, const fg_span &R, int st, int si)
 {
     constexpr int NU = B <= 4 ? 2 : 1, piece = 32 * B /* words per (unit, column block) */;
     uint32_t *slot = W.ring + si * FG_STEP_WORDS;
 #pragma unroll
     for (int uu = 0; uu < NU; uu++) {
-        const int i = ra + st * NU + uu;
-        if (i >= rb) break;
-        const uint2 m = W.meta[i - W.wa];
-        const uint32_t *unit = W.fw + m.x;
+        const int j = NU == 1 ? st : min(st * NU + uu, R.n - 1);
+        const uint2 m = R.meta[j];
+        const uint32_t *src = (const uint32_t *)(R.w + (uint64_t)m.x * 4u);
+        uint32_t *dst = slot + uu * 2 * piece + W.lane * 4;
 #pragma unroll
-        for (int c = 0; c < 2; c++) {
-            const uint32_t *src = unit + W.src_cb[c] * piece;
-            uint32_t *dst = slot + (uu * 2 + c) * piece;
-#pragma unroll
-            for (int k = 0; k < (piece + 127) / 128; k++) {
-                const int o = k * 128 + W.lane * 4;
-                if (o < piece) cp_async16(dst + o, src + o);
-            }
-        }
+        for (int k = 0; k < (2 * piece + 127) / 128; k++)
+            if (k * 128 + W.lane * 4 < 2 * piece) cp_async16(dst + k * 128, src + k * 128);
         if (W.hon)
-            cp_async16(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS + W.hdst, W.hsrc + (m.y & 0xffffffu) * W.hstride);
+            cp_async16(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS + W.hdst,
+                       (const void *)(W.hsrc + (uint64_t)(m.y & 0xffffffu) * W.hstride));
     }
 }
 
@@ -224,7 +261,7 @@ __device__ __forceinline__ void fg_group_from_hdr(const uint32_t *hdr, int zero_
 {
 #pragma unroll
     for (int c = 0; c < 2; c++)
-        frag_scales_decode(hdr + 4 * c, (const __half *)(hdr + 8 + (GPTQ ? 16 * c : 0)), GPTQ, zero_add, g, sc[c]);
+        frag_scales_decode(*(const uint4 *)(hdr + 4 * c), hdr + 8 + (GPTQ ? 16 * c : 0), GPTQ, zero_add, g, sc[c]);
 }
 
 /* One 16-row step KS of a unit: the four tiles' A operands (column block c, column tile ct: tile 2 c + ct,
@@ -255,22 +292,19 @@ __device__ __forceinline__ void fg_ks(const uint32_t (&w)[2][B], const uint4 (&b
  * both products (C columns n and n + 4, two lanes apart, are added at the end: fg_unpack); otherwise column n of
  * tile nt is token 8 nt + n, and one tile's hi and lo halves take two mma's. */
 template <int NT, bool PK>
-__device__ __forceinline__ void fg_bop(const void *stage, int uk, int M, int lane, uint4 (&bf)[NT])
+__device__ __forceinline__ void fg_bop(const fg_bsrc &bs, int uk, int M, int lane, uint4 (&bf)[NT])
 {
     if constexpr (PK) {
-        const int tok = (lane >> 2) & 3, e = (uk * M + tok) * 4 + (lane & 3);
-        const uint2 v = tok < M ? ((const uint2 *)stage)[2 * e + (lane >> 4)] : make_uint2(0, 0);
+        const uint2 v = bs.p[uk * bs.step];
         bf[0] = make_uint4(v.x, v.y, 0, 0);
+    } else if constexpr (NT == 1) {
+        bf[0] = *(const uint4 *)(bs.p + uk * bs.step);
     } else {
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const int tok = (lane >> 2) + 8 * nt, e = (uk * M + tok) * 4 + (lane & 3);
-            if (NT == 1) {
-                bf[nt] = tok < M ? ((const uint4 *)stage)[e] : make_uint4(0, 0, 0, 0);
-            } else {
-                const uint2 v = tok < M ? ((const uint2 *)stage)[e] : make_uint2(0, 0);
-                bf[nt] = make_uint4(v.x, v.y, 0, 0);
-            }
+            const uint2 v = tok < M ? bs.p[e] : make_uint2(0, 0);
+            bf[nt] = make_uint4(v.x, v.y, 0, 0);
         }
     }
 }
@@ -278,7 +312,7 @@ __device__ __forceinline__ void fg_bop(const void *stage, int uk, int M, int lan
 /* Decodes one unit of width B from its slot: the lane's words, then per 16-row step the staged B operands and
  * fg_ks (the four tiles' A operands and their mma's). */
 template <int B, bool GPTQ, int NT, bool PK>
-__device__ __forceinline__ void fg_unit(const uint32_t *words, const void *stage, int ul, int M, int lane,
+__device__ __forceinline__ void fg_unit(const uint32_t *words, const fg_bsrc &bs, int ul, int M, int lane,
                                         const frag_scales (&sc)[2], float (&acc)[NT][4][4])
 {
     constexpr int na = frag_na(B), nb = frag_nb(B);
@@ -304,9 +338,9 @@ __device__ __forceinline__ void fg_unit(const uint32_t *words, const void *stage
         }
     }
     uint4 bf[NT];
-    fg_bop<NT, PK>(stage, ul * 2, M, lane, bf);
+    fg_bop<NT, PK>(bs, ul * 2, M, lane, bf);
     fg_ks<B, GPTQ, 0, NT, PK>(w, bf, sc, acc);
-    fg_bop<NT, PK>(stage, ul * 2 + 1, M, lane, bf);
+    fg_bop<NT, PK>(bs, ul * 2 + 1, M, lane, bf);
     fg_ks<B, GPTQ, 1, NT, PK>(w, bf, sc, acc);
 }
 
@@ -315,9 +349,10 @@ template <int B> __device__ __forceinline__ void fg_prologue(const fg_warp &W, i
 {
     constexpr int NU = B <= 4 ? 2 : 1;
     const int steps = (rb - ra + NU - 1) / NU;
+    const fg_span R = fg_span_of<B>(W, ra, rb);
 #pragma unroll
     for (int s = 0; s < FG_RING - 1; s++) {
-        if (s < steps) fg_issue<B>(W, ra, rb, s, s);
+        if (s < steps) fg_issue<B>(W, R, s, s);
         cp_async_commit();
     }
 }
@@ -347,10 +382,11 @@ __device__ __forceinline__ void fg_run(const tsr_linear_dev &L, const fg_warp &W
     constexpr int NU = B <= 4 ? 2 : 1;
     const int steps = (rb - ra + NU - 1) / NU, g = W.lane >> 2;
     if (!issued) fg_prologue<B>(W, ra, rb);
+    const fg_span R = fg_span_of<B>(W, ra, rb);
     for (int st = 0; st < steps; st++) {
         cp_async_wait<FG_RING - 2>();
         __syncwarp();
-        if (st + FG_RING - 1 < steps) fg_issue<B>(W, ra, rb, st + FG_RING - 1, (st + FG_RING - 1) % FG_RING);
+        if (st + FG_RING - 1 < steps) fg_issue<B>(W, R, st + FG_RING - 1, (st + FG_RING - 1) % FG_RING);
         cp_async_commit();
         const uint32_t *slot = W.ring + (st % FG_RING) * FG_STEP_WORDS;
 #pragma unroll
@@ -363,7 +399,7 @@ __device__ __forceinline__ void fg_run(const tsr_linear_dev &L, const fg_warp &W
                 fg_group_from_hdr<B, GPTQ>(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS, L.zero_add, g, sc);
                 cur = grp;
             }
-            fg_unit<B, GPTQ, NT, PK>(slot + uu * 2 * 32 * B, W.stage, i - W.u0, W.M, W.lane, sc, acc);
+            fg_unit<B, GPTQ, NT, PK>(slot + uu * 2 * 32 * B, W.bs, i - W.u0, W.M, W.lane, sc, acc);
         }
     }
     cp_async_wait<0>();
@@ -500,10 +536,11 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     fg_warp W;
     W.meta = (const uint2 *)wsm;
     W.ring = wsm + 2 * FG_WARP_UNITS;
-    W.stage = fg_smem;
-    W.wa = wa, W.u0 = u0, W.M = M, W.lane = lane, W.cb0 = (colb * 4 + wc * 2);
+    W.bs = fg_bsrc_of<NT, PK>(fg_smem, M, lane);
+    W.wa = wa, W.u0 = u0, W.M = M, W.lane = lane, W.cb0 = (colb * 4 + wc * 2), W.ncb = ncb;
     W.live[0] = W.cb0 < ncb, W.live[1] = W.cb0 + 1 < ncb;
     W.src_cb[0] = W.live[0] ? W.cb0 : 0, W.src_cb[1] = W.live[1] ? W.cb0 + 1 : W.src_cb[0];
+    W.wcb = min(W.cb0, ncb - 1);
     W.fw = L.fw;
     fg_header_role(L, W);
     fg_src S0;
@@ -574,7 +611,7 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
 #define FT_COLS (32 * FT_CB)
 #define FT_RING 4
 #define FT_SLOT_WORDS (FT_CB * 32 * 8)        /* one unit of width 8 */
-#define FT_HDR_WORDS (4 * FT_CB + 16 * FT_CB) /* scale or zero codes, then EXL2's table (8 words) or GPTQ's scales */
+#define FT_HDR_WORDS (4 * FT_CB + 16 * FT_CB) /* scale or zero codes, then EXL2's table (16 fp32) or GPTQ's scales */
 #define FT_STEP_WORDS (FT_SLOT_WORDS + FT_HDR_WORDS)
 #define FT_MAX_UNITS 256 /* per block (FG_STAGE_MAX / 128 bytes per unit at M = 1) */
 #define FT_MIN_UNITS 8   /* split K no further than this many units per block */
@@ -596,7 +633,7 @@ __device__ __forceinline__ void ft_issue(const tsr_linear_dev &L, ft_shared &F, 
     const int bits = GPTQ ? 4 : (int)(m.y >> 24), grp = (int)(m.y & 0xffffffu), s = i % FT_RING;
     uint32_t *slot = F.ring[s];
     const unsigned wbytes = (unsigned)live * 128u * (unsigned)bits, cbytes = (unsigned)live * 16u;
-    const unsigned tbytes = GPTQ ? (unsigned)live * 64u : 32u;
+    const unsigned tbytes = GPTQ ? (unsigned)live * 64u : 64u;
     mbar_expect_tx(&F.full[s], wbytes + cbytes + tbytes);
     bulk_copy(slot, L.fw + m.x + (size_t)cbf * 32 * bits, wbytes, &F.full[s]);
     const uint32_t *codes = (GPTQ ? L.g_zeros : L.q_scale) + (size_t)grp * (L.Npad / 8) + 4 * cbf;
@@ -610,7 +647,7 @@ __device__ __forceinline__ void ft_issue(const tsr_linear_dev &L, ft_shared &F, 
 /* Consumer warp w: units [ra, rb) of the block, all of width B, from their slots; a warp whose column blocks are
  * both past the matrix (`idle`) only takes part in the ring's barriers. */
 template <int B, bool GPTQ, bool ONE, bool PK, int NT>
-__device__ __forceinline__ void ft_run(const tsr_linear_dev &L, ft_shared &F, const void *stage, int ra, int rb,
+__device__ __forceinline__ void ft_run(const tsr_linear_dev &L, ft_shared &F, const fg_bsrc &bs, int ra, int rb,
                                        int w, bool idle, int lane, int M, int &cur, frag_scales (&sc)[2],
                                        float (&acc)[NT][4][4], float (&tot)[NT][4][4])
 {
@@ -627,12 +664,12 @@ __device__ __forceinline__ void ft_run(const tsr_linear_dev &L, ft_shared &F, co
                 const uint32_t *hdr = slot + FT_SLOT_WORDS;
 #pragma unroll
                 for (int c = 0; c < 2; c++)
-                    frag_scales_decode(hdr + 4 * (2 * w + c),
+                    frag_scales_decode(*(const uint4 *)(hdr + 4 * (2 * w + c)),
                                        (const __half *)(hdr + 4 * FT_CB) + (GPTQ ? 32 * (2 * w + c) : 0), GPTQ,
                                        L.zero_add, g, sc[c]);
                 cur = grp;
             }
-            fg_unit<B, GPTQ, NT, PK>(slot + 2 * w * 32 * B, stage, i, M, lane, sc, acc);
+            fg_unit<B, GPTQ, NT, PK>(slot + 2 * w * 32 * B, bs, i, M, lane, sc, acc);
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(&F.empty[s]);
@@ -684,14 +721,15 @@ __global__ void __launch_bounds__((FT_CONSUMERS + 1) * 32, NT == 1 ? 2 : 1)
     frag_scales sc[2] = {};
     int cur = -1;
     const bool idle = 2 * warp >= live;
+    const fg_bsrc bs = fg_bsrc_of<NT, PK>(fg_smem, M, lane);
     for (int ra = 0; ra < nu;) {
         const int rb = fg_run_end(F.meta, ra + 1, nu, ra);
         if (GPTQ) {
-            ft_run<4, true, ONE, PK, NT>(L, F, fg_smem, ra, rb, warp, idle, lane, M, cur, sc, acc, tot);
+            ft_run<4, true, ONE, PK, NT>(L, F, bs, ra, rb, warp, idle, lane, M, cur, sc, acc, tot);
         } else {
             frag_with_width((int)(F.meta[ra].y >> 24), [&](auto wd) {
                 constexpr int B = decltype(wd)::value;
-                ft_run<B, false, ONE, PK, NT>(L, F, fg_smem, ra, rb, warp, idle, lane, M, cur, sc, acc, tot);
+                ft_run<B, false, ONE, PK, NT>(L, F, bs, ra, rb, warp, idle, lane, M, cur, sc, acc, tot);
             });
         }
         ra = rb;
