@@ -127,8 +127,9 @@ __device__ __forceinline__ float frag_table_load(const float *tab, int i)
 {
     if (__isShared(tab)) {
         float v;
-        const unsigned a = (unsigned)__cvta_generic_to_shared(tab) + 4u * (unsigned)i;
-        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a));
+        asm volatile("{\n\t.reg .u32 a;\n\tmad.lo.u32 a, %1, 4, %2;\n\tld.shared.f32 %0, [a];\n\t}\n"
+                     : "=f"(v)
+                     : "r"(i), "r"((unsigned)__cvta_generic_to_shared(tab)));
         return v;
     }
     return tab[i];

@@ -30,6 +30,7 @@
 #define FG_STAGE_WIDE 131072 /* the same for 8 < M <= 32 (one block per SM) */
 #define FG_MAX_M TSR_GEMV_MAX_M /* rows per launch at most: 1, 2 or 4 mma n-tiles of 8 tokens */
 #define FG_WARP_UNITS 64   /* unit records per warp, copied to shared memory */
+#define FG_SCALE_WORDS 64  /* per warp: the EXL2 column scales of a group change, exchanged by the lanes of a quad */
 
 /* One matrix of a launch: its blocks are col_blocks × splits of the grid, after those of the parts before. */
 struct fg_part {
@@ -173,6 +174,7 @@ template <int NT, bool PK> __device__ __forceinline__ fg_bsrc fg_bsrc_of(const v
 struct fg_warp {
     const uint2 *meta;  /* the warp's unit records in shared memory (index: unit - wa) */
     uint32_t *ring;
+    float *scratch;     /* FG_SCALE_WORDS */
     fg_bsrc bs;         /* the lane's view of the block's staged activations (fg_bsrc_of) */
     const uint32_t *fw;
     uint64_t hsrc;      /* an address (see fg_span) */
@@ -255,13 +257,40 @@ __device__ __forceinline__ void fg_issue(const fg_warp &W, const fg_span &R, int
     }
 }
 
-/* Scales and zero points of a group from its header entry (decoded by frag_scales_decode, as frag_group_params). */
-template <int B, bool GPTQ>
-__device__ __forceinline__ void fg_group_from_hdr(const uint32_t *hdr, int zero_add, int g, frag_scales (&sc)[2])
+/* The EXL2 column scales of a lane's two column blocks (codes: their 2 × 4 code words; tab: the group's fp32
+ * table), decoded once per quad: the four lanes of a quad own the same eight columns, so each looks up two (word
+ * q of each block) and the quad swaps them through the warp's scratch (FG_SCALE_WORDS). 14 instructions instead of
+ * 34 for eight lookups per lane. */
+__device__ __forceinline__ void fg_exl2_scales(const uint32_t *codes, const float *tab, float *scratch, int lane,
+                                               frag_scales (&sc)[2])
 {
+    const int g = lane >> 2, q = lane & 3;
+    const float s0 = frag_table_load(tab, (int)((codes[q] >> (4 * g)) & 0xfu));
+    const float s1 = frag_table_load(tab, (int)((codes[4 + q] >> (4 * g)) & 0xfu));
+    __syncwarp(); /* the previous exchange has been read */
+    *(float2 *)(scratch + 8 * g + 2 * q) = make_float2(s0, s1);
+    __syncwarp();
+    const float4 a = *(const float4 *)(scratch + 8 * g), b = *(const float4 *)(scratch + 8 * g + 4);
+    sc[0].s[0] = a.x, sc[1].s[0] = a.y, sc[0].s[1] = a.z, sc[1].s[1] = a.w;
+    sc[0].s[2] = b.x, sc[1].s[2] = b.y, sc[0].s[3] = b.z, sc[1].s[3] = b.w;
 #pragma unroll
     for (int c = 0; c < 2; c++)
-        frag_scales_decode(*(const uint4 *)(hdr + 4 * c), hdr + 8 + (GPTQ ? 16 * c : 0), GPTQ, zero_add, g, sc[c]);
+#pragma unroll
+        for (int j = 0; j < 4; j++) sc[c].zc[j][0] = sc[c].zc[j][1] = __float2half2_rn(0.0f);
+}
+
+/* Scales and zero points of a group from its header entry (decoded as frag_group_params does). */
+template <int B, bool GPTQ>
+__device__ __forceinline__ void fg_group_from_hdr(const uint32_t *hdr, int zero_add, float *scratch, int lane,
+                                                  frag_scales (&sc)[2])
+{
+    if (!GPTQ) {
+        fg_exl2_scales(hdr, (const float *)(hdr + 8), scratch, lane, sc);
+        return;
+    }
+#pragma unroll
+    for (int c = 0; c < 2; c++)
+        frag_scales_decode(*(const uint4 *)(hdr + 4 * c), hdr + 8 + 16 * c, true, zero_add, lane >> 2, sc[c]);
 }
 
 /* One 16-row step KS of a unit: the four tiles' A operands (column block c, column tile ct: tile 2 c + ct,
@@ -373,6 +402,22 @@ __device__ __forceinline__ int fg_run_end(const uint2 *meta, int rb, int n, int 
     return rb;
 }
 
+/* The runs of a warp's n <= 64 unit records at once: bit i set where unit i is the last of its width (a scan per
+ * run was a chain of dependent shared loads, 3.5 % of a gate/up launch's samples). The run from ra ends before
+ * ra + __ffsll(ends >> ra). */
+__device__ __forceinline__ uint64_t fg_run_ends(const uint2 *meta, int n, int lane)
+{
+    uint64_t ends = 0;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int i = lane + 32 * h;
+        const bool end = i < n && (i + 1 == n || (meta[i].y >> 24) != (meta[i + 1].y >> 24));
+        ends |= (uint64_t)__ballot_sync(0xffffffffu, end) << (32 * h);
+    }
+    return ends;
+}
+__device__ __forceinline__ int fg_next_end(uint64_t ends, int ra) { return ra + __ffsll((long long)(ends >> ra)); }
+
 /* The warp's units [ra, rb) (all of width B) through the ring, FG_RING - 1 steps in flight; the ring starts at
  * slot 0 and drains at the end (a warp sees 2-3 runs). `issued`: the prologue is already in flight. */
 template <int B, bool GPTQ, bool ONE, bool PK, int NT>
@@ -380,7 +425,7 @@ __device__ __forceinline__ void fg_run(const tsr_linear_dev &L, const fg_warp &W
                                     frag_scales (&sc)[2], float (&acc)[NT][4][4], float (&tot)[NT][4][4])
 {
     constexpr int NU = B <= 4 ? 2 : 1;
-    const int steps = (rb - ra + NU - 1) / NU, g = W.lane >> 2;
+    const int steps = (rb - ra + NU - 1) / NU;
     if (!issued) fg_prologue<B>(W, ra, rb);
     const fg_span R = fg_span_of<B>(W, ra, rb);
     for (int st = 0; st < steps; st++) {
@@ -396,7 +441,7 @@ __device__ __forceinline__ void fg_run(const tsr_linear_dev &L, const fg_warp &W
             const int grp = (int)(W.meta[i - W.wa].y & 0xffffffu);
             if (grp != cur) {
                 if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
-                fg_group_from_hdr<B, GPTQ>(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS, L.zero_add, g, sc);
+                fg_group_from_hdr<B, GPTQ>(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS, L.zero_add, W.scratch, W.lane, sc);
                 cur = grp;
             }
             fg_unit<B, GPTQ, NT, PK>(slot + uu * 2 * 32 * B, W.bs, i - W.u0, W.M, W.lane, sc, acc);
@@ -519,6 +564,66 @@ __device__ __forceinline__ void fg_stage_block(const fg_part &P, const float *x,
     }
 }
 
+/* Relative cost of decoding one unit of a width (the run loops' instructions per unit, stop 21). */
+__device__ __forceinline__ int fg_unit_cost(int bits)
+{
+    switch (bits) {
+    case 2: return 19;
+    case 3: return 26;
+    case 4: return 18;
+    case 5:
+    case 6: return 29;
+    default: return 22;
+    }
+}
+
+/* The units [first, end) of the block's range [u0, u1) that K slice wk of its warps takes. The slices split the
+ * range where the units' running cost crosses k / FG_WK of the total, measured at each unit's midpoint (equal
+ * counts made the slice with the 3-bit tail of a matrix a quarter slower than the others, and the block waited
+ * for it), with at most FG_WARP_UNITS units per slice (u1 - u0 <= FG_WK · FG_WARP_UNITS). Every warp computes all
+ * boundaries from the unit records, each lane a stretch of up to 8 units. */
+template <bool GPTQ>
+__device__ __forceinline__ int2 fg_slice(const uint2 *units, int u0, int u1, int wk, int lane)
+{
+    static_assert(FG_WK * FG_WARP_UNITS <= 256, "a lane scans at most 8 units");
+    const int nu = u1 - u0;
+    if (GPTQ) { /* one width */
+        const int per = (nu + FG_WK - 1) / FG_WK;
+        return make_int2(u0 + min(nu, wk * per), u0 + min(nu, (wk + 1) * per));
+    }
+    const int per = (nu + 31) / 32, a = u0 + min(nu, lane * per), b = u0 + min(nu, lane * per + per);
+    int c[8], sum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        c[j] = a + j < b ? fg_unit_cost((int)(units[a + j].y >> 24)) : 0;
+        sum += c[j];
+    }
+    int incl = sum;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += t;
+    }
+    const int total = __shfl_sync(0xffffffffu, incl, 31);
+    int2 r = make_int2(u0, u1);
+    int prev = u0;
+#pragma unroll
+    for (int k = 1; k < FG_WK; k++) {
+        int cnt = 0, run = incl - sum;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            cnt += c[j] && FG_WK * (2 * run + c[j]) < 2 * k * total;
+            run += c[j];
+        }
+        int bk = u0 + (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt);
+        bk = max(min(bk, prev + FG_WARP_UNITS), u1 - (FG_WK - k) * FG_WARP_UNITS);
+        if (k == wk) r.x = bk;
+        if (k == wk + 1) r.y = bk;
+        prev = bk;
+    }
+    return r;
+}
+
 template <bool ONE, bool PK, bool GPTQ, int NT>
 __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     frag_gemv_kernel(const __grid_constant__ fg_group G, const float *x, int M, int stage_words)
@@ -531,11 +636,14 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     const int u0 = split * P.ub, u1 = min(L.n_units, u0 + P.ub), nu = u1 - u0;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wc = warp & 1, wk = warp >> 1;
     const int ncb = L.Npad / 32;
-    const int per = (nu + FG_WK - 1) / FG_WK, wa = u0 + wk * per, n = max(0, min(u1, wa + per) - wa);
-    uint32_t *wsm = (uint32_t *)fg_smem + stage_words + warp * (FG_RING * FG_STEP_WORDS + 2 * FG_WARP_UNITS);
+    const int2 slice = fg_slice<GPTQ>(L.units, u0, u1, wk, lane);
+    const int wa = slice.x, n = slice.y - slice.x;
+    uint32_t *wsm =
+        (uint32_t *)fg_smem + stage_words + warp * (FG_RING * FG_STEP_WORDS + 2 * FG_WARP_UNITS + FG_SCALE_WORDS);
     fg_warp W;
     W.meta = (const uint2 *)wsm;
     W.ring = wsm + 2 * FG_WARP_UNITS;
+    W.scratch = (float *)(W.ring + FG_RING * FG_STEP_WORDS);
     W.bs = fg_bsrc_of<NT, PK>(fg_smem, M, lane);
     W.wa = wa, W.u0 = u0, W.M = M, W.lane = lane, W.cb0 = (colb * 4 + wc * 2), W.ncb = ncb;
     W.live[0] = W.cb0 < ncb, W.live[1] = W.cb0 + 1 < ncb;
@@ -549,7 +657,9 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     __syncwarp();
     /* the weights are constant: the first run's first steps go out before waiting for the kernel that writes x
      * (programmatic dependent launch) and while the block stages x */
-    const int rb0 = fg_run_end(W.meta, n > 0 ? 1 : 0, n, 0);
+    static_assert(FG_WARP_UNITS <= 64, "fg_run_ends covers 64 units");
+    const uint64_t ends = fg_run_ends(W.meta, n, lane);
+    const int rb0 = n > 0 ? fg_next_end(ends, 0) : 0;
     const int bits0 = n > 0 ? (GPTQ ? 4 : (int)(W.meta[0].y >> 24)) : 0;
     if (n > 0) fg_prologue_any(bits0, W, wa, wa + rb0);
     fg_stage_block<NT>(P, x, M, u0, nu, fg_smem, S0);
@@ -561,7 +671,7 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     int cur = -1;
     for (int ra = 0; ra < n;) {
         const int bits = (int)(W.meta[ra].y >> 24);
-        const int rb = fg_run_end(W.meta, ra + 1, n, ra);
+        const int rb = fg_next_end(ends, ra);
         const bool issued = ra == 0;
         if (GPTQ) {
             fg_run<4, true, ONE, PK, NT>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot);
@@ -621,6 +731,7 @@ static_assert(FT_RING * FT_STEP_WORDS >= FG_MAX_M * FT_COLS, "the ring holds the
 struct ft_shared {
     uint64_t full[FT_RING], empty[FT_RING];
     uint2 meta[FT_MAX_UNITS];
+    float scales[FT_CONSUMERS][FG_SCALE_WORDS]; /* fg_exl2_scales' exchange, per consumer warp */
     uint32_t ring[FT_RING][FT_STEP_WORDS];
 };
 
@@ -662,11 +773,15 @@ __device__ __forceinline__ void ft_run(const tsr_linear_dev &L, ft_shared &F, co
             if (grp != cur) {
                 if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
                 const uint32_t *hdr = slot + FT_SLOT_WORDS;
+                if (GPTQ) {
 #pragma unroll
-                for (int c = 0; c < 2; c++)
-                    frag_scales_decode(*(const uint4 *)(hdr + 4 * (2 * w + c)),
-                                       (const __half *)(hdr + 4 * FT_CB) + (GPTQ ? 32 * (2 * w + c) : 0), GPTQ,
-                                       L.zero_add, g, sc[c]);
+                    for (int c = 0; c < 2; c++)
+                        frag_scales_decode(*(const uint4 *)(hdr + 4 * (2 * w + c)),
+                                           (const __half *)(hdr + 4 * FT_CB) + 32 * (2 * w + c), true, L.zero_add,
+                                           g, sc[c]);
+                } else {
+                    fg_exl2_scales(hdr + 8 * w, (const float *)(hdr + 4 * FT_CB), F.scales[w], lane, sc);
+                }
                 cur = grp;
             }
             fg_unit<B, GPTQ, NT, PK>(slot + 2 * w * 32 * B, bs, i, M, lane, sc, acc);
@@ -900,7 +1015,7 @@ template <bool GPTQ> static void (*fg_kernel(int M))(const fg_group, const float
  * unit records and its ring (the final reduction reuses the start). */
 static void fg_launch_warps(const fg_group &G, bool gptq, const float *x, int M, unsigned blocks, int stage_words)
 {
-    const size_t warp_words = (size_t)FG_RING * FG_STEP_WORDS + 2 * FG_WARP_UNITS;
+    const size_t warp_words = (size_t)FG_RING * FG_STEP_WORDS + 2 * FG_WARP_UNITS + FG_SCALE_WORDS;
     size_t smem = ((size_t)stage_words + FG_WARPS * warp_words) * 4;
     const size_t red_bytes = (size_t)FG_WK * M * FG_COLS * sizeof(float);
     if (smem < red_bytes) smem = red_bytes;
