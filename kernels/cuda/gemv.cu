@@ -921,15 +921,15 @@ static int fg_stage_max(int M) { return M <= 8 ? FG_STAGE_MAX : FG_STAGE_WIDE; }
 static int fg_unit_bytes(int M) { return (M <= 8 ? 128 : 64) * M; }
 
 /* Units per block for frag_gemv_kernel when the launch's matrices (same K: n_units units each) have col_blocks
- * column blocks in all: K is split only as far as needed to give the chip about `target` blocks, keeping at least
- * two units per warp and the staged activations within the stage limit. Every matrix of a group gets the same
+ * column blocks in all: K is split into as many pieces as keep the blocks within `target` (the blocks that fit on
+ * the chip at once: o and down at 256 blocks ran 7 % faster than at 128, q/k/v at 240 about 1 % faster than at
+ * 192; NOTES.md, stop 21), keeping at least two units per warp and the staged activations within the stage limit. Every matrix of a group gets the same
  * units per block, so that no block has more work than the rest (q with twice k's units per block was the critical
  * path of the q/k/v launch); a matrix's splits are then its units over that. */
 static int fg_plan(int col_blocks, int n_units, int M, int target)
 {
     const int ub_max = min(fg_stage_max(M) / fg_unit_bytes(M), FG_WARP_UNITS * FG_WK);
-    int sp = 1;
-    while (col_blocks * sp < target && n_units / (sp * 2) >= 2 * FG_WK) sp *= 2;
+    const int sp = max(1, min(target / col_blocks, n_units / (2 * FG_WK)));
     return min((n_units + sp - 1) / sp, ub_max);
 }
 
@@ -944,8 +944,8 @@ static int device_attr(cudaDeviceAttr attr, int fallback)
     return v;
 }
 
-/* The block target: TSR_CUDA_GEMV_BLOCKS, else one block per SM. Two fit (registers, shared memory), but splitting
- * K that far costs more in per-block staging and ring start-up than it gains (NOTES.md, stop 15). */
+/* The block count per SM count: TSR_CUDA_GEMV_BLOCKS, else the number of SMs. frag_gemv_kernel takes up to twice
+ * that at up to 8 rows (two blocks fit on an SM), the bulk kernel its own share (ft_plan). */
 static int fg_target(void)
 {
     static int t = -1;
@@ -1049,7 +1049,7 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
     const bool bulk = tsr_cuda_gemv_bulk(M);
     int all_col_blocks = 0; /* frag_gemv_kernel's plan is the group's (fg_plan) */
     for (int i = 0; i < n && !bulk; i++) all_col_blocks += (int)tsr_div_up(Ls[i]->Npad, FG_COLS);
-    const int fg_ub = bulk ? 0 : fg_plan(all_col_blocks, Ls[0]->n_units, M, fg_target());
+    const int fg_ub = bulk ? 0 : fg_plan(all_col_blocks, Ls[0]->n_units, M, (M <= 8 ? 2 : 1) * fg_target());
     G.n = n;
     for (int i = 0; i < n; i++) {
         const tsr_linear_dev *L = Ls[i];
