@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for decode-GEMV work (kernels/cuda/gemv.cu): the GPU test suite, then the 8B-geometry EXL2 4.0 bpw
-# model (tessera synth) through `tessera bench` at batch 1 and 8 (or TSR_GEMV_BATCH) under each variant in
+# (or TSR_GEMV_BPW) model (tessera synth) through `tessera bench` at batch 1 and 8 (or TSR_GEMV_BATCH) under each variant in
 # TSR_GEMV_VARIANTS ("name:ENV=V,ENV=V ..."), a full batch 1..64 bench with the defaults, and the per-op device profile
 # of a batch-1 step. TSR_GEMV_GPTQ=1 adds a GPTQ 8B bench; TSR_GEMV_PREFILL=1 a 2048-token prefill bench (in 512-token
 # chunks, in one chunk, and with the general attention kernel, TSR_CUDA_FLASH=0) and its per-op profile;
@@ -20,9 +20,9 @@ if [ "${TSR_GEMV_TESTS:-1}" = 1 ]; then
 fi
 ref=/tmp/tessera-ref
 if [ -f .parpack/tessera-ref.xz ]; then xz -dc .parpack/tessera-ref.xz > $ref && chmod +x $ref; fi
-m8=/tmp/llama8b-4.0
+m8=/tmp/llama8b-${TSR_GEMV_BPW:-4.0}
 "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 \
-  --bpw 4.0 --shard-size 2048 --threads 16 --out $m8 > /dev/null
+  --bpw "${TSR_GEMV_BPW:-4.0}" --shard-size 2048 --threads 16 --out $m8 > /dev/null
 echo "synth done at $SECONDS s"
 for v in ${TSR_GEMV_VARIANTS:-default:}; do
   name=${v%%:*}; envs=${v#*:}

@@ -9,11 +9,13 @@
  * Lane l (g = l / 4, c = 2 (l % 4)) holds 16 half2 registers p = 4 f + r for fragment f = 2 ct + ks, register r:
  * its two elements are A-row g + 8 (r & 1) (that is, column 32 cb + 16 ct + g + 8 (r & 1)) and A-columns (stored
  * rows of the unit) 16 ks + c + 8 (r >> 1) + e, e = 0 for the low half, 1 for the high half. A code splits into a
- * low plane of lb bits and a high plane of hb = b − lb bits (b: 2 → 2+0, 3 → 2+1, 4 → 4+0, 5 → 4+1, 6 → 4+2,
- * 8 → 8+0). Low plane: register p sits in word p / (16 / lb) at bit lb · (p % (16 / lb)), its high element 16 bits
- * further up; high plane likewise in the words after the low plane's lb words. Decoding masks a field in place
- * (after a shift by 8 for fields above bit 9) and ORs in the exponent 0x6400, which makes both halves the fp16
- * value 1024 + field · 2^position; one HFMA2 per plane scales that back and removes the offsets (frag_reg).
+ * low plane of lb bits and a high plane of hb = b − lb bits (b: 2 → 2+0, 4 → 4+0, 5 → 4+1, 6 → 4+2, 8 → 8+0).
+ * Low plane: register p sits in word p / (16 / lb) at bit lb · (p % (16 / lb)), its high element 16 bits further
+ * up; high plane likewise in the words after the low plane's lb words. 3-bit codes are not split: five fields per
+ * half-word, registers 0-14 in words p / 5, register 15 from the spare top bit of each half of the three words
+ * (frag_field3; two planes took twice the instructions). Decoding masks a field in place (after a shift by 8 for
+ * fields above bit 9) and ORs in the exponent 0x6400, which makes both halves the fp16 value
+ * 1024 + field · 2^position; one HFMA2 per plane scales that back and removes the offsets (frag_reg).
  *
  * Memory order: unit by unit (units[u].x is its first word), then column block (32 · b words each), then for
  * each lane its first nA = min(b, 4) words (b = 3: 2) contiguous, followed by the other b − nA words of all
@@ -87,11 +89,29 @@ template <int FB, int P> struct frag_field {
     static constexpr uint32_t mask = (((1u << FB) - 1u) * 0x10001u) << at;
 };
 
+/* 3-bit codes, register P < 15: field P % 5 of word P / 5 (five per half, at bits 0, 3, 6, 9, 12; the last two
+ * reached by a shift by 8). Register 15 takes bit 15 of each half of the three words (code bit i in word i). */
+template <int P> struct frag_field3 {
+    static constexpr int word = P / 5, pos = 3 * (P % 5), shift = pos + 3 > 10 ? 8 : 0, at = pos - shift;
+    static constexpr uint32_t mask = (7u * 0x10001u) << at;
+};
+
 /* Register P (A-row h = P & 1) of the lane's words as code − zero in fp16, exact: the field(s) masked in place and
  * scaled back by FMA with constants that also remove the 1024 offsets and the zero point (all exact in fp16). */
 template <int B, bool GPTQ, int P>
 __device__ __forceinline__ uint32_t frag_reg(const uint32_t (&w)[B], const __half2 (&zc)[2])
 {
+    if constexpr (B == 3) { /* EXL2 only (GPTQ is 4-bit): zero point 4 */
+        if constexpr (P < 15) {
+            using F = frag_field3<P>;
+            const uint32_t r = and_exp<F::mask>(F::shift ? w[F::word] >> 8 : w[F::word]);
+            return h2_bits(__hfma2(bits_h2(r), __float2half2_rn(1.0f / (float)(1 << F::at)),
+                                   __float2half2_rn(-(1024.0f / (float)(1 << F::at) + 4.0f))));
+        } else {
+            const uint32_t r = ((w[0] >> 15) & 0x10001u) | ((w[1] >> 14) & 0x20002u) | ((w[2] >> 13) & 0x40004u);
+            return h2_bits(__hadd2(bits_h2(r | 0x64006400u), __float2half2_rn(-1028.0f)));
+        }
+    }
     constexpr int lb = frag_lb(B), hb = B - lb;
     using L = frag_field<lb, P>;
     const uint32_t rl = and_exp<L::mask>(L::shift ? w[L::word] >> 8 : w[L::word]);
