@@ -9,11 +9,11 @@
  * Lane l (g = l / 4, c = 2 (l % 4)) holds 16 half2 registers p = 4 f + r for fragment f = 2 ct + ks, register r:
  * its two elements are A-row g + 8 (r & 1) (that is, column 32 cb + 16 ct + g + 8 (r & 1)) and A-columns (stored
  * rows of the unit) 16 ks + c + 8 (r >> 1) + e, e = 0 for the low half, 1 for the high half. A code splits into a
- * low plane of lb bits and a high plane of hb = b − lb bits (b: 2 → 2+0, 4 → 4+0, 5 → 4+1, 6 → 4+2, 8 → 8+0).
+ * low plane of lb bits and a high plane of hb = b − lb bits (b: 2 → 2+0, 4 → 4+0, 6 → 4+2, 8 → 8+0).
  * Low plane: register p sits in word p / (16 / lb) at bit lb · (p % (16 / lb)), its high element 16 bits further
- * up; high plane likewise in the words after the low plane's lb words. 3-bit codes are not split: five fields per
- * half-word, registers 0-14 in words p / 5, register 15 from the spare top bit of each half of the three words
- * (frag_field3; two planes took twice the instructions). Decoding masks a field in place (after a shift by 8 for
+ * up; high plane likewise in the words after the low plane's lb words. 3- and 5-bit codes are not split: 16 / b
+ * fields per half-word (five or three), registers 0-14 in words p / (16 / b), register 15 from the spare top bit
+ * of each half of the b words (frag_field_direct; two planes took twice the instructions). Decoding masks a field in place (after a shift by 8 for
  * fields above bit 9) and ORs in the exponent 0x6400, which makes both halves the fp16 value
  * 1024 + field · 2^position; one HFMA2 per plane scales that back and removes the offsets (frag_reg).
  *
@@ -89,27 +89,41 @@ template <int FB, int P> struct frag_field {
     static constexpr uint32_t mask = (((1u << FB) - 1u) * 0x10001u) << at;
 };
 
-/* 3-bit codes, register P < 15: field P % 5 of word P / 5 (five per half, at bits 0, 3, 6, 9, 12; the last two
- * reached by a shift by 8). Register 15 takes bit 15 of each half of the three words (code bit i in word i). */
-template <int P> struct frag_field3 {
-    static constexpr int word = P / 5, pos = 3 * (P % 5), shift = pos + 3 > 10 ? 8 : 0, at = pos - shift;
-    static constexpr uint32_t mask = (7u * 0x10001u) << at;
+/* Widths stored without planes: 3 and 5 bits, whose 16 / b fields per half-word fill 15 bits. */
+__host__ __device__ constexpr bool frag_direct(int b) { return b == 3 || b == 5; }
+
+/* A direct width's register P < 15: field P % (16 / B) of word P / (16 / B), fields at bits 0, B, 2B, ... of each
+ * half, those that end above bit 10 reached by a shift by 8. Register 15 takes bit 15 of each half of the B words
+ * (code bit i in word i). */
+template <int B, int P> struct frag_field_direct {
+    static constexpr int per = 16 / B, word = P / per, pos = B * (P % per), shift = pos + B > 10 ? 8 : 0,
+                         at = pos - shift;
+    static constexpr uint32_t mask = (((1u << B) - 1u) * 0x10001u) << at;
 };
+
+/* Register 15 of a direct width: its code bits gathered from bit 15 of each half of the B words, at bit 0. */
+template <int B> __device__ __forceinline__ uint32_t frag_spare_bits(const uint32_t (&w)[B])
+{
+    uint32_t r = 0x64006400u;
+#pragma unroll
+    for (int i = 0; i < B; i++) r |= (w[i] >> (15 - i)) & (0x10001u << i);
+    return r;
+}
 
 /* Register P (A-row h = P & 1) of the lane's words as code − zero in fp16, exact: the field(s) masked in place and
  * scaled back by FMA with constants that also remove the 1024 offsets and the zero point (all exact in fp16). */
 template <int B, bool GPTQ, int P>
 __device__ __forceinline__ uint32_t frag_reg(const uint32_t (&w)[B], const __half2 (&zc)[2])
 {
-    if constexpr (B == 3) { /* EXL2 only (GPTQ is 4-bit): zero point 4 */
+    if constexpr (frag_direct(B)) { /* EXL2 only (GPTQ is 4-bit): zero point 2^(B - 1) */
+        constexpr float zero = (float)(1 << (B - 1));
         if constexpr (P < 15) {
-            using F = frag_field3<P>;
+            using F = frag_field_direct<B, P>;
             const uint32_t r = and_exp<F::mask>(F::shift ? w[F::word] >> 8 : w[F::word]);
             return h2_bits(__hfma2(bits_h2(r), __float2half2_rn(1.0f / (float)(1 << F::at)),
-                                   __float2half2_rn(-(1024.0f / (float)(1 << F::at) + 4.0f))));
+                                   __float2half2_rn(-(1024.0f / (float)(1 << F::at) + zero))));
         } else {
-            const uint32_t r = ((w[0] >> 15) & 0x10001u) | ((w[1] >> 14) & 0x20002u) | ((w[2] >> 13) & 0x40004u);
-            return h2_bits(__hadd2(bits_h2(r | 0x64006400u), __float2half2_rn(-1028.0f)));
+            return h2_bits(__hadd2(bits_h2(frag_spare_bits<B>(w)), __float2half2_rn(-(1024.0f + zero))));
         }
     }
     constexpr int lb = frag_lb(B), hb = B - lb;

@@ -35,11 +35,11 @@ __global__ void frag_pack_kernel(const uint32_t *qw, int Npad, const pack_unit *
             if (sh + B > 32) v |= qw[(size_t)(row + 1) * Npad + n] << (32 - sh);
             code = v & ((1u << B) - 1u);
         }
-        if (B == 3) { /* five 3-bit fields per half, register 15 spread over bit 15 of the three words */
+        if (frag_direct(B)) { /* 16 / B fields per half, register 15 spread over bit 15 of the B words */
             if (p < 15)
-                w[p / 5] |= code << (3 * (p % 5) + 16 * e);
+                w[p / (16 / B)] |= code << (B * (p % (16 / B)) + 16 * e);
             else
-                for (int b = 0; b < 3; b++) w[b] |= ((code >> b) & 1u) << (15 + 16 * e);
+                for (int b = 0; b < B; b++) w[b] |= ((code >> b) & 1u) << (15 + 16 * e);
             continue;
         }
         const int per = 16 / lb;
