@@ -284,13 +284,13 @@ template <int B, bool GPTQ>
 __device__ __forceinline__ void fg_group_from_hdr(const uint32_t *hdr, int zero_add, float *scratch, int lane,
                                                   frag_scales (&sc)[2])
 {
-    if (!GPTQ) {
+    if constexpr (!GPTQ) {
         fg_exl2_scales(hdr, (const float *)(hdr + 8), scratch, lane, sc);
-        return;
-    }
+    } else {
 #pragma unroll
-    for (int c = 0; c < 2; c++)
-        frag_scales_decode(*(const uint4 *)(hdr + 4 * c), hdr + 8 + 16 * c, true, zero_add, lane >> 2, sc[c]);
+        for (int c = 0; c < 2; c++)
+            frag_scales_decode(*(const uint4 *)(hdr + 4 * c), hdr + 8 + 16 * c, true, zero_add, lane >> 2, sc[c]);
+    }
 }
 
 /* One 16-row step KS of a unit: the four tiles' A operands (column block c, column tile ct: tile 2 c + ct,
@@ -587,7 +587,7 @@ __device__ __forceinline__ int2 fg_slice(const uint2 *units, int u0, int u1, int
 {
     static_assert(FG_WK * FG_WARP_UNITS <= 256, "a lane scans at most 8 units");
     const int nu = u1 - u0;
-    if (GPTQ) { /* one width */
+    if constexpr (GPTQ) { /* one width */
         const int per = (nu + FG_WK - 1) / FG_WK;
         return make_int2(u0 + min(nu, wk * per), u0 + min(nu, (wk + 1) * per));
     }
