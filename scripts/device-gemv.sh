@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call for decode-GEMV work (kernels/cuda/gemv.cu): the GPU test suite, then the 8B-geometry EXL2 4.0 bpw
-# (or TSR_GEMV_BPW) model (tessera synth) through `tessera bench` at batch 1 and 8 (or TSR_GEMV_BATCH) under each variant in
+# One device call for decode-GEMV work (kernels/cuda/gemv.cu): the GPU test suite, then the 8B-geometry EXL2 4.0 bpw (or
+# TSR_GEMV_BPW) model (tessera synth) through `tessera bench` at batch 1 and 8 (or TSR_GEMV_BATCH) under each variant in
 # TSR_GEMV_VARIANTS ("name:ENV=V,ENV=V ..."), a full batch 1..64 bench with the defaults, and the per-op device profile
 # of a batch-1 step. TSR_GEMV_GPTQ=1 adds a GPTQ 8B bench; TSR_GEMV_PREFILL=1 a 2048-token prefill bench (in 512-token
 # chunks, in one chunk, and with the general attention kernel, TSR_CUDA_FLASH=0) and its per-op profile;

@@ -10,12 +10,12 @@
  * its two elements are A-row g + 8 (r & 1) (that is, column 32 cb + 16 ct + g + 8 (r & 1)) and A-columns (stored
  * rows of the unit) 16 ks + c + 8 (r >> 1) + e, e = 0 for the low half, 1 for the high half. A code splits into a
  * low plane of lb bits and a high plane of hb = b − lb bits (b: 2 → 2+0, 4 → 4+0, 6 → 4+2, 8 → 8+0).
- * Low plane: register p sits in word p / (16 / lb) at bit lb · (p % (16 / lb)), its high element 16 bits further
- * up; high plane likewise in the words after the low plane's lb words. 3- and 5-bit codes are not split: 16 / b
- * fields per half-word (five or three), registers 0-14 in words p / (16 / b), register 15 from the spare top bit
- * of each half of the b words (frag_field_direct; two planes took twice the instructions). Decoding masks a field in place (after a shift by 8 for
- * fields above bit 9) and ORs in the exponent 0x6400, which makes both halves the fp16 value
- * 1024 + field · 2^position; one HFMA2 per plane scales that back and removes the offsets (frag_reg).
+ * Low plane: register p sits in word p / (16 / lb) at bit lb · (p % (16 / lb)), its high element 16 bits further up;
+ * high plane likewise in the words after the low plane's lb words. 3- and 5-bit codes are not split: 16 / b fields per
+ * half-word (five or three), registers 0-14 in words p / (16 / b), register 15 from the spare top bit of each half of
+ * the b words (frag_field_direct; two planes took twice the instructions). Decoding masks a field in place (after a
+ * shift by 8 for fields above bit 9) and ORs in the exponent 0x6400, which makes both halves the fp16 value 1024 +
+ * field · 2^position; one HFMA2 per plane scales that back and removes the offsets (frag_reg).
  *
  * Memory order: unit by unit (units[u].x is its first word), then column block (32 · b words each), then for
  * each lane its first nA = min(b, 4) words (b = 3: 2) contiguous, followed by the other b − nA words of all

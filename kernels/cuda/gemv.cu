@@ -191,8 +191,8 @@ struct fg_warp {
 };
 
 /* A run of equal-width units [ra, ra + n) of a warp as its copies see it. w: the lane's first 16 bytes of column
- * block wcb in a unit of this width that started at word 0 (a unit's record holds its first word); m0: ra's index
- * in the warp's unit records. */
+ * block wcb in a unit of this width that started at word 0 (a unit's record holds its first word); meta: ra's
+ * record in the warp's copy. */
 struct fg_span {
     uint64_t w; /* an address: pointer arithmetic made ptxas keep a base and a 64-bit index, 3 more per copy */
     const uint2 *meta;
@@ -923,9 +923,9 @@ static int fg_unit_bytes(int M) { return (M <= 8 ? 128 : 64) * M; }
 /* Units per block for frag_gemv_kernel when the launch's matrices (same K: n_units units each) have col_blocks
  * column blocks in all: K is split into as many pieces as keep the blocks within `target` (the blocks that fit on
  * the chip at once: o and down at 256 blocks ran 7 % faster than at 128, q/k/v at 240 about 1 % faster than at
- * 192; NOTES.md, stop 21), keeping at least two units per warp and the staged activations within the stage limit. Every matrix of a group gets the same
- * units per block, so that no block has more work than the rest (q with twice k's units per block was the critical
- * path of the q/k/v launch); a matrix's splits are then its units over that. */
+ * 192; NOTES.md, stop 21), keeping at least two units per warp and the staged activations within the stage limit.
+ * Every matrix of a group gets the same units per block, so that no block has more work than the rest (q with twice
+ * k's units per block was the critical path of the q/k/v launch); a matrix's splits are then its units over that. */
 static int fg_plan(int col_blocks, int n_units, int M, int target)
 {
     const int ub_max = min(fg_stage_max(M) / fg_unit_bytes(M), FG_WARP_UNITS * FG_WK);
@@ -944,8 +944,8 @@ static int device_attr(cudaDeviceAttr attr, int fallback)
     return v;
 }
 
-/* The block count per SM count: TSR_CUDA_GEMV_BLOCKS, else the number of SMs. frag_gemv_kernel takes up to twice
- * that at up to 8 rows (two blocks fit on an SM), the bulk kernel its own share (ft_plan). */
+/* The GEMV's block budget: TSR_CUDA_GEMV_BLOCKS, else the number of SMs. frag_gemv_kernel takes up to twice that
+ * at up to 8 rows (two of its blocks fit on an SM), the bulk kernel its own share (ft_plan). */
 static int fg_target(void)
 {
     static int t = -1;
