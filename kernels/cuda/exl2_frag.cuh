@@ -8,14 +8,14 @@
  *
  * Lane l (g = l / 4, c = 2 (l % 4)) holds 16 half2 registers p = 4 f + r for fragment f = 2 ct + ks, register r:
  * its two elements are A-row g + 8 (r & 1) (that is, column 32 cb + 16 ct + g + 8 (r & 1)) and A-columns (stored
- * rows of the unit) 16 ks + c + 8 (r >> 1) + e, e = 0 for the low half, 1 for the high half. A code splits into a
- * low plane of lb bits and a high plane of hb = b − lb bits (b: 2 → 2+0, 4 → 4+0, 6 → 4+2, 8 → 8+0).
- * Low plane: register p sits in word p / (16 / lb) at bit lb · (p % (16 / lb)), its high element 16 bits further up;
- * high plane likewise in the words after the low plane's lb words. 3- and 5-bit codes are not split: 16 / b fields per
- * half-word (five or three), registers 0-14 in words p / (16 / b), register 15 from the spare top bit of each half of
- * the b words (frag_field_direct; two planes took twice the instructions). Decoding masks a field in place (after a
- * shift by 8 for fields above bit 9) and ORs in the exponent 0x6400, which makes both halves the fp16 value 1024 +
- * field · 2^position; one HFMA2 per plane scales that back and removes the offsets (frag_reg).
+ * rows of the unit) 16 ks + c + 8 (r >> 1) + e, e = 0 for the low half, 1 for the high half. Each element is a
+ * b-bit field of its half-word: with 2, 4 and 8 bits, register p sits in word p / (16 / b) at bit b · (p % (16 / b));
+ * with 3 and 5 bits likewise for p < 15, five or three fields per half filling 15 bits, and register 15 takes the
+ * spare top bit of each half of the b words (frag_field_direct); with 6 bits two fields per half (bits 0 and 6), and
+ * registers 12-15 gather their codes from the spare bits 12-15 of the six words (frag_field6). (Codes split into a
+ * low and a high plane, as before stop 21, took two masks and two FMAs per register.) Decoding masks a field in
+ * place (after a shift by 8 or 4 for fields above bit 9) and ORs in the exponent 0x6400, which makes both halves the
+ * fp16 value 1024 + field · 2^position; one HFMA2 scales that back and removes the offsets (frag_reg).
  *
  * Memory order: unit by unit (units[u].x is its first word), then column block (32 · b words each), then for
  * each lane its first nA = min(b, 4) words (b = 3: 2) contiguous, followed by the other b − nA words of all
@@ -34,8 +34,6 @@
  * second block is past the matrix stays inside the allocation. */
 #define FRAG_PAD_WORDS (32 * 8)
 
-/* Low-plane bits of a width; the rest is the high plane. */
-__host__ __device__ constexpr int frag_lb(int b) { return b == 8 ? 8 : b >= 4 ? 4 : 2; }
 /* Words per lane loaded first (one vector load), and after them. */
 __host__ __device__ constexpr int frag_na(int b) { return b >= 4 ? 4 : 2; }
 __host__ __device__ constexpr int frag_nb(int b) { return b - frag_na(b); }
@@ -80,7 +78,7 @@ struct frag_scales {
     __half2 zc[4][2];
 };
 
-/* Where register p of a plane of FB-bit fields sits: word, and bit position after an optional shift by 8 that
+/* Where register p of FB-bit fields (2, 4, 8) sits: word, and bit position after an optional shift by 8 that
  * keeps (field << position) below 1024, so that 0x6400 | (field << position) is the fp16 value
  * 1024 + field · 2^position exactly. */
 template <int FB, int P> struct frag_field {
@@ -89,7 +87,7 @@ template <int FB, int P> struct frag_field {
     static constexpr uint32_t mask = (((1u << FB) - 1u) * 0x10001u) << at;
 };
 
-/* Widths stored without planes: 3 and 5 bits, whose 16 / b fields per half-word fill 15 bits. */
+/* 3 and 5 bits, whose 16 / b fields per half-word fill 15 bits. */
 __host__ __device__ constexpr bool frag_direct(int b) { return b == 3 || b == 5; }
 
 /* A direct width's register P < 15: field P % (16 / B) of word P / (16 / B), fields at bits 0, B, 2B, ... of each
@@ -110,12 +108,30 @@ template <int B> __device__ __forceinline__ uint32_t frag_spare_bits(const uint3
     return r;
 }
 
+/* Register P of the 6-bit layout: P < 12 is field P % 2 of word P / 2 (bits 0 and 6 of each half, the second
+ * reached by a shift by 4); registers 12 + m take their low 4 bits from bits 12-15 of word m and their high 2 bits
+ * from bits 12 + 2 (m % 2) of word 4 + m / 2, each half alike. Returns the fp16 pattern 1024 + code · 2^at | 0x6400
+ * in both halves (at: 2 for the second field, else 0). */
+template <int P> __device__ __forceinline__ uint32_t frag_field6(const uint32_t (&w)[6])
+{
+    if constexpr (P < 12) {
+        return (P & 1) ? and_exp<(63u * 0x10001u) << 2>(w[P / 2] >> 4) : and_exp<63u * 0x10001u>(w[P / 2]);
+    } else {
+        constexpr int m = P - 12;
+        return and_exp<0x000f000fu>(w[m] >> 12) | ((w[4 + m / 2] >> (8 + 2 * (m & 1))) & 0x00300030u);
+    }
+}
+
 /* Register P (A-row h = P & 1) of the lane's words as code − zero in fp16, exact: the field(s) masked in place and
  * scaled back by FMA with constants that also remove the 1024 offsets and the zero point (all exact in fp16). */
 template <int B, bool GPTQ, int P>
 __device__ __forceinline__ uint32_t frag_reg(const uint32_t (&w)[B], const __half2 (&zc)[2])
 {
-    if constexpr (frag_direct(B)) { /* EXL2 only (GPTQ is 4-bit): zero point 2^(B - 1) */
+    if constexpr (B == 6) { /* EXL2 only: zero point 32 */
+        constexpr int at = P < 12 && (P & 1) ? 2 : 0;
+        return h2_bits(__hfma2(bits_h2(frag_field6<P>(w)), __float2half2_rn(1.0f / (float)(1 << at)),
+                               __float2half2_rn(-(1024.0f / (float)(1 << at) + 32.0f))));
+    } else if constexpr (frag_direct(B)) { /* EXL2 only (GPTQ is 4-bit): zero point 2^(B - 1) */
         constexpr float zero = (float)(1 << (B - 1));
         if constexpr (P < 15) {
             using F = frag_field_direct<B, P>;
@@ -125,22 +141,12 @@ __device__ __forceinline__ uint32_t frag_reg(const uint32_t (&w)[B], const __hal
         } else {
             return h2_bits(__hadd2(bits_h2(frag_spare_bits<B>(w)), __float2half2_rn(-(1024.0f + zero))));
         }
-    }
-    constexpr int lb = frag_lb(B), hb = B - lb;
-    using L = frag_field<lb, P>;
-    const uint32_t rl = and_exp<L::mask>(L::shift ? w[L::word] >> 8 : w[L::word]);
-    const __half2 sl = __float2half2_rn(1.0f / (float)(1 << L::at));
-    if constexpr (hb == 0) {
+    } else { /* 2, 4 and 8 bits: 16 / B fields per half-word */
+        using L = frag_field<B, P>;
+        const uint32_t r = and_exp<L::mask>(L::shift ? w[L::word] >> 8 : w[L::word]);
         const __half2 c = GPTQ ? zc[L::at ? 1 : 0]
                                : __float2half2_rn(-(1024.0f / (float)(1 << L::at) + (float)(1 << (B - 1))));
-        return h2_bits(__hfma2(bits_h2(rl), sl, c));
-    } else {
-        using H = frag_field<hb, P>;
-        const uint32_t rh = and_exp<H::mask>(H::shift ? w[lb + H::word] >> 8 : w[lb + H::word]);
-        constexpr float sh = (float)(1 << lb) / (float)(1 << H::at);
-        const __half2 c = __float2half2_rn(-(1024.0f * sh + 1024.0f / (float)(1 << L::at) + (float)(1 << (B - 1))));
-        const __half2 r1 = __hfma2(bits_h2(rh), __float2half2_rn(sh), c); /* hi · 2^lb − offsets − zero */
-        return h2_bits(__hfma2(bits_h2(rl), sl, r1));
+        return h2_bits(__hfma2(bits_h2(r), __float2half2_rn(1.0f / (float)(1 << L::at)), c));
     }
 }
 

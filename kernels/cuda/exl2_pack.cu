@@ -23,7 +23,7 @@ __global__ void frag_pack_kernel(const uint32_t *qw, int Npad, const pack_unit *
     if (cb >= ncb) return;
     const int u = blockIdx.y;
     const pack_unit U = pu[u];
-    const int B = U.bits, lb = frag_lb(B), hb = B - lb, g = lane / 4, c = 2 * (lane % 4);
+    const int B = U.bits, g = lane / 4, c = 2 * (lane % 4);
     uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int i = 0; i < 32; i++) {
         const int p = i / 2, e = i % 2, f = p / 4, r = p % 4, ct = f / 2, ks = f % 2;
@@ -42,12 +42,17 @@ __global__ void frag_pack_kernel(const uint32_t *qw, int Npad, const pack_unit *
                 for (int b = 0; b < B; b++) w[b] |= ((code >> b) & 1u) << (15 + 16 * e);
             continue;
         }
-        const int per = 16 / lb;
-        w[p / per] |= (code & ((1u << lb) - 1u)) << (lb * (p % per) + 16 * e);
-        if (hb) {
-            const int perh = 16 / hb;
-            w[lb + p / perh] |= (code >> lb) << (hb * (p % perh) + 16 * e);
+        if (B == 6) { /* frag_field6: two fields per half; registers 12-15 from the spare bits 12-15 */
+            if (p < 12) {
+                w[p / 2] |= code << (6 * (p % 2) + 16 * e);
+            } else {
+                const int m = p - 12;
+                w[m] |= (code & 15u) << (12 + 16 * e);
+                w[4 + m / 2] |= (code >> 4) << (12 + 2 * (m % 2) + 16 * e);
+            }
+            continue;
         }
+        w[p / (16 / B)] |= code << (B * (p % (16 / B)) + 16 * e); /* 2, 4, 8 bits */
     }
     const size_t base = units[u].x + (size_t)cb * 32 * B;
     const int na = frag_na(B), nb = frag_nb(B);
