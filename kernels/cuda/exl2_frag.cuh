@@ -11,7 +11,7 @@
  * rows of the unit) 16 ks + c + 8 (r >> 1) + e, e = 0 for the low half, 1 for the high half. Each element is a
  * b-bit field of its half-word: with 2, 4 and 8 bits, register p sits in word p / (16 / b) at bit b · (p % (16 / b));
  * with 3 and 5 bits likewise for p < 15, five or three fields per half filling 15 bits, and register 15 takes the
- * spare top bit of each half of the b words (frag_field_direct); with 6 bits two fields per half (bits 0 and 6), and
+ * spare top bit of each half of the b words (frag_spare_bits); with 6 bits two fields per half (bits 0 and 6), and
  * registers 12-15 gather their codes from the spare bits 12-15 of the six words (frag_field6). (Codes split into a
  * low and a high plane, as before stop 21, took two masks and two FMAs per register.) Decoding masks a field in
  * place (after a shift by 8 or 4 for fields above bit 9) and ORs in the exponent 0x6400, which makes both halves the
@@ -78,28 +78,21 @@ struct frag_scales {
     __half2 zc[4][2];
 };
 
-/* Where register p of FB-bit fields (2, 4, 8) sits: word, and bit position after an optional shift by 8 that
- * keeps (field << position) below 1024, so that 0x6400 | (field << position) is the fp16 value
- * 1024 + field · 2^position exactly. */
+/* Where register p of FB-bit fields sits (FB = 2, 4, 8, and 3 or 5 for p < 15): word p / (16 / FB), and bit
+ * position after an optional shift by 8 that keeps (field << position) below 1024, so that
+ * 0x6400 | (field << position) is the fp16 value 1024 + field · 2^position exactly. */
 template <int FB, int P> struct frag_field {
     static constexpr int per = 16 / FB, word = P / per, pos = FB * (P % per), shift = pos + FB > 10 ? 8 : 0,
                          at = pos - shift;
     static constexpr uint32_t mask = (((1u << FB) - 1u) * 0x10001u) << at;
 };
 
-/* 3 and 5 bits, whose 16 / b fields per half-word fill 15 bits. */
-__host__ __device__ constexpr bool frag_direct(int b) { return b == 3 || b == 5; }
+/* 3 and 5 bits, whose 16 / b fields per half-word fill 15 bits: registers 0-14 as frag_field, register 15 in the
+ * spare top bit of each half of the b words. */
+__host__ __device__ constexpr bool frag_spare15(int b) { return b == 3 || b == 5; }
 
-/* A direct width's register P < 15: field P % (16 / B) of word P / (16 / B), fields at bits 0, B, 2B, ... of each
- * half, those that end above bit 10 reached by a shift by 8. Register 15 takes bit 15 of each half of the B words
- * (code bit i in word i). */
-template <int B, int P> struct frag_field_direct {
-    static constexpr int per = 16 / B, word = P / per, pos = B * (P % per), shift = pos + B > 10 ? 8 : 0,
-                         at = pos - shift;
-    static constexpr uint32_t mask = (((1u << B) - 1u) * 0x10001u) << at;
-};
-
-/* Register 15 of a direct width: its code bits gathered from bit 15 of each half of the B words, at bit 0. */
+/* Register 15 of a 3- or 5-bit layout: its code bits gathered from bit 15 of each half of the B words (code bit i
+ * in word i), at bit 0. */
 template <int B> __device__ __forceinline__ uint32_t frag_spare_bits(const uint32_t (&w)[B])
 {
     uint32_t r = 0x64006400u;
@@ -131,17 +124,9 @@ __device__ __forceinline__ uint32_t frag_reg(const uint32_t (&w)[B], const __hal
         constexpr int at = P < 12 && (P & 1) ? 2 : 0;
         return h2_bits(__hfma2(bits_h2(frag_field6<P>(w)), __float2half2_rn(1.0f / (float)(1 << at)),
                                __float2half2_rn(-(1024.0f / (float)(1 << at) + 32.0f))));
-    } else if constexpr (frag_direct(B)) { /* EXL2 only (GPTQ is 4-bit): zero point 2^(B - 1) */
-        constexpr float zero = (float)(1 << (B - 1));
-        if constexpr (P < 15) {
-            using F = frag_field_direct<B, P>;
-            const uint32_t r = and_exp<F::mask>(F::shift ? w[F::word] >> 8 : w[F::word]);
-            return h2_bits(__hfma2(bits_h2(r), __float2half2_rn(1.0f / (float)(1 << F::at)),
-                                   __float2half2_rn(-(1024.0f / (float)(1 << F::at) + zero))));
-        } else {
-            return h2_bits(__hadd2(bits_h2(frag_spare_bits<B>(w)), __float2half2_rn(-(1024.0f + zero))));
-        }
-    } else { /* 2, 4 and 8 bits: 16 / B fields per half-word */
+    } else if constexpr (frag_spare15(B) && P == 15) { /* EXL2 only (GPTQ is 4-bit): zero point 2^(B - 1) */
+        return h2_bits(__hadd2(bits_h2(frag_spare_bits<B>(w)), __float2half2_rn(-(1024.0f + (float)(1 << (B - 1))))));
+    } else { /* 16 / B fields per half-word */
         using L = frag_field<B, P>;
         const uint32_t r = and_exp<L::mask>(L::shift ? w[L::word] >> 8 : w[L::word]);
         const __half2 c = GPTQ ? zc[L::at ? 1 : 0]
@@ -161,20 +146,6 @@ __device__ __forceinline__ void frag_a(const uint32_t (&w)[B], const frag_scales
     a[3] = frag_reg<B, GPTQ, 4 * F + 3>(w, sc.zc[j0 + 1]);
 }
 
-/* tab[i], one address computation (shift and add) when tab is in shared memory (the GEMV's ring header), where
- * indexing through the generic pointer took two. */
-__device__ __forceinline__ float frag_table_load(const float *tab, int i)
-{
-    if (__isShared(tab)) {
-        float v;
-        asm volatile("{\n\t.reg .u32 a;\n\tmad.lo.u32 a, %1, 4, %2;\n\tld.shared.f32 %0, [a];\n\t}\n"
-                     : "=f"(v)
-                     : "r"(i), "r"((unsigned)__cvta_generic_to_shared(tab)));
-        return v;
-    }
-    return tab[i];
-}
-
 /* Scales and zero points of one column block: nibble g of code word j is column 8 j + g's code; tab: GPTQ, the
  * block's 32 fp16 scales, EXL2, the group's 16-entry scale table in fp32 (frag_group_params and the GEMV's ring
  * header). */
@@ -191,7 +162,7 @@ __device__ __forceinline__ void frag_scales_decode(uint4 q, const void *tab, boo
             out.zc[j][0] = __float2half2_rn(-(1024.0f + zero));
             out.zc[j][1] = __float2half2_rn(-(64.0f + zero));
         } else {
-            out.s[j] = frag_table_load((const float *)tab, code);
+            out.s[j] = ((const float *)tab)[code];
             out.zc[j][0] = out.zc[j][1] = __float2half2_rn(0.0f);
         }
     }

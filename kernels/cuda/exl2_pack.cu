@@ -35,11 +35,8 @@ __global__ void frag_pack_kernel(const uint32_t *qw, int Npad, const pack_unit *
             if (sh + B > 32) v |= qw[(size_t)(row + 1) * Npad + n] << (32 - sh);
             code = v & ((1u << B) - 1u);
         }
-        if (frag_direct(B)) { /* 16 / B fields per half, register 15 spread over bit 15 of the B words */
-            if (p < 15)
-                w[p / (16 / B)] |= code << (B * (p % (16 / B)) + 16 * e);
-            else
-                for (int b = 0; b < B; b++) w[b] |= ((code >> b) & 1u) << (15 + 16 * e);
+        if (frag_spare15(B) && p == 15) { /* 3 and 5 bits: register 15 spread over bit 15 of the B words */
+            for (int b = 0; b < B; b++) w[b] |= ((code >> b) & 1u) << (15 + 16 * e);
             continue;
         }
         if (B == 6) { /* frag_field6: two fields per half; registers 12-15 from the spare bits 12-15 */
@@ -52,7 +49,7 @@ __global__ void frag_pack_kernel(const uint32_t *qw, int Npad, const pack_unit *
             }
             continue;
         }
-        w[p / (16 / B)] |= code << (B * (p % (16 / B)) + 16 * e); /* 2, 4, 8 bits */
+        w[p / (16 / B)] |= code << (B * (p % (16 / B)) + 16 * e); /* 16 / B fields per half (frag_field) */
     }
     const size_t base = units[u].x + (size_t)cb * 32 * B;
     const int na = frag_na(B), nb = frag_nb(B);

@@ -182,7 +182,6 @@ struct fg_warp {
     int hdst;
     bool hon;
     int wa, u0, M, lane, cb0, ncb;
-    bool live[2];
     int src_cb[2];      /* the column block whose header each half of the ring copies: cb0 + c, or a live one when
                          * cb0 + c is past the matrix (its results are never written), so the copies need no
                          * predicate */
@@ -257,6 +256,17 @@ __device__ __forceinline__ void fg_issue(const fg_warp &W, const fg_span &R, int
     }
 }
 
+/* tab[i] of a table in shared memory, one address instruction (mad) where indexing through the generic pointer
+ * took two. */
+__device__ __forceinline__ float fg_lds_f32(const float *tab, int i)
+{
+    float v;
+    asm volatile("{\n\t.reg .u32 a;\n\tmad.lo.u32 a, %1, 4, %2;\n\tld.shared.f32 %0, [a];\n\t}\n"
+                 : "=f"(v)
+                 : "r"(i), "r"((unsigned)__cvta_generic_to_shared(tab)));
+    return v;
+}
+
 /* The EXL2 column scales of a lane's two column blocks (codes: their 2 × 4 code words; tab: the group's fp32
  * table), decoded once per quad: the four lanes of a quad own the same eight columns, so each looks up two (word
  * q of each block) and the quad swaps them through the warp's scratch (FG_SCALE_WORDS). 14 instructions instead of
@@ -265,8 +275,8 @@ __device__ __forceinline__ void fg_exl2_scales(const uint32_t *codes, const floa
                                                frag_scales (&sc)[2])
 {
     const int g = lane >> 2, q = lane & 3;
-    const float s0 = frag_table_load(tab, (int)((codes[q] >> (4 * g)) & 0xfu));
-    const float s1 = frag_table_load(tab, (int)((codes[4 + q] >> (4 * g)) & 0xfu));
+    const float s0 = fg_lds_f32(tab, (int)((codes[q] >> (4 * g)) & 0xfu));
+    const float s1 = fg_lds_f32(tab, (int)((codes[4 + q] >> (4 * g)) & 0xfu));
     __syncwarp(); /* the previous exchange has been read */
     *(float2 *)(scratch + 8 * g + 2 * q) = make_float2(s0, s1);
     __syncwarp();
@@ -646,8 +656,7 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     W.scratch = (float *)(W.ring + FG_RING * FG_STEP_WORDS);
     W.bs = fg_bsrc_of<NT, PK>(fg_smem, M, lane);
     W.wa = wa, W.u0 = u0, W.M = M, W.lane = lane, W.cb0 = (colb * 4 + wc * 2), W.ncb = ncb;
-    W.live[0] = W.cb0 < ncb, W.live[1] = W.cb0 + 1 < ncb;
-    W.src_cb[0] = W.live[0] ? W.cb0 : 0, W.src_cb[1] = W.live[1] ? W.cb0 + 1 : W.src_cb[0];
+    W.src_cb[0] = W.cb0 < ncb ? W.cb0 : 0, W.src_cb[1] = W.cb0 + 1 < ncb ? W.cb0 + 1 : W.src_cb[0];
     W.wcb = min(W.cb0, ncb - 1);
     W.fw = L.fw;
     fg_header_role(L, W);
