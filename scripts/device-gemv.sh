@@ -5,7 +5,7 @@
 # of a batch-1 step. TSR_GEMV_GPTQ=1 adds a GPTQ 8B bench; TSR_GEMV_PREFILL=1 a 2048-token prefill bench (in 512-token
 # chunks, in one chunk, and with the general attention kernel, TSR_CUDA_FLASH=0) and its per-op profile;
 # TSR_GEMV_TESTS=0 skips the tests. Pack first with tests/parallel/gpu-pack.sh and carry `.parpack`; logs go to $OUT.
-# A/B against an older build: put its stripped tessera as .parpack/tessera-ref.xz; a variant naming BIN=ref runs it.
+# A/B against other builds: put a stripped tessera as .parpack/tessera-NAME.xz; a variant naming BIN=NAME runs it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -18,8 +18,10 @@ if [ "${TSR_GEMV_TESTS:-1}" = 1 ]; then
   timeout 200 "$P/bin/test_cuda" > "$out/test_cuda.log" 2>&1
   echo "test_cuda exit $? (at $SECONDS s)"; grep -E "PASSED|FAILED|ERROR|mismatch|max " "$out/test_cuda.log" | head -30
 fi
-ref=/tmp/tessera-ref
-if [ -f .parpack/tessera-ref.xz ]; then xz -dc .parpack/tessera-ref.xz > $ref && chmod +x $ref; fi
+for f in .parpack/tessera-*.xz; do
+  [ -f "$f" ] || continue
+  alt=/tmp/$(basename "$f" .xz) && xz -dc "$f" > "$alt" && chmod +x "$alt"
+done
 m8=/tmp/llama8b-${TSR_GEMV_BPW:-4.0}
 "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 \
   --bpw "${TSR_GEMV_BPW:-4.0}" --shard-size 2048 --threads 16 --out $m8 > /dev/null
@@ -28,7 +30,7 @@ for v in ${TSR_GEMV_VARIANTS:-default:}; do
   name=${v%%:*}; envs=${v#*:}
   echo "--- $name ($envs)"
   b=$bin
-  case ",$envs," in *,BIN=ref,*) b=$ref ;; esac
+  case ",$envs," in *,BIN=*) b=${envs#*BIN=}; b=/tmp/tessera-${b%%,*} ;; esac
   env ${envs//,/ } timeout 120 "$b" bench --model $m8 --device cuda --batch ${TSR_GEMV_BATCH:-1,8} --prompt-len 512 \
     --gen 64 2>&1 | tail -5
 done

@@ -40,7 +40,7 @@ __device__ __forceinline__ pick pick_warp(pick p)
 __global__ void __launch_bounds__(AM_THREADS) argmax_slice_kernel(const float *__restrict__ x, int n, int slice,
                                                                   pick *__restrict__ part)
 {
-    tsr_pdl_wait();
+    tsr_pdl_start();
     const int r = blockIdx.y, s = blockIdx.x;
     const float *row = x + (size_t)r * n;
     const int e = min(n, (s + 1) * slice);
@@ -58,13 +58,12 @@ __global__ void __launch_bounds__(AM_THREADS) argmax_slice_kernel(const float *_
         p = pick_warp(p);
         if (threadIdx.x == 0) part[(size_t)r * gridDim.x + s] = p;
     }
-    tsr_pdl_trigger();
 }
 
 /* one warp per row: the best of its `splits` parts */
 __global__ void argmax_merge_kernel(const pick *__restrict__ part, int splits, int32_t *ids, float *vals)
 {
-    tsr_pdl_wait();
+    tsr_pdl_start();
     const int r = blockIdx.x;
     pick p = {0.0f, -1};
     for (int s = threadIdx.x; s < splits; s += 32) p = pick_better(p, part[(size_t)r * splits + s]);

@@ -137,7 +137,7 @@ __global__ void attn_kernel(tsr_batch_layout b, tsr_attn_args a, const T *kc, co
 
 __global__ void attn_merge_kernel(size_t items, int d, int n_splits, const float2 *part_ml, const float *part_acc, float *out)
 {
-    tsr_pdl_wait();
+    tsr_pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= items * d) return;
     size_t item = i / d;

@@ -3,9 +3,10 @@
  *
  * The general kernel of attention.cu walks positions one round of four after another in a warp per (row, head);
  * at batch 1 that costs ~29 µs per layer for a context a few hundred tokens long, all of it latency. Here a block
- * of 128 threads takes up to AD_CHUNK positions per round: their K and V rows (gathered through the page table)
- * arrive by cp.async in one round trip and serve every query head of the group; the G × AD_CHUNK scores are dot
- * products read from shared memory (a thread per position and half of the heads), a warp per head folds them
+ * of 256 threads takes up to AD_CHUNK positions per round: their K and V rows (gathered through the page table)
+ * arrive by cp.async in one round trip (q is read while they travel) and serve every query head of the group; the
+ * G × AD_CHUNK scores are dot products read from shared memory (a thread per position and a quarter of the heads:
+ * with 128 threads, half of them, a block's arithmetic was a serial tail at batch 1), a warp per head folds them
  * into a running softmax (max and sum in fp32, as the general kernel computes them), and a thread per output dim
  * pair and group of heads adds P·V. A block takes one or more rounds: there are enough splits to give the chip a
  * few blocks per SM, split s taking rounds s, s + splits, ... (so a launch sized for a CUDA graph's longest
@@ -20,7 +21,7 @@
 #include <math.h>
 
 #define AD_CHUNK 64       /* positions per round */
-#define AD_THREADS 128
+#define AD_THREADS 256
 #define AD_MAX_G 16       /* query heads per KV head */
 #define AD_TARGET_BLOCKS 512
 
@@ -39,7 +40,8 @@ __global__ void __launch_bounds__(AD_THREADS)
     constexpr int DP = D + 8, VEC = D / 8;
     constexpr int HG = AD_THREADS / (D / 2);             /* head groups of the P·V threads */
     constexpr int NH = (AD_MAX_G + HG - 1) / HG;          /* heads per P·V thread at most */
-    constexpr int NS = AD_MAX_G / (AD_THREADS / AD_CHUNK); /* heads per score thread at most */
+    constexpr int SG = AD_THREADS / AD_CHUNK;             /* head groups of the score threads */
+    constexpr int NS = (AD_MAX_G + SG - 1) / SG;           /* heads per score thread at most */
     const int split = blockIdx.x, kvh = blockIdx.y, row = blockIdx.z;
     const int G = a.n_heads / a.n_kv_heads, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     extern __shared__ __align__(16) unsigned char ad_smem[];
@@ -51,7 +53,7 @@ __global__ void __launch_bounds__(AD_THREADS)
     __half *ks = (__half *)(factor + 2 * G); /* [AD_CHUNK][DP], 16-byte aligned (a spare [G] before it) */
     __half *vs = ks + AD_CHUNK * DP;
 
-    tsr_pdl_wait();
+    tsr_pdl_start();
     const int p = b.positions[row];
     const int lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
     const size_t item0 = (size_t)row * a.n_heads + (size_t)kvh * G; /* the group's first (row, head) */
@@ -61,8 +63,6 @@ __global__ void __launch_bounds__(AD_THREADS)
     }
     const int32_t *table = b.page_tables + (size_t)b.row_seq[row] * b.max_pages;
     const int width = a.n_kv_heads * D;
-    for (int i = tid; i < G * D; i += AD_THREADS) qs[i] = q[item0 * D + i] * a.scale;
-    if (tid < G) m_run[tid] = -INFINITY, l_run[tid] = 0.0f;
 
     const int d2 = tid % (D / 2), hg = tid / (D / 2); /* P·V: output dims 2 d2, 2 d2 + 1 of heads hg + HG j */
     float2 o[NH];
@@ -72,10 +72,14 @@ __global__ void __launch_bounds__(AD_THREADS)
     for (int t0 = lo + split * AD_CHUNK; t0 <= p; t0 += n_splits * AD_CHUNK) {
         const int n = min(AD_CHUNK, p + 1 - t0);
         kv_tile_gather<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, table, page_size, width, kvh, t0, n);
+        if (t0 == lo + split * AD_CHUNK) { /* the first round: q while the K and V rows are on their way */
+            for (int i = tid; i < G * D; i += AD_THREADS) qs[i] = q[item0 * D + i] * a.scale;
+            if (tid < G) m_run[tid] = -INFINITY, l_run[tid] = 0.0f;
+        }
         asm volatile("cp.async.wait_group 0;\n" ::);
         __syncthreads();
 
-        /* scores: position pp against heads h0, h0 + 2, ... */
+        /* scores: position pp against heads h0, h0 + SG, ... */
         {
             const int pp = tid % AD_CHUNK, h0 = tid / AD_CHUNK;
             float s[NS];
@@ -88,7 +92,7 @@ __global__ void __launch_bounds__(AD_THREADS)
                 const float2 k2 = __half22float2(*(const __half2 *)&kw.z), k3 = __half22float2(*(const __half2 *)&kw.w);
 #pragma unroll
                 for (int j = 0; j < NS; j++) {
-                    const int h = h0 + 2 * j;
+                    const int h = h0 + SG * j;
                     if (h >= G) break;
                     const float4 qa = *(const float4 *)(qs + h * D + c * 8), qb = *(const float4 *)(qs + h * D + c * 8 + 4);
                     s[j] += qa.x * k0.x + qa.y * k0.y + qa.z * k1.x + qa.w * k1.y + qb.x * k2.x + qb.y * k2.y +
@@ -97,7 +101,7 @@ __global__ void __launch_bounds__(AD_THREADS)
             }
 #pragma unroll
             for (int j = 0; j < NS; j++) {
-                const int h = h0 + 2 * j;
+                const int h = h0 + SG * j;
                 if (h < G) ps[h * AD_CHUNK + pp] = pp < n ? s[j] : -INFINITY;
             }
         }
@@ -143,7 +147,6 @@ __global__ void __launch_bounds__(AD_THREADS)
         }
         __syncthreads(); /* the round's rows and probabilities are reused by the next round */
     }
-    tsr_pdl_trigger();
 
 #pragma unroll
     for (int j = 0; j < NH; j++) {

@@ -20,8 +20,7 @@ __device__ __forceinline__ float load_elem(const void *p, int dtype, size_t i)
 
 __global__ void embed_kernel(const void *table, int dtype, const int32_t *ids, int n, int dim, float *out)
 {
-    tsr_pdl_wait();
-    tsr_pdl_trigger();
+    tsr_pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)n * dim) return;
     size_t r = i / dim, c = i % dim;
@@ -54,8 +53,7 @@ __device__ __forceinline__ float block_sum(float v)
 
 __global__ void rmsnorm_kernel(const float *x, const void *w, int dtype, float eps, int dim, float *out)
 {
-    tsr_pdl_wait();
-    tsr_pdl_trigger();
+    tsr_pdl_start();
     const float *xr = x + (size_t)blockIdx.x * dim;
     float *o = out + (size_t)blockIdx.x * dim;
     float ss = 0.0f;
@@ -85,8 +83,7 @@ void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, i
 __global__ void residual_kernel(float *x, const float *y, int n_parts, size_t part_stride, int ld, const __half *bias,
                                 const void *w, int dtype, float eps, int dim, float *out)
 {
-    tsr_pdl_wait();
-    tsr_pdl_trigger();
+    tsr_pdl_start();
     float *xr = x + (size_t)blockIdx.x * dim;
     const float *yr = y + (size_t)blockIdx.x * ld;
     const int step = RESIDUAL_PER_THREAD * (int)blockDim.x;
@@ -160,8 +157,7 @@ void tsr_cuda_add_rmsnorm(float *x, const float *y, const tsr_dense *w, float ep
 
 __global__ void rope_kernel(tsr_batch_layout b, float *x, int n_heads, int head_dim, int half)
 {
-    tsr_pdl_wait();
-    tsr_pdl_trigger();
+    tsr_pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t per_row = (size_t)n_heads * half;
     if (i >= (size_t)b.n_rows * per_row) return;
@@ -194,8 +190,7 @@ template <> __device__ __forceinline__ float from_float<float>(float v) { return
 template <typename T>
 __global__ void kv_store_kernel(tsr_batch_layout b, T *kc, T *vc, int page_size, int width, const float *k, const float *v)
 {
-    tsr_pdl_wait();
-    tsr_pdl_trigger();
+    tsr_pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)b.n_rows * width) return;
     int row = (int)(i / width), e = (int)(i % width);
@@ -231,8 +226,7 @@ template <typename T>
 __global__ void rope_store_kernel(tsr_batch_layout b, float *q, int n_heads, float *k, const float *v, T *kc, T *vc,
                                   int page_size, int n_kv, int head_dim, int half, int per_row)
 {
-    tsr_pdl_wait();
-    tsr_pdl_trigger();
+    tsr_pdl_start();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)b.n_rows * per_row) return;
     const int row = (int)(i / per_row), seq = b.row_seq[row], pos = b.positions[row];
@@ -294,8 +288,7 @@ void tsr_cuda_rope_store(const tsr_batch_layout *b, float *q, int n_heads, float
 
 __global__ void silu_mul_kernel(const float *gate, const float *up, size_t n, float *out)
 {
-    tsr_pdl_wait();
-    tsr_pdl_trigger();
+    tsr_pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = gate[i];
@@ -311,8 +304,7 @@ void tsr_cuda_silu_mul(const float *gate, const float *up, size_t n, float *out)
 
 __global__ void add_kernel(float *x, const float *y, size_t n)
 {
-    tsr_pdl_wait();
-    tsr_pdl_trigger();
+    tsr_pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
@@ -326,8 +318,7 @@ void tsr_cuda_add(float *x, const float *y, size_t n)
 
 __global__ void gather_rows_kernel(const float *x, const int32_t *index, int n, int dim, float *out)
 {
-    tsr_pdl_wait();
-    tsr_pdl_trigger();
+    tsr_pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)n * dim) return;
     size_t r = i / dim, c = i % dim;

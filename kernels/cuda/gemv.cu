@@ -523,8 +523,7 @@ struct fg_pre_group {
 
 __global__ void fg_prestage_kernel(const __grid_constant__ fg_pre_group G, const float *x, int M, int K)
 {
-    tsr_pdl_wait();
-    tsr_pdl_trigger();
+    tsr_pdl_start();
     unsigned b = blockIdx.x;
     const fg_pre_part &P = G.p[group_part(G, b)];
     const unsigned i = b * blockDim.x + threadIdx.x;
@@ -692,7 +691,7 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
         }
         ra = rb;
     }
-    tsr_pdl_trigger();
+    tsr_pdl_trigger(); /* late, unlike the small kernels (launch.cuh) */
     if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
     if (PK) fg_unpack<ONE>(tot[0]);
 
@@ -858,7 +857,7 @@ __global__ void __launch_bounds__((FT_CONSUMERS + 1) * 32, NT == 1 ? 2 : 1)
         }
         ra = rb;
     }
-    tsr_pdl_trigger();
+    tsr_pdl_trigger(); /* late, unlike the small kernels (launch.cuh) */
     if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
     if (PK) fg_unpack<ONE>(tot[0]);
     /* each warp's columns go through the ring (free once every consumer is past its last unit) as red[token][column
@@ -913,8 +912,7 @@ struct red_group {
 
 __global__ void exl2_reduce_group_kernel(const __grid_constant__ red_group G, int M)
 {
-    tsr_pdl_wait();
-    tsr_pdl_trigger();
+    tsr_pdl_start();
     unsigned b = blockIdx.x;
     const red_part &P = G.p[group_part(G, b)];
     const size_t i = (size_t)b * blockDim.x + threadIdx.x;

@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(TOP_THREADS) top_rows_kernel(const float *__re
                                                                int32_t *__restrict__ ids, float *__restrict__ vals,
                                                                float *__restrict__ z)
 {
-    tsr_pdl_wait();
+    tsr_pdl_start();
     const int r = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const float *row = x + (size_t)r * n;
     const float inv = inv_temp[r];
@@ -231,7 +231,6 @@ __global__ void __launch_bounds__(TOP_THREADS) top_rows_kernel(const float *__re
         for (int w = 0; w < TOP_WARPS; w++) total += warp_sum[w];
         z[r] = s_best && isfinite(m) ? (float)total : 0.0f;
     }
-    tsr_pdl_trigger();
 }
 
 void tsr_cuda_top_rows(const float *x, int rows, int n, int k, const float *inv_temp, int32_t *ids, float *vals,
