@@ -3,6 +3,8 @@
 # geometry at the bits per weight named in SPECS, each through `tessera bench --batch 1,8,32,64` (8B: 512-token
 # prompts, 70B: 128), one model on disk at a time. Pack first with tests/parallel/gpu-pack.sh and carry `.parpack`.
 #   SPECS="8b:4.0 8b:2.5 70b:4.0 70b:2.5" bash scripts/device-matrix.sh      (the default SPECS)
+# A/B: TSR_MATRIX_VARIANTS="name:ENV=V,ENV=V ..." runs each model's bench once per variant (batches TSR_MATRIX_BATCH,
+# default 1,8,32,64).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -19,7 +21,12 @@ for spec in ${SPECS:-8b:4.0 8b:2.5 70b:4.0 70b:2.5}; do
   # shellcheck disable=SC2086
   "$bin" synth --arch llama $shape --vocab 128256 --bpw "$bpw" --shard-size 4096 --threads 16 --out "$m" > /dev/null
   echo "--- $geo at $bpw bpw (synth done at $SECONDS s)"
-  timeout 300 "$bin" bench --model "$m" --device cuda --batch 1,8,32,64 --prompt-len $prompt --gen 64 2>&1 | tail -6
+  for v in ${TSR_MATRIX_VARIANTS:-default:}; do
+    [ -n "${TSR_MATRIX_VARIANTS:-}" ] && echo "- ${v%%:*} (${v#*:})"
+    envs=${v#*:}
+    env ${envs//,/ } timeout 300 "$bin" bench --model "$m" --device cuda --batch "${TSR_MATRIX_BATCH:-1,8,32,64}" \
+      --prompt-len $prompt --gen 64 2>&1 | tail -6
+  done
   rm -rf "$m"
 done
 echo "=== done after $SECONDS s"

@@ -927,16 +927,40 @@ __global__ void exl2_reduce_group_kernel(const __grid_constant__ red_group G, in
 static int fg_stage_max(int M) { return M <= 8 ? FG_STAGE_MAX : FG_STAGE_WIDE; }
 static int fg_unit_bytes(int M) { return (M <= 8 ? 128 : 64) * M; }
 
+/* Whether fg_plan balances launches of several waves (below): TSR_CUDA_GEMV_BALANCE, default 1. */
+static int fg_balance(void)
+{
+    static int mode = -1;
+    if (mode < 0) mode = !getenv("TSR_CUDA_GEMV_BALANCE") || atoi(getenv("TSR_CUDA_GEMV_BALANCE")) != 0;
+    return mode;
+}
+
 /* Units per block for frag_gemv_kernel when the launch's matrices (same K: n_units units each) have col_blocks
  * column blocks in all: K is split into as many pieces as keep the blocks within `target` (the blocks that fit on
  * the chip at once: o and down at 256 blocks ran 7 % faster than at 128, q/k/v at 240 about 1 % faster than at
  * 192; NOTES.md, stop 21), keeping at least two units per warp and the staged activations within the stage limit.
  * Every matrix of a group gets the same units per block, so that no block has more work than the rest (q with twice
- * k's units per block was the critical path of the q/k/v launch); a matrix's splits are then its units over that. */
-static int fg_plan(int col_blocks, int n_units, int M, int target)
+ * k's units per block was the critical path of the q/k/v launch); a matrix's splits are then its units over that.
+ * Where the column blocks alone exceed the target (70B's gate/up: 448 blocks for 264 places), the blocks come in
+ * waves, and the SMs that run one block more than the others set the time: K is then split into the pieces that
+ * minimize the busiest SM's work, blocks per SM rounded up over the splits (gate/up at 70B: 4 of 3.4 blocks' work
+ * in one piece, 3.5 in two; a few per cent per extra piece keeps the count low): 70B 4.0 bpw batch 1 +10 %.
+ * TSR_CUDA_GEMV_BALANCE=0 keeps one piece. Within one wave the model fails: balancing 8B's gate/up (224 column
+ * blocks for 132 SMs) into 4 pieces lost 12 % (NOTES.md, stop 22). */
+static int fg_plan(int col_blocks, int n_units, int M, int target, int sms)
 {
     const int ub_max = min(fg_stage_max(M) / fg_unit_bytes(M), FG_WARP_UNITS * FG_WK);
-    const int sp = max(1, min(target / col_blocks, n_units / (2 * FG_WK)));
+    const int sp_max = max(1, n_units / (2 * FG_WK));
+    int sp = max(1, min(target / col_blocks, sp_max));
+    if (fg_balance() && col_blocks > target) {
+        double best = 1e30;
+        for (int s = 1; s <= min(sp_max, 8); s++) {
+            /* the busiest SM's blocks, in whole-matrix blocks, and 3 % per extra piece (each stages its x, writes
+             * partial sums, and runs its block's fixed costs) */
+            const double busiest = (double)((col_blocks * s + sms - 1) / sms) / s * (1.0 + 0.03 * (s - 1));
+            if (busiest < best - 1e-9) best = busiest, sp = s;
+        }
+    }
     return min((n_units + sp - 1) / sp, ub_max);
 }
 
@@ -1056,7 +1080,8 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
     const bool bulk = tsr_cuda_gemv_bulk(M);
     int all_col_blocks = 0; /* frag_gemv_kernel's plan is the group's (fg_plan) */
     for (int i = 0; i < n && !bulk; i++) all_col_blocks += (int)tsr_div_up(Ls[i]->Npad, FG_COLS);
-    const int fg_ub = bulk ? 0 : fg_plan(all_col_blocks, Ls[0]->n_units, M, (M <= 8 ? 2 : 1) * fg_target());
+    const int fg_ub =
+        bulk ? 0 : fg_plan(all_col_blocks, Ls[0]->n_units, M, (M <= 8 ? 2 : 1) * fg_target(), fg_target());
     G.n = n;
     for (int i = 0; i < n; i++) {
         const tsr_linear_dev *L = Ls[i];
