@@ -161,17 +161,22 @@ static tsr_status run_batch(const tsr_ops *ops, const char *model, int batch, in
     tsr_status st = TSR_OK;
     if (!seqs || !feeds || !prompts || !next || !logits || !picks) st = tsr_fail(TSR_ERR_NOMEM, "bench: out of memory");
 
-    /* warm-up, then release: one token through every layer (faults the mapped weights in), then a 64-token chunk
-     * so that the prefill kernels (and the libraries and modules they load lazily) are ready before timing */
+    /* warm-up, released before timing: one token through every layer (faults the mapped weights in, loads the
+     * decode kernels), then, in a fresh sequence, a prompt as long as the timed one's first step (prompt_len tokens
+     * up to max_tokens), so that the prefill takes the same paths with the same shapes (the kernels, libraries and
+     * modules it loads lazily are ready). A 63-token chunk did not do that on the GPU: below 65 rows the big
+     * matrices take the decode GEMV, and the first dequantize-and-cuBLAS call fell inside the timed prefill
+     * (70B, batch 1: 648 instead of ~1040 tok/s; kernels/cuda/NOTES.md, stop 22). */
     if (st == TSR_OK) {
+        const int n = prompt_len < max_tokens ? prompt_len : max_tokens; /* within one sequence's KV share */
+        for (int i = 0; i < n; i++) prompts[i] = (int32_t)((1 + i) % V);
         tsr_seq warm = {0};
-        int32_t toks[64];
-        for (int i = 0; i < 64; i++) toks[i] = (1 + i) % V;
-        tsr_feed f = {&warm, toks, 1, TSR_LOGITS_LAST, logits, NULL};
+        tsr_feed f = {&warm, prompts, 1, TSR_LOGITS_LAST, logits, NULL};
         st = tsr_engine_feed(e, &f, 1);
-        const int chunk = prompt_len - 1 < 63 ? prompt_len - 1 : 63; /* stays within one sequence's KV share */
-        f = (tsr_feed){&warm, toks + 1, chunk, TSR_LOGITS_LAST, logits, NULL};
-        if (st == TSR_OK && chunk > 0) st = tsr_engine_feed(e, &f, 1);
+        tsr_engine_seq_release(e, &warm);
+        warm = (tsr_seq){0};
+        f = (tsr_feed){&warm, prompts, n, TSR_LOGITS_LAST, logits, NULL};
+        if (st == TSR_OK && n > 1) st = tsr_engine_feed(e, &f, 1);
         tsr_engine_seq_release(e, &warm);
     }
 
