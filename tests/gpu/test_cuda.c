@@ -627,8 +627,8 @@ static void check_linear_add_norm(const tsr_linear *Lc, const tsr_linear *Lg, co
     gpu->release((void *)wd.dev);
 }
 
-/* A random EXL2 matrix of N = 352 columns (341 used) and the given groups, loaded, and uploaded as the head of a
- * host model shell with no layers, so that prepare_model uploads that one matrix. */
+/* A random EXL2 matrix of N columns (the first `used` of them in use) and the given groups, loaded, and uploaded as
+ * the head of a host model shell with no layers, so that prepare_model uploads that one matrix. */
 typedef struct {
     synth_matrix m;
     tsr_st_set *set;
@@ -636,13 +636,13 @@ typedef struct {
     tsr_model shell;  /* shell.head: the device view */
 } gpu_head;
 
-static void gpu_head_open(gpu_head *h, int G, const int *bits, const int *rows)
+static void gpu_head_open(gpu_head *h, int N, int used, int G, const int *bits, const int *rows)
 {
     static uint16_t one[8]; /* the shell's 1 × 8 embedding and final norm, never read */
-    make_matrix(&h->m, 352, G, bits, rows, 1);
+    make_matrix(&h->m, N, G, bits, rows, 1);
     tsr_qmatrix q;
     assert_int_equal(load(&h->m, NULL, &h->set, &q), TSR_OK);
-    h->L = (tsr_linear){.kind = TSR_LINEAR_EXL2, .K = q.K, .N = 341, .q = q};
+    h->L = (tsr_linear){.kind = TSR_LINEAR_EXL2, .K = q.K, .N = used, .q = q};
     memset(&h->shell, 0, sizeof h->shell);
     h->shell.embed = (tsr_dense){TSR_F16, 1, 8, one, NULL};
     h->shell.final_norm = h->shell.embed;
@@ -658,44 +658,57 @@ static void gpu_head_close(gpu_head *h)
     free_matrix(&h->m);
 }
 
+/* h's matrix at M rows (dx on the device, want from the CPU) through linear, then `parts` copies of it through
+ * linear_many (one grouped launch up to 32 rows, with its own output and partial-sum stretch per part), each
+ * within tol; label names the path. */
+static void check_linear(gpu_head *h, const float *dx, const float *want, int M, int parts, double tol,
+                         const char *label)
+{
+    const size_t n = (size_t)M * h->L.N;
+    char what[80];
+    float *dy = dev_poisoned(n);
+    gpu->linear(&h->shell.head, dx, M, dy);
+    float *got = to_host(dy, n);
+    snprintf(what, sizeof what, "EXL2 linear M=%d (%s)", M, label);
+    expect_close(what, got, want, n, tol);
+    free(got);
+    gpu->release(dy);
+    float *dys[3];
+    const tsr_linear *same[3];
+    assert_true(parts <= 3); /* q/k/v: the most matrices the engine groups */
+    for (int i = 0; i < parts; i++) dys[i] = dev_poisoned(n), same[i] = &h->shell.head;
+    gpu->linear_many(same, parts, dx, M, dys);
+    for (int i = 0; i < parts; i++) {
+        got = to_host(dys[i], n);
+        snprintf(what, sizeof what, "EXL2 linear_many part %d/%d M=%d (%s)", i, parts, M, label);
+        expect_close(what, got, want, n, tol);
+        free(got);
+        gpu->release(dys[i]);
+    }
+}
+
 static void test_linear_exl2(void **state)
 {
     (void)state;
     const int bits[] = {8, 6, 5, 4, 3, 2};
     const int rows[] = {32, 64, 96, 160, 256, 48};
     gpu_head h;
-    gpu_head_open(&h, 6, bits, rows);
+    gpu_head_open(&h, 352, 341, 6, bits, rows);
     const tsr_linear L = h.L;
     const int Ms[] = {1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 40, 56, 57, 100};
     for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
         int M = Ms[t];
         float *x = rand_host((size_t)M * L.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
         cpu->linear(&L, x, M, want);
-        float *dx = dev_copy(x, (size_t)M * L.K * 4), *dy = dev_poisoned((size_t)M * L.N);
-        gpu->linear(&h.shell.head, dx, M, dy);
-        float *got = to_host(dy, (size_t)M * L.N);
-        char what[64];
-        snprintf(what, sizeof what, "EXL2 linear M=%d (%s)", M,
-                 M <= 8 ? "GEMV" : M <= 32 ? "GEMV, fp16 activations" : M <= 56 ? "sm_90: GEMV chunks" : "GEMM");
+        float *dx = dev_copy(x, (size_t)M * L.K * 4);
         /* above 8 rows the GEMV rounds activations to fp16 (33-56 rows: chunks of 32 on sm_90), and from
          * TSR_CUDA_DQ_MIN_M rows (57 on sm_90, else 33) the dequantized cuBLAS GEMM rounds activations and weights
          * to fp16 */
-        expect_close(what, got, want, (size_t)M * L.N, M <= 8 ? 1e-5 : 2e-3);
-        /* the same matrix three times through linear_many: one grouped launch for M <= 32, with its own output
-         * and partial-sum stretch per part */
-        float *dys[3] = {dev_poisoned((size_t)M * L.N), dev_poisoned((size_t)M * L.N), dev_poisoned((size_t)M * L.N)};
-        const tsr_linear *three[3] = {&h.shell.head, &h.shell.head, &h.shell.head};
-        gpu->linear_many(three, 3, dx, M, dys);
-        for (int i = 0; i < 3; i++) {
-            free(got);
-            got = to_host(dys[i], (size_t)M * L.N);
-            snprintf(what, sizeof what, "EXL2 linear_many part %d M=%d", i, M);
-            expect_close(what, got, want, (size_t)M * L.N, M <= 8 ? 1e-5 : 2e-3);
-            gpu->release(dys[i]);
-        }
+        check_linear(&h, dx, want, M, 3, M <= 8 ? 1e-5 : 2e-3,
+                     M <= 8 ? "GEMV" : M <= 32 ? "GEMV, fp16 activations" : M <= 56 ? "sm_90: GEMV chunks" : "GEMM");
         check_linear_add_norm(&L, &h.shell.head, dx, want, M);
-        free(x), free(want), free(got);
-        gpu->release(dx), gpu->release(dy);
+        free(x), free(want);
+        gpu->release(dx);
     }
     gpu_head_close(&h);
 }
@@ -709,7 +722,7 @@ static void test_linear_add_norm_splits(void **state)
     const int bits[] = {8, 6, 6, 5, 5, 4, 4, 4, 3, 3, 2, 2}; /* widths never increase (EXL2.md; the loader checks) */
     const int rows[] = {256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256};
     gpu_head h;
-    gpu_head_open(&h, 12, bits, rows);
+    gpu_head_open(&h, 352, 341, 12, bits, rows);
     const tsr_linear L = h.L;
     const int Ms[] = {1, 2, 8};
     for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
@@ -718,6 +731,30 @@ static void test_linear_add_norm_splits(void **state)
         cpu->linear(&L, x, M, want);
         float *dx = dev_copy(x, (size_t)M * L.K * 4);
         check_linear_add_norm(&L, &h.shell.head, dx, want, M);
+        free(x), free(want);
+        gpu->release(dx);
+    }
+    gpu_head_close(&h);
+}
+
+/* A matrix wider than one wave of GEMV blocks (313 column groups of 128, more than two per SM on any current GPU),
+ * so that the one-row GEMV splits K to balance its waves (fg_plan), alone and as two parts of one launch (as 70B's
+ * gate and up), against the CPU; from 2 rows sm_90 takes the bulk kernel and its own plan. */
+static void test_linear_waves(void **state)
+{
+    (void)state;
+    const int bits[] = {6, 4, 4, 3};
+    const int rows[] = {256, 256, 256, 256};
+    gpu_head h;
+    gpu_head_open(&h, 40064, 40000, 4, bits, rows);
+    const tsr_linear L = h.L;
+    const int Ms[] = {1, 4};
+    for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
+        const int M = Ms[t];
+        float *x = rand_host((size_t)M * L.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
+        cpu->linear(&L, x, M, want);
+        float *dx = dev_copy(x, (size_t)M * L.K * 4);
+        check_linear(&h, dx, want, M, 2, 1e-5, "40000 columns");
         free(x), free(want);
         gpu->release(dx);
     }
@@ -1033,7 +1070,8 @@ int main(void)
     printf("device: %s\n", desc);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise),  cmocka_unit_test(test_attention), cmocka_unit_test(test_linear_exl2),
-        cmocka_unit_test(test_linear_add_norm_splits), cmocka_unit_test(test_linear_dense),
+        cmocka_unit_test(test_linear_add_norm_splits), cmocka_unit_test(test_linear_waves),
+        cmocka_unit_test(test_linear_dense),
         cmocka_unit_test(test_models),       cmocka_unit_test(test_kv_pool_from_free_memory),
         cmocka_unit_test(test_attention_kv_quant), cmocka_unit_test(test_models_kv_quant),
         cmocka_unit_test(test_argmax_rows), cmocka_unit_test(test_rope_store),
