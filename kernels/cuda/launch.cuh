@@ -9,7 +9,7 @@
  * resident, so a GEMV after them (o after attention and its merge, q/k/v and gate/up after the residual pass, down
  * after silu) has its blocks on the chip and its constant weights in flight while they run; before stop 22 they
  * triggered after their wait, and a GEMV launched only once its predecessor's predecessor had finished (8B, batch
- * 1: +4 % from this alone; batch 8 about -2 %, not explained: kernels/cuda/NOTES.md). The GEMVs trigger after
+ * 1: +5 % from this alone; batch 8 about -1.5 %, not explained: kernels/cuda/NOTES.md). The GEMVs trigger after
  * their run loops: triggering at their start measured no better. A dependent launches only once its predecessor
  * is wholly resident, so waiting blocks never keep an earlier kernel's blocks off the chip. */
 #ifndef TSR_CUDA_LAUNCH_CUH

@@ -4,6 +4,10 @@
 # beyond CUDA's, and this host's Open MPI runtime (mpirun, its components, PMIx) trimmed of the network transports
 # a single host does not use. Everything goes to .parpack/parbin.tar.xz (ignored by git); carry `.parpack`.
 #   bash tests/parallel/gpu-pack.sh            # TSR_GPUPACK_BUILD=build folder (default build-gpu-par)
+# TSR_GPUPACK_SLIM=1 packs for single-GPU calls only (scripts/device-gemv.sh, device-matrix.sh): no Open MPI, no
+# logits_diff, none of the libraries only Open MPI's components load (about 5 MB instead of 6.7, leaving room in a
+# device call's 64 MiB for other builds to A/B against). TSR_GPUPACK_ALT="NAME=FILE ..." then copies each stripped,
+# xz-compressed tessera FILE to .parpack/tessera-NAME.xz (device-gemv.sh's BIN=NAME variants).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -64,5 +68,14 @@ mkdir -p "$(dirname "$exclude")"
 grep -qx '/.parbin/' "$exclude" 2>/dev/null || echo '/.parbin/' >> "$exclude"
 grep -qx '/.parpack/' "$exclude" 2>/dev/null || echo '/.parpack/' >> "$exclude"
 rm -rf .parpack && mkdir -p .parpack
-tar -cf - .parbin | xz -6 -T0 > .parpack/parbin.tar.xz
+if [ "${TSR_GPUPACK_SLIM:-0}" = 1 ]; then
+  slim=(--exclude=.parbin/ompi --exclude=.parbin/bin/logits_diff)
+  for f in liboshmem.so.40 libpmix.so.2 libmunge.so.2 libnl-3.so.200 libpciaccess.so.0 libmca_common_sm.so.40; do
+    slim+=("--exclude=.parbin/lib/$f")
+  done
+  tar -cf - "${slim[@]}" .parbin | xz -6 -T0 > .parpack/parbin.tar.xz
+else
+  tar -cf - .parbin | xz -6 -T0 > .parpack/parbin.tar.xz
+fi
+for alt in ${TSR_GPUPACK_ALT:-}; do cp "${alt#*=}" ".parpack/tessera-${alt%%=*}.xz"; done
 du -sh .parpack
