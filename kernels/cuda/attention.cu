@@ -447,13 +447,11 @@ void tsr_cuda_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const
     if (quant && d % 64) tsr_cuda_fatal(__FILE__, __LINE__, "quantized KV caches need head_dim % 64 == 0");
     /* batches with prefill rows (more than two rows per sequence on average) go to the tensor-core kernel of
      * attention_prefill.cu when the cache and head size allow it (TSR_CUDA_FLASH=0 passes them on below) */
-    static int flash = -1;
-    if (flash < 0) flash = !getenv("TSR_CUDA_FLASH") || atoi(getenv("TSR_CUDA_FLASH")) != 0;
+    static const bool flash = !tsr_cuda_env_off("TSR_CUDA_FLASH");
     if (flash && !quant && b->n_rows >= 2 * b->n_seqs && tsr_cuda_attention_prefill(b, a, kv, q, out)) return;
     /* the rest, over an fp16 cache with head_dim 64 or 128, go to attention_decode.cu's block per (row, KV head,
      * split) (TSR_CUDA_ATTN_DECODE=0 keeps them here) */
-    static int fast_decode = -1;
-    if (fast_decode < 0) fast_decode = !getenv("TSR_CUDA_ATTN_DECODE") || atoi(getenv("TSR_CUDA_ATTN_DECODE")) != 0;
+    static const bool fast_decode = !tsr_cuda_env_off("TSR_CUDA_ATTN_DECODE");
     if (fast_decode && !quant && tsr_cuda_attention_decode(b, a, kv, q, out)) return;
     /* split the context when rows × heads alone would leave the chip idle: enough splits for about
      * ATTN_TARGET_WARPS warps, none shorter than ATTN_MIN_SPLIT positions of the longest row */

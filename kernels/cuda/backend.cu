@@ -807,8 +807,7 @@ static const tsr_ops cuda_ops_profiled = {
     pf_gather, pf_linear_many, pf_add_norm, pf_linear_add_norm, pf_rope_store, pf_argmax, pf_top,
 };
 
-/* 1 when the environment variable is set to 0 (a switch turned off) */
-static int env_off(const char *name)
+bool tsr_cuda_env_off(const char *name)
 {
     const char *v = getenv(name);
     return v && atoi(v) == 0;
@@ -830,10 +829,10 @@ extern "C" const tsr_ops *tsr_ops_cuda(void)
     static int ready;
     if (!ready) {
         chosen = *base;
-        if (env_off("TSR_CUDA_LINEAR_ADD")) chosen.linear_add_norm = NULL;
-        if (env_off("TSR_CUDA_ROPE_STORE")) chosen.rope_store = NULL;
-        if (env_off("TSR_CUDA_ARGMAX")) chosen.argmax_rows = NULL;
-        if (env_off("TSR_CUDA_TOP")) chosen.top_rows = NULL;
+        if (tsr_cuda_env_off("TSR_CUDA_LINEAR_ADD")) chosen.linear_add_norm = NULL;
+        if (tsr_cuda_env_off("TSR_CUDA_ROPE_STORE")) chosen.rope_store = NULL;
+        if (tsr_cuda_env_off("TSR_CUDA_ARGMAX")) chosen.argmax_rows = NULL;
+        if (tsr_cuda_env_off("TSR_CUDA_TOP")) chosen.top_rows = NULL;
         ready = 1;
     }
     return &chosen;

@@ -28,6 +28,8 @@ struct tsr_gemv_parts {
 };
 void tsr_cuda_gemv(const tsr_linear_dev *const *L, int n, const float *x, int M, float *const *y,
                    tsr_gemv_parts *parts = NULL);
+/* Whether the environment variable `name` is set to 0: a switch that is on by default, turned off (backend.cu). */
+bool tsr_cuda_env_off(const char *name);
 /* Whether M rows run the sm_90 bulk-copy GEMV (TSR_CUDA_GEMV_BULK; gemv.cu). */
 bool tsr_cuda_gemv_bulk(int M);
 /* ops.h linear_add_norm: the decode GEMV's K-split parts are added in the residual pass. */

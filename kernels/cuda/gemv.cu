@@ -879,12 +879,8 @@ __global__ void __launch_bounds__((FT_CONSUMERS + 1) * 32, NT == 1 ? 2 : 1)
  * mma's, as for 5 to 8 rows; kept to measure the difference). */
 static bool fg_pack(void)
 {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("TSR_CUDA_GEMV_PACK");
-        on = e && atoi(e) == 0 ? 0 : 1;
-    }
-    return on != 0;
+    static const bool on = !tsr_cuda_env_off("TSR_CUDA_GEMV_PACK");
+    return on;
 }
 
 /* The bulk kernel for M rows (from 2: one row stays on frag_gemv_kernel, tsr_cuda_gemv_bulk): hi and lo in one mma
@@ -928,11 +924,10 @@ static int fg_stage_max(int M) { return M <= 8 ? FG_STAGE_MAX : FG_STAGE_WIDE; }
 static int fg_unit_bytes(int M) { return (M <= 8 ? 128 : 64) * M; }
 
 /* Whether fg_plan balances launches of several waves (below): TSR_CUDA_GEMV_BALANCE, default 1. */
-static int fg_balance(void)
+static bool fg_balance(void)
 {
-    static int mode = -1;
-    if (mode < 0) mode = !getenv("TSR_CUDA_GEMV_BALANCE") || atoi(getenv("TSR_CUDA_GEMV_BALANCE")) != 0;
-    return mode;
+    static const bool on = !tsr_cuda_env_off("TSR_CUDA_GEMV_BALANCE");
+    return on;
 }
 
 /* Units per block for frag_gemv_kernel when the launch's matrices (same K: n_units units each) have col_blocks

@@ -421,8 +421,7 @@ void tsr_cuda_linear_add_norm(const tsr_linear *Lh, const float *a, int M, float
 
 void tsr_cuda_linear_many(const tsr_linear *const *Lh, int n, const float *x, int M, float *const *y)
 {
-    static int enabled = -1; /* TSR_CUDA_GROUP=0 runs the matrices one by one (for comparisons) */
-    if (enabled < 0) enabled = !getenv("TSR_CUDA_GROUP") || atoi(getenv("TSR_CUDA_GROUP")) != 0;
+    static const bool enabled = !tsr_cuda_env_off("TSR_CUDA_GROUP"); /* 0: the matrices one by one (comparisons) */
     const tsr_linear_dev *L[TSR_GEMV_MAX_PARTS];
     int grouped = enabled && n >= 1 && n <= TSR_GEMV_MAX_PARTS;
     for (int i = 0; grouped && i < n; i++) {
