@@ -4,7 +4,8 @@
 # TSR_GEMV_VARIANTS ("name:ENV=V,ENV=V ..."), a full batch 1..64 bench with the defaults, and the per-op device profile
 # of a batch-1 step. TSR_GEMV_GPTQ=1 adds a GPTQ 8B bench; TSR_GEMV_PREFILL=1 a 2048-token prefill bench (in 512-token
 # chunks, in one chunk, and with the general attention kernel, TSR_CUDA_FLASH=0) and its per-op profile;
-# TSR_GEMV_TESTS=0 skips the tests. Pack first with tests/parallel/gpu-pack.sh and carry `.parpack`; logs go to $OUT.
+# TSR_GEMV_TESTS=0 skips the tests; TSR_GEMV_TEST_VARIANTS ("name:ENV=V,...") runs test_cuda again under each. A
+# variant's BATCH=1,8,32 (last among its settings) replaces TSR_GEMV_BATCH for it. Pack first with tests/parallel/gpu-pack.sh and carry `.parpack`; logs go to $OUT.
 # A/B against other builds: put a stripped, xz-compressed tessera as .parpack/tessera-NAME.xz (TSR_GPUPACK_SLIM=1
 # TSR_GPUPACK_ALT="NAME=FILE" bash tests/parallel/gpu-pack.sh leaves room for them); a variant naming BIN=NAME runs it.
 set -uo pipefail
@@ -18,6 +19,12 @@ export TSR_FIXTURES=$root/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$root
 if [ "${TSR_GEMV_TESTS:-1}" = 1 ]; then
   timeout 200 "$P/bin/test_cuda" > "$out/test_cuda.log" 2>&1
   echo "test_cuda exit $? (at $SECONDS s)"; grep -E "PASSED|FAILED|ERROR|mismatch|max " "$out/test_cuda.log" | head -30
+  for v in ${TSR_GEMV_TEST_VARIANTS:-}; do
+    name=${v%%:*}; envs=${v#*:}
+    env ${envs//,/ } timeout 200 "$P/bin/test_cuda" > "$out/test_cuda-$name.log" 2>&1
+    echo "test_cuda ($name: $envs) exit $? (at $SECONDS s)"
+    grep -E "PASSED|FAILED|ERROR|mismatch" "$out/test_cuda-$name.log" | head -10
+  done
 fi
 for f in .parpack/tessera-*.xz; do
   [ -f "$f" ] || continue
@@ -31,8 +38,11 @@ for v in ${TSR_GEMV_VARIANTS:-default:}; do
   name=${v%%:*}; envs=${v#*:}
   echo "--- $name ($envs)"
   b=$bin
+  batch=${TSR_GEMV_BATCH:-1,8}
   case ",$envs," in *,BIN=*) b=${envs#*BIN=}; b=/tmp/tessera-${b%%,*} ;; esac
-  env ${envs//,/ } timeout 120 "$b" bench --model $m8 --device cuda --batch ${TSR_GEMV_BATCH:-1,8} --prompt-len 512 \
+  case ",$envs," in *,BATCH=*) batch=${envs#*BATCH=}; batch=${batch%%,[A-Z]*} ;; esac
+  envs=$(echo ",$envs" | sed -E 's/,BATCH=[0-9,]*[0-9]//; s/^,//')
+  env ${envs//,/ } timeout 120 "$b" bench --model $m8 --device cuda --batch "$batch" --prompt-len 512 \
     --gen 64 2>&1 | tail -5
 done
 if [ "${TSR_GEMV_GPTQ:-0}" = 1 ]; then

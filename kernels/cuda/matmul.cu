@@ -2,9 +2,8 @@
  *
  * EXL2 and GPTQ below TSR_CUDA_DQ_MIN_M rows: the decode GEMV of gemv.cu (tsr_cuda_gemv), in chunks of at most 32
  * rows.
- * EXL2 and GPTQ, prefill and batches from TSR_CUDA_DQ_MIN_M rows (default on sm_90, where the bulk GEMV runs 33-56
- * rows as two chunks faster than the dequantize round trip: 57, and 65 for matrices of 64 Mi weights or more; 33
- * elsewhere; dq_min_m): the activations are gathered
+ * EXL2 and GPTQ, prefill and batches from TSR_CUDA_DQ_MIN_M rows (default on sm_90, where the bulk GEMV runs 33-64
+ * rows as two chunks faster than the dequantize round trip: 65; 33 elsewhere; dq_min_m): the activations are gathered
  * through the permutation as fp16; column slabs of the matrix are dequantized to fp16 into one buffer reserved at
  * model preparation (the largest layer matrix) and multiplied by cuBLAS (fp16 operands, fp32 accumulation), as
  * ExLlamaV2 does above 50 rows. kernels/cuda/NOTES.md has the figures.
@@ -113,24 +112,20 @@ __global__ void __launch_bounds__(128) frag_dequant_kernel(tsr_linear_dev L, int
     for (int k = 0; k < 32; k++) dq[((size_t)u * 32 + k) * ldw + (size_t)j * 32 + lane] = tile[warp][k][lane];
 }
 
-/* The smallest M of matrix L that takes this path: TSR_CUDA_DQ_MIN_M (1 to 65) for every matrix when set; else
- * 33 (below it the GEMV), and with the bulk GEMV (sm_90), whose chunks of 32 rows stream the weights once per chunk,
- * 57 for matrices below 64 Mi weights and 65 (never, up to 64 rows) for larger ones. Measured (NOTES.md, stops 18
- * and 19): 8B geometry, two chunks beat the dequantize round trip up to about 56 rows (40 rows +5 %, 48 +3 %, 64
- * -5 % decode); 70B geometry (layer matrices of 64-224 Mi weights), 64 rows as two chunks +9 % at 4.0 and 2.5 bpw. */
-#define FG_CHUNKED_DQ_MIN_M 57
-#define FG_BIG_WEIGHTS ((size_t)1 << 26)
-static int dq_min_m(const tsr_linear_dev *L)
+/* The smallest M that takes this path: TSR_CUDA_DQ_MIN_M (1 to 65) for every matrix when set; else
+ * 33 (below it the GEMV), and 65 (never, up to 64 rows) with the bulk GEMV (sm_90), whose chunks of 32 rows stream
+ * the weights once per chunk. Measured (NOTES.md, stops 19 and 23): 70B geometry, 64 rows as two chunks +9 % at 4.0
+ * and 2.5 bpw; 8B geometry, +6 % at 64 rows since stop 21's run loops (stop 18's kernels lost 5 % there). */
+static int dq_min_m(void)
 {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("TSR_CUDA_DQ_MIN_M");
         v = e ? atoi(e) : 0;
-        if (v < 1 || v > 2 * TSR_GEMV_MAX_M + 1) v = 0; /* 0: by matrix */
+        if (v < 1 || v > 2 * TSR_GEMV_MAX_M + 1) v = 0; /* 0: the default */
     }
     if (v) return v;
-    if (!tsr_cuda_gemv_bulk(TSR_GEMV_MAX_M)) return TSR_GEMV_MAX_M + 1;
-    return (size_t)L->K * L->N >= FG_BIG_WEIGHTS ? 2 * TSR_GEMV_MAX_M + 1 : FG_CHUNKED_DQ_MIN_M;
+    return tsr_cuda_gemv_bulk(TSR_GEMV_MAX_M) ? 2 * TSR_GEMV_MAX_M + 1 : TSR_GEMV_MAX_M + 1;
 }
 
 /* The widest slab in columns (TSR_CUDA_DQ_SLAB_COLS, a multiple of 128; default: as wide as the buffer allows).
@@ -157,7 +152,7 @@ void tsr_cuda_dq_reserve(size_t bytes)
 }
 
 /* Whether M rows of L go through the dequantize-and-cuBLAS path rather than the GEMV. */
-static int dq_path(const tsr_linear_dev *L, int M) { return M >= dq_min_m(L); }
+static int dq_path(int M) { return M >= dq_min_m(); }
 
 /* TSR_CUDA_DQ_TIMES=1 (diagnosis): device time of the dequantize path's three parts per matrix shape, from events
  * with a synchronization after each call (so it also removes any overlap), printed at exit. */
@@ -369,7 +364,7 @@ void tsr_cuda_linear(const tsr_linear *Lh, const float *x, int M, float *y)
     if (M <= 0) return;
     if (!L) tsr_cuda_fatal(__FILE__, __LINE__, "linear layer used before prepare_model");
     if (L->kind == TSR_LINEAR_EXL2) {
-        if (!dq_path(L, M)) {
+        if (!dq_path(M)) {
             tsr_cuda_gemv(&L, 1, x, M, &y);
             return;
         }
@@ -399,13 +394,13 @@ void tsr_cuda_linear_add_norm(const tsr_linear *Lh, const float *a, int M, float
     const tsr_linear_dev *L = (const tsr_linear_dev *)Lh->dev;
     if (M <= 0) return;
     if (!L) tsr_cuda_fatal(__FILE__, __LINE__, "linear layer used before prepare_model");
-    if (L->kind == TSR_LINEAR_EXL2 && !dq_path(L, M) && M > TSR_GEMV_MAX_M) { /* the GEMV's row chunks, one by one */
+    if (L->kind == TSR_LINEAR_EXL2 && !dq_path(M) && M > TSR_GEMV_MAX_M) { /* the GEMV's row chunks, one by one */
         for (int r0 = 0; r0 < M; r0 += TSR_GEMV_MAX_M)
             tsr_cuda_linear_add_norm(Lh, a + (size_t)r0 * L->K, min(TSR_GEMV_MAX_M, M - r0), x + (size_t)r0 * L->N, w,
                                      eps, out + (size_t)r0 * L->N);
         return;
     }
-    if (L->kind == TSR_LINEAR_EXL2 && !dq_path(L, M)) {
+    if (L->kind == TSR_LINEAR_EXL2 && !dq_path(M)) {
         tsr_gemv_parts parts;
         tsr_cuda_gemv(&L, 1, a, M, &out, &parts);
         if (parts.splits > 0) {
@@ -428,7 +423,7 @@ void tsr_cuda_linear_many(const tsr_linear *const *Lh, int n, const float *x, in
         L[i] = (const tsr_linear_dev *)Lh[i]->dev;
         grouped = L[i] && L[i]->kind == TSR_LINEAR_EXL2 && L[i]->K == L[0]->K && L[i]->gptq == L[0]->gptq;
     }
-    grouped = grouped && !dq_path(L[0], M); /* the first matrix (q, gate) decides for the group */
+    grouped = grouped && !dq_path(M);
     if (grouped) {
         tsr_cuda_gemv(L, n, x, M, y);
         return;
@@ -437,7 +432,7 @@ void tsr_cuda_linear_many(const tsr_linear *const *Lh, int n, const float *x, in
     const tsr_linear_dev *prev = NULL;
     for (int i = 0; i < n; i++) {
         const tsr_linear_dev *d = (const tsr_linear_dev *)Lh[i]->dev;
-        if (M > 0 && d && d->kind == TSR_LINEAR_EXL2 && dq_path(d, M)) {
+        if (M > 0 && d && d->kind == TSR_LINEAR_EXL2 && dq_path(M)) {
             exl2_dq_linear(d, x, M, y[i], !prev || !same_unit_order(prev, d));
             prev = d;
         } else {

@@ -426,6 +426,7 @@ static void test_attention(void **state)
     check_attention(128, TSR_F32, 40, 0);
     check_attention(96, TSR_F16, 300, 1);
     check_attention(64, TSR_F16, 300, 1); /* attention_decode.cu with a window */
+    check_attention(128, TSR_F16, 600, 1); /* 10 splits of 64 positions, some empty (rows at positions 0 and 3) */
     check_attention(128, TSR_F16, 0, 0);
     check_attention(128, TSR_F16, 40, 0);
     check_attention(64, TSR_F16, 100, 2);
@@ -695,17 +696,17 @@ static void test_linear_exl2(void **state)
     gpu_head h;
     gpu_head_open(&h, 352, 341, 6, bits, rows);
     const tsr_linear L = h.L;
-    const int Ms[] = {1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 40, 56, 57, 100};
+    const int Ms[] = {1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 40, 56, 57, 64, 65, 100};
     for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
         int M = Ms[t];
         float *x = rand_host((size_t)M * L.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
         cpu->linear(&L, x, M, want);
         float *dx = dev_copy(x, (size_t)M * L.K * 4);
-        /* above 8 rows the GEMV rounds activations to fp16 (33-56 rows: chunks of 32 on sm_90), and from
-         * TSR_CUDA_DQ_MIN_M rows (57 on sm_90, else 33) the dequantized cuBLAS GEMM rounds activations and weights
+        /* above 8 rows the GEMV rounds activations to fp16 (33-64 rows: chunks of 32 on sm_90), and from
+         * TSR_CUDA_DQ_MIN_M rows (65 on sm_90, else 33) the dequantized cuBLAS GEMM rounds activations and weights
          * to fp16 */
         check_linear(&h, dx, want, M, 3, M <= 8 ? 1e-5 : 2e-3,
-                     M <= 8 ? "GEMV" : M <= 32 ? "GEMV, fp16 activations" : M <= 56 ? "sm_90: GEMV chunks" : "GEMM");
+                     M <= 8 ? "GEMV" : M <= 32 ? "GEMV, fp16 activations" : M <= 64 ? "sm_90: GEMV chunks" : "GEMM");
         check_linear_add_norm(&L, &h.shell.head, dx, want, M);
         free(x), free(want);
         gpu->release(dx);
