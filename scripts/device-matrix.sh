@@ -4,13 +4,17 @@
 # prompts, 70B: 128), one model on disk at a time. Pack first with tests/parallel/gpu-pack.sh and carry `.parpack`.
 #   SPECS="8b:4.0 8b:2.5 70b:4.0 70b:2.5" bash scripts/device-matrix.sh      (the default SPECS)
 # A/B: TSR_MATRIX_VARIANTS="name:ENV=V,ENV=V ..." runs each model's bench once per variant (batches TSR_MATRIX_BATCH,
-# default 1,8,32,64).
+# default 1,8,32,64); a variant's BIN=NAME runs .parpack/tessera-NAME.xz (tests/parallel/gpu-pack.sh TSR_GPUPACK_ALT).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 . tests/parallel/gpu-env.sh
 cd "$root"
 SECONDS=0
+for f in .parpack/tessera-*.xz; do # other builds for BIN=NAME variants (as in device-gemv.sh)
+  [ -f "$f" ] || continue
+  alt=/tmp/$(basename "$f" .xz) && xz -dc "$f" > "$alt" && chmod +x "$alt"
+done
 for spec in ${SPECS:-8b:4.0 8b:2.5 70b:4.0 70b:2.5}; do
   IFS=: read -r geo bpw <<< "$spec"
   case $geo in
@@ -24,7 +28,9 @@ for spec in ${SPECS:-8b:4.0 8b:2.5 70b:4.0 70b:2.5}; do
   for v in ${TSR_MATRIX_VARIANTS:-default:}; do
     [ -n "${TSR_MATRIX_VARIANTS:-}" ] && echo "- ${v%%:*} (${v#*:})"
     envs=${v#*:}
-    env ${envs//,/ } timeout 300 "$bin" bench --model "$m" --device cuda --batch "${TSR_MATRIX_BATCH:-1,8,32,64}" \
+    b=$bin
+    case ",$envs," in *,BIN=*) b=${envs#*BIN=}; b=/tmp/tessera-${b%%,*} ;; esac
+    env ${envs//,/ } timeout 300 "$b" bench --model "$m" --device cuda --batch "${TSR_MATRIX_BATCH:-1,8,32,64}" \
       --prompt-len $prompt --gen 64 2>&1 | tail -6
   done
   rm -rf "$m"

@@ -930,33 +930,40 @@ static bool fg_balance(void)
     return on;
 }
 
-/* Units per block for frag_gemv_kernel when the launch's matrices (same K: n_units units each) have col_blocks
- * column blocks in all: K is split into as many pieces as keep the blocks within `target` (the blocks that fit on
- * the chip at once: o and down at 256 blocks ran 7 % faster than at 128, q/k/v at 240 about 1 % faster than at
- * 192; NOTES.md, stop 21), keeping at least two units per warp and the staged activations within the stage limit.
- * Every matrix of a group gets the same units per block, so that no block has more work than the rest (q with twice
- * k's units per block was the critical path of the q/k/v launch); a matrix's splits are then its units over that.
- * Where the column blocks alone exceed the target (70B's gate/up: 448 blocks for 264 places), the blocks come in
- * waves, and the SMs that run one block more than the others set the time: K is then split into the pieces that
- * minimize the busiest SM's work, blocks per SM rounded up over the splits (gate/up at 70B: 4 of 3.4 blocks' work
- * in one piece, 3.5 in two; a few per cent per extra piece keeps the count low): 70B 4.0 bpw batch 1 +10 %.
- * TSR_CUDA_GEMV_BALANCE=0 keeps one piece. Within one wave the model fails: balancing 8B's gate/up (224 column
- * blocks for 132 SMs) into 4 pieces lost 12 % (NOTES.md, stop 22). */
-static int fg_plan(int col_blocks, int n_units, int M, int target, int sms)
+/* Units per block for one GEMV launch whose matrices (same K: n_units units each) have col_blocks column blocks in
+ * all: K is split into as many pieces as keep the blocks within `target` (the blocks that fit on the chip at once:
+ * o and down at 256 blocks ran 7 % faster than at 128, q/k/v at 240 about 1 % faster than at 192; NOTES.md, stop
+ * 21), at most sp_max pieces and at most ub_max units per block. Every matrix of a group gets the same units per
+ * block, so that no block has more work than the rest (q with twice k's units per block was the critical path of
+ * the q/k/v launch); a matrix's splits are then its units over that. Where the blocks exceed the target even with
+ * the fewest pieces the unit limit allows (70B's gate/up at one row: 448 column blocks for 264 places; 70B's down
+ * at 8 rows: 28 pieces of 16 column blocks), they come in waves, and the SMs that run one block more than the others
+ * set the time: K is then split into the pieces that minimize the busiest SM's work, its blocks times their units
+ * plus GEMV_BLOCK_UNITS for a block's fixed costs (staging x, the partial sums, the start and end of the ring).
+ * 70B 4.0 bpw batch 1: gate/up in two pieces, +10 %. TSR_CUDA_GEMV_BALANCE=0 keeps the fewest pieces. Within one
+ * wave the model fails: balancing 8B's gate/up (224 column blocks for 132 SMs) into 4 pieces lost 12 % (NOTES.md,
+ * stop 22). */
+#define GEMV_BLOCK_UNITS 8 /* fits stop 22's measurement: 70B gate/up in 2 pieces 10 % faster than in one */
+static int gemv_plan(int col_blocks, int n_units, int sp_max, int ub_max, int target, int sms)
 {
-    const int ub_max = min(fg_stage_max(M) / fg_unit_bytes(M), FG_WARP_UNITS * FG_WK);
-    const int sp_max = max(1, n_units / (2 * FG_WK));
-    int sp = max(1, min(target / col_blocks, sp_max));
-    if (fg_balance() && col_blocks > target) {
-        double best = 1e30;
-        for (int s = 1; s <= min(sp_max, 8); s++) {
-            /* the busiest SM's blocks, in whole-matrix blocks, and 3 % per extra piece (each stages its x, writes
-             * partial sums, and runs its block's fixed costs) */
-            const double busiest = (double)((col_blocks * s + sms - 1) / sms) / s * (1.0 + 0.03 * (s - 1));
-            if (busiest < best - 1e-9) best = busiest, sp = s;
+    sp_max = max(1, sp_max);
+    const int sp_min = min(sp_max, (n_units + ub_max - 1) / ub_max);
+    int sp = max(sp_min, min(target / col_blocks, sp_max));
+    if (fg_balance() && col_blocks * sp_min > target) {
+        long best = -1;
+        for (int s = sp_min; s <= min(sp_max, sp_min + 8); s++) {
+            const long busiest = (long)((col_blocks * s + sms - 1) / sms) * ((n_units + s - 1) / s + GEMV_BLOCK_UNITS);
+            if (best < 0 || busiest < best) best = busiest, sp = s;
         }
     }
     return min((n_units + sp - 1) / sp, ub_max);
+}
+
+/* frag_gemv_kernel's plan (gemv_plan): at least two units per warp, the staged activations within the stage limit. */
+static int fg_plan(int col_blocks, int n_units, int M, int target, int sms)
+{
+    const int ub_max = min(fg_stage_max(M) / fg_unit_bytes(M), FG_WARP_UNITS * FG_WK);
+    return gemv_plan(col_blocks, n_units, n_units / (2 * FG_WK), ub_max, target, sms);
 }
 
 /* Attribute attr of the current device, or fallback when it cannot be read. */
@@ -982,19 +989,15 @@ static int fg_target(void)
     return t;
 }
 
-/* Units per block and K splits of one matrix for frag_gemv_bulk_kernel: K split into as many pieces as give the
- * part its share of `target` blocks, keeping FT_MIN_UNITS units per block. The caller asks for two blocks per SM up
- * to 8 rows (both fit beside each other) and one above, where the 2- and 4-tile kernels' registers allow only one
- * (two per SM there measured 5-9 % slower at 16-48 rows: NOTES.md, stop 18). */
-static void ft_plan(const tsr_linear_dev *L, int M, int target, int *ub, int *splits)
+/* frag_gemv_bulk_kernel's plan (gemv_plan): at least FT_MIN_UNITS units per block. The caller asks for two blocks
+ * per SM up to 8 rows (both fit beside each other) and one above, where the 2- and 4-tile kernels' registers allow
+ * only one (two per SM there measured 5-9 % slower at 16-48 rows: NOTES.md, stop 18). Until stop 23 each matrix
+ * had its own share of the target, so q's blocks (8 column blocks of 512 at 8B, 16 at 70B) took 1.5-6 times the
+ * units of k's and v's and set the launch's time. */
+static int ft_plan(int col_blocks, int n_units, int M, int target, int sms)
 {
-    const int col_blocks = (int)tsr_div_up(L->Npad, FT_COLS);
     const int ub_max = min(fg_stage_max(M) / fg_unit_bytes(M), FT_MAX_UNITS);
-    int sp = max(1, min(target / col_blocks, L->n_units / FT_MIN_UNITS));
-    int u = (L->n_units + sp - 1) / sp;
-    if (u > ub_max) u = ub_max;
-    *ub = u;
-    *splits = (L->n_units + u - 1) / u;
+    return gemv_plan(col_blocks, n_units, n_units / FT_MIN_UNITS, ub_max, target, sms);
 }
 
 /* Whether M rows take frag_gemv_bulk_kernel: on sm_90 and later, from 2 up to TSR_CUDA_GEMV_BULK rows (default
@@ -1071,29 +1074,23 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
     int splits[FG_MAX_PARTS];
     size_t scratch = 0, offset[FG_MAX_PARTS];
     unsigned blocks = 0;
-    int ub_max = 0;
     const bool bulk = tsr_cuda_gemv_bulk(M);
-    int all_col_blocks = 0; /* frag_gemv_kernel's plan is the group's (fg_plan) */
-    for (int i = 0; i < n && !bulk; i++) all_col_blocks += (int)tsr_div_up(Ls[i]->Npad, FG_COLS);
-    const int fg_ub =
-        bulk ? 0 : fg_plan(all_col_blocks, Ls[0]->n_units, M, (M <= 8 ? 2 : 1) * fg_target(), fg_target());
+    const int cols = bulk ? FT_COLS : FG_COLS;
+    int all_col_blocks = 0; /* the plan is the group's */
+    for (int i = 0; i < n; i++) all_col_blocks += (int)tsr_div_up(Ls[i]->Npad, cols);
+    const int target = (M <= 8 ? 2 : 1) * fg_target();
+    const int ub = bulk ? ft_plan(all_col_blocks, Ls[0]->n_units, M, target, fg_target())
+                        : fg_plan(all_col_blocks, Ls[0]->n_units, M, target, fg_target());
     G.n = n;
     for (int i = 0; i < n; i++) {
         const tsr_linear_dev *L = Ls[i];
-        const int col_blocks = (int)tsr_div_up(L->Npad, bulk ? FT_COLS : FG_COLS);
-        int ub, sp;
-        if (bulk) {
-            ft_plan(L, M, (M <= 8 ? 2 : 1) * fg_target() / n, &ub, &sp);
-        } else {
-            ub = fg_ub;
-            sp = (L->n_units + ub - 1) / ub;
-        }
+        const int col_blocks = (int)tsr_div_up(L->Npad, cols);
+        const int sp = (L->n_units + ub - 1) / ub;
         splits[i] = sp;
         offset[i] = scratch;
         if (sp > 1) scratch += (size_t)sp * M * L->Npad;
         G.p[i] = fg_part{*L, ys[i], NULL, NULL, ub, col_blocks, col_blocks * sp};
         blocks += (unsigned)(col_blocks * sp);
-        if (ub > ub_max) ub_max = ub;
     }
     float *partial = scratch ? (float *)tsr_cuda_scratch(3, scratch * sizeof(float)) : NULL;
     unsigned red_blocks = 0;
@@ -1120,7 +1117,7 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
         }
         tsr_launch(fg_prestage_kernel, dim3(pre_blocks), dim3(256), S, x, M, Ls[0]->K);
     }
-    const int stage_words = ub_max * fg_unit_bytes(M) / 4;
+    const int stage_words = ub * fg_unit_bytes(M) / 4;
     if (bulk) { /* shared memory: the staged activations, the ring's barriers, the unit records, the ring */
         const size_t smem = (size_t)stage_words * 4 + sizeof(ft_shared);
         fg_kernel_t kern = Ls[0]->gptq ? ft_kernel<true>(M) : ft_kernel<false>(M);
