@@ -5,7 +5,8 @@
 # of a batch-1 step. TSR_GEMV_GPTQ=1 adds a GPTQ 8B bench; TSR_GEMV_PREFILL=1 a 2048-token prefill bench (in 512-token
 # chunks, in one chunk, and with the general attention kernel, TSR_CUDA_FLASH=0) and its per-op profile;
 # TSR_GEMV_TESTS=0 skips the tests; TSR_GEMV_TEST_VARIANTS ("name:ENV=V,...") runs test_cuda again under each. A
-# variant's BATCH=1,8,32 (last among its settings) replaces TSR_GEMV_BATCH for it. Pack first with tests/parallel/gpu-pack.sh and carry `.parpack`; logs go to $OUT.
+# variant's BATCH=1,8,32 (last among its settings) replaces TSR_GEMV_BATCH for it. Pack first with
+# tests/parallel/gpu-pack.sh and carry `.parpack`; logs go to $OUT.
 # A/B against other builds: put a stripped, xz-compressed tessera as .parpack/tessera-NAME.xz (TSR_GPUPACK_SLIM=1
 # TSR_GPUPACK_ALT="NAME=FILE" bash tests/parallel/gpu-pack.sh leaves room for them); a variant naming BIN=NAME runs it.
 set -uo pipefail
