@@ -26,6 +26,8 @@
 
 #define BODY_MIN_RATE 500.0 /* bytes per second a request body must average after the first header timeout */
 
+enum { SWEEP_PENDING = 1, SWEEP_DONE = 2 };
+
 struct http_sock {
     int fd;
     double t_wait;   /* when it began waiting for a request's headers */
@@ -33,7 +35,7 @@ struct http_sock {
     int in_body;     /* its body is arriving, since t_body, body_bytes so far */
     double t_body;
     size_t body_bytes;
-    int swept;       /* shut down for taking too long */
+    int swept;       /* SWEEP_PENDING, then SWEEP_DONE (shut down) for taking too long; 0 otherwise */
     http_sock *prev, *next;
 };
 
@@ -140,6 +142,9 @@ static int too_slow(const http_sock *s, double now, double limit)
     return s->in_body && now - s->t_body > limit + (double)s->body_bytes / BODY_MIN_RATE;
 }
 
+/* Counts the connections to sweep before shutting any of them down, so that a client that sees its connection
+ * closed already finds it in tessera_http_header_timeouts_total (counted after the shutdowns, a loaded machine
+ * could answer a /metrics request in between: serve.abuse failed that way once in CI). */
 void tsr_http_conns_sweep(tsr_http *h)
 {
     double now = tsr_service_now(), limit = (double)h->opts.header_timeout_s;
@@ -147,12 +152,16 @@ void tsr_http_conns_sweep(tsr_http *h)
     pthread_mutex_lock(&h->socks_mu);
     for (http_sock *s = h->socks; s; s = s->next)
         if (!s->swept && too_slow(s, now, limit)) {
-            shutdown(s->fd, SHUT_RDWR);
-            s->swept = 1;
+            s->swept = SWEEP_PENDING;
             swept++;
         }
+    if (swept) tsr_http_metrics_header_timeouts(&h->metrics, swept); /* its lock is taken under no other */
+    for (http_sock *s = h->socks; s && swept; s = s->next)
+        if (s->swept == SWEEP_PENDING) {
+            shutdown(s->fd, SHUT_RDWR);
+            s->swept = SWEEP_DONE;
+        }
     pthread_mutex_unlock(&h->socks_mu);
-    if (swept) tsr_http_metrics_header_timeouts(&h->metrics, swept);
 }
 
 unsigned tsr_http_conns_open(tsr_http *h)
