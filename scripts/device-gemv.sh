@@ -27,10 +27,6 @@ if [ "${TSR_GEMV_TESTS:-1}" = 1 ]; then
     grep -E "PASSED|FAILED|ERROR|mismatch" "$out/test_cuda-$name.log" | head -10
   done
 fi
-for f in .parpack/tessera-*.xz; do
-  [ -f "$f" ] || continue
-  alt=/tmp/$(basename "$f" .xz) && xz -dc "$f" > "$alt" && chmod +x "$alt"
-done
 m8=/tmp/llama8b-${TSR_GEMV_BPW:-4.0}
 "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 \
   --bpw "${TSR_GEMV_BPW:-4.0}" --shard-size 2048 --threads 16 --out $m8 > /dev/null
@@ -38,9 +34,8 @@ echo "synth done at $SECONDS s"
 for v in ${TSR_GEMV_VARIANTS:-default:}; do
   name=${v%%:*}; envs=${v#*:}
   echo "--- $name ($envs)"
-  b=$bin
+  b=$(variant_bin "$envs")
   batch=${TSR_GEMV_BATCH:-1,8}
-  case ",$envs," in *,BIN=*) b=${envs#*BIN=}; b=/tmp/tessera-${b%%,*} ;; esac
   case ",$envs," in *,BATCH=*) batch=${envs#*BATCH=}; batch=${batch%%,[A-Z]*} ;; esac
   envs=$(echo ",$envs" | sed -E 's/,BATCH=[0-9,]*[0-9]//; s/^,//')
   env ${envs//,/ } timeout 120 "$b" bench --model $m8 --device cuda --batch "$batch" --prompt-len 512 \

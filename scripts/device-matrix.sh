@@ -11,10 +11,6 @@ root=$PWD
 . tests/parallel/gpu-env.sh
 cd "$root"
 SECONDS=0
-for f in .parpack/tessera-*.xz; do # other builds for BIN=NAME variants (as in device-gemv.sh)
-  [ -f "$f" ] || continue
-  alt=/tmp/$(basename "$f" .xz) && xz -dc "$f" > "$alt" && chmod +x "$alt"
-done
 for spec in ${SPECS:-8b:4.0 8b:2.5 70b:4.0 70b:2.5}; do
   IFS=: read -r geo bpw <<< "$spec"
   case $geo in
@@ -28,8 +24,7 @@ for spec in ${SPECS:-8b:4.0 8b:2.5 70b:4.0 70b:2.5}; do
   for v in ${TSR_MATRIX_VARIANTS:-default:}; do
     [ -n "${TSR_MATRIX_VARIANTS:-}" ] && echo "- ${v%%:*} (${v#*:})"
     envs=${v#*:}
-    b=$bin
-    case ",$envs," in *,BIN=*) b=${envs#*BIN=}; b=/tmp/tessera-${b%%,*} ;; esac
+    b=$(variant_bin "$envs")
     env ${envs//,/ } timeout 300 "$b" bench --model "$m" --device cuda --batch "${TSR_MATRIX_BATCH:-1,8,32,64}" \
       --prompt-len $prompt --gen 64 2>&1 | tail -6
   done

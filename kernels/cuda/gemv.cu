@@ -923,7 +923,7 @@ __global__ void exl2_reduce_group_kernel(const __grid_constant__ red_group G, in
 static int fg_stage_max(int M) { return M <= 8 ? FG_STAGE_MAX : FG_STAGE_WIDE; }
 static int fg_unit_bytes(int M) { return (M <= 8 ? 128 : 64) * M; }
 
-/* Whether fg_plan balances launches of several waves (below): TSR_CUDA_GEMV_BALANCE, default 1. */
+/* Whether gemv_plan balances launches of several waves (below): TSR_CUDA_GEMV_BALANCE, default 1. */
 static bool fg_balance(void)
 {
     static const bool on = !tsr_cuda_env_off("TSR_CUDA_GEMV_BALANCE");
