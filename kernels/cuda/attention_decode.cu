@@ -12,7 +12,9 @@
  * few blocks per SM, split s taking rounds s, s + splits, ... (so a launch sized for a CUDA graph's longest
  * possible context still spreads a short one over its blocks), and with more than one split the partial (max,
  * sum, unnormalized output) triples go to attention.cu's merge kernel in its format.
- * Launched with programmatic dependent launch: everything it reads comes from the kernels before it. */
+ * Launched with programmatic dependent launch: the first round's K and V rows of earlier steps are requested before
+ * the wait for the kernels before it (so they travel while the q/k/v reduction and rope_store finish), the rows this
+ * step writes and q after it (+1 % at batch 1, +3 % at batch 8 on the 8B shape). */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -53,26 +55,37 @@ __global__ void __launch_bounds__(AD_THREADS)
     __half *ks = (__half *)(factor + 2 * G); /* [AD_CHUNK][DP], 16-byte aligned (a spare [G] before it) */
     __half *vs = ks + AD_CHUNK * DP;
 
-    tsr_pdl_start();
+    /* Before the wait, only what the step's first kernel already found in place: the batch layout (copied before
+     * it) and the K/V rows of earlier steps, that is positions before p0, the first of this sequence's rows in the
+     * step (a sequence's rows come in position order); rows from p0 on are this step's (rope_store). */
+    tsr_pdl_trigger();
     const int p = b.positions[row];
     const int lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
     const size_t item0 = (size_t)row * a.n_heads + (size_t)kvh * G; /* the group's first (row, head) */
     if (lo + split * AD_CHUNK > p) { /* an empty split (contexts shorter than the launch was sized for): a neutral partial */
+        tsr_pdl_wait();
         if (tid < G) part_ml[(item0 + tid) * n_splits + split] = make_float2(-INFINITY, 0.0f);
         return;
     }
-    const int32_t *table = b.page_tables + (size_t)b.row_seq[row] * b.max_pages;
+    const int seq = b.row_seq[row], p0 = b.positions[b.seq_row0[seq]];
+    const int32_t *table = b.page_tables + (size_t)seq * b.max_pages;
     const int width = a.n_kv_heads * D;
+    const int first = lo + split * AD_CHUNK, n_first = min(AD_CHUNK, p + 1 - first);
+    const int earlier = max(0, min(n_first, p0 - first)); /* rows of the first round written by earlier steps */
+    kv_tile_gather<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, table, page_size, width, kvh, first, n_first, 0, earlier);
+    tsr_pdl_wait();
+    kv_tile_gather<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, table, page_size, width, kvh, first, n_first, earlier,
+                                            AD_CHUNK);
 
     const int d2 = tid % (D / 2), hg = tid / (D / 2); /* P·V: output dims 2 d2, 2 d2 + 1 of heads hg + HG j */
     float2 o[NH];
 #pragma unroll
     for (int j = 0; j < NH; j++) o[j] = make_float2(0.0f, 0.0f);
 
-    for (int t0 = lo + split * AD_CHUNK; t0 <= p; t0 += n_splits * AD_CHUNK) {
+    for (int t0 = first; t0 <= p; t0 += n_splits * AD_CHUNK) {
         const int n = min(AD_CHUNK, p + 1 - t0);
-        kv_tile_gather<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, table, page_size, width, kvh, t0, n);
-        if (t0 == lo + split * AD_CHUNK) { /* the first round: q while the K and V rows are on their way */
+        if (t0 != first) kv_tile_gather<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, table, page_size, width, kvh, t0, n);
+        if (t0 == first) { /* the first round (its rows requested above): q while they are on their way */
             for (int i = tid; i < G * D; i += AD_THREADS) qs[i] = q[item0 * D + i] * a.scale;
             if (tid < G) m_run[tid] = -INFINITY, l_run[tid] = 0.0f;
         }

@@ -5,7 +5,9 @@
  * page table[t / page_size], slot t % page_size, rows `width` halves apart) and copied by cp.async, 16 bytes per
  * request, into [ROWS][D + 8] tiles (rows padded by 16 bytes so that the eight rows an ldmatrix or a vector load
  * reads fall in different banks). Rows r >= n are written as zeros and read nothing. The NT threads of the block
- * share the requests; the call commits them as one cp.async group, which the caller waits for. */
+ * share the requests; the call commits them as one cp.async group, which the caller waits for. r0 and r1 restrict
+ * the call to rows r0 .. r1 - 1 (decode attention copies the rows of earlier steps before its programmatic-launch
+ * wait and the rest after it). */
 #ifndef TSR_CUDA_KV_TILE_CUH
 #define TSR_CUDA_KV_TILE_CUH
 
@@ -13,11 +15,12 @@
 
 template <int D, int ROWS, int NT>
 __device__ __forceinline__ void kv_tile_gather(__half *ks, __half *vs, const __half *kc, const __half *vc,
-                                               const int32_t *table, int page_size, int width, int kvh, int t0, int n)
+                                               const int32_t *table, int page_size, int width, int kvh, int t0, int n,
+                                               int r0 = 0, int r1 = ROWS)
 {
     constexpr int DP = D + 8, VEC = D / 8;
-    for (int i = threadIdx.x; i < ROWS * VEC; i += NT) {
-        const int r = i / VEC, c8 = (i % VEC) * 8, t = t0 + r;
+    for (int i = threadIdx.x; i < (r1 - r0) * VEC; i += NT) {
+        const int r = r0 + i / VEC, c8 = (i % VEC) * 8, t = t0 + r;
         const bool ok = r < n;
         const size_t off =
             ok ? ((size_t)table[t / page_size] * page_size + t % page_size) * width + (size_t)kvh * D + c8 : 0;
