@@ -2,6 +2,7 @@
 #include "parallel/comm_nccl.h"
 
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/peer_sum.h"
 #include "parallel/mpi_util.h"
 
 #include <cuda_runtime_api.h>
@@ -26,7 +27,14 @@ typedef struct {
     pthread_mutex_t mu;
     int watching, stop, aborted;
     double deadline; /* when queued work must be done (0: nothing queued) */
+    tsr_peer_sum *peer; /* the one-shot kernel for small sums (NULL: NCCL for all) */
 } nccl_impl;
+
+/* With TSR_PEER_SUM=1, sums of up to this many floats take the one-shot peer kernel (kernels/cuda/peer_sum.h) when
+ * every member is on this host and can map the others' GPU memory: a 70B layer's sum is 8192 floats per token, so
+ * batches up to 32 tokens; NCCL takes the larger ones (prefill). TSR_PEER_SUM_MAX (floats) sets the limit. Opt-in
+ * until tests/parallel/gpu-check.sh has run it on two GPUs (so far only test_cuda's members sharing one GPU). */
+#define PEER_SUM_CAP (256 * 1024)
 
 static nccl_impl *impl_of(tsr_comm *c)
 {
@@ -111,6 +119,11 @@ static tsr_status n_allreduce(tsr_comm *c, float *buf, size_t n)
 {
     if (c->broken) return tsr_comm_refuse(c, "all-reduce");
     nccl_impl *x = impl_of(c);
+    if (x->peer && n <= tsr_peer_sum_cap(x->peer)) {
+        tsr_peer_sum_run(x->peer, buf, n, x->stream);
+        arm(c);
+        return TSR_OK;
+    }
     return enqueued(c, ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, x->comm, x->stream), "all-reduce", -1);
 }
 
@@ -167,6 +180,8 @@ static tsr_status n_sync(tsr_comm *c)
     pthread_mutex_lock(&n->mu);
     n->deadline = 0;
     pthread_mutex_unlock(&n->mu);
+    if (n->peer && !c->broken && tsr_peer_sum_failed(n->peer))
+        return tsr_comm_fail(c, "all-reduce", -1, "a member did not join a one-shot sum within --comm-timeout");
     return c->broken ? tsr_comm_fail(c, "waiting for queued work", -1, "the communicator was aborted") : TSR_OK;
 }
 
@@ -190,10 +205,88 @@ static void n_destroy(tsr_comm *c)
                 ncclCommDestroy(n->comm);
             }
         }
+        tsr_peer_sum_free(n->peer); /* after the graphs that captured its kernels */
         pthread_mutex_destroy(&n->mu);
         free(n);
     }
     free(c);
+}
+
+/* The same flag on every member: the smallest of the members' values (an MPI failure counts as 0). */
+static int agree(MPI_Comm group, int mine, double timeout_s)
+{
+    int all = 0;
+    MPI_Request req;
+    if (MPI_Iallreduce(&mine, &all, 1, MPI_INT, MPI_MIN, group, &req) != MPI_SUCCESS) return 0;
+    return tsr_mpi_wait(&req, 1, timeout_s, "agreeing on the one-shot sums") == TSR_OK ? all : 0;
+}
+
+/* Sets up the one-shot peer sums when every member runs on this host and can map every other member's exchange
+ * area (collective over group; every member reaches the same decision, and falls back to NCCL alone otherwise).
+ * Returns an error only when the group's MPI exchange itself failed. */
+static tsr_status peer_setup(tsr_comm *c, MPI_Comm group)
+{
+    nccl_impl *n = impl_of(c);
+    const char *env = getenv("TSR_PEER_SUM"), *env_max = getenv("TSR_PEER_SUM_MAX");
+    const long cap = env_max && atol(env_max) > 0 ? atol(env_max) : PEER_SUM_CAP;
+    int ok = c->size > 1 && c->size <= TSR_PEER_MAX && env && atoi(env) == 1;
+    MPI_Comm shm;
+    if (MPI_Comm_split_type(group, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &shm) != MPI_SUCCESS)
+        return tsr_fail(TSR_ERR_REMOTE, "NCCL comm: MPI_Comm_split_type failed");
+    int on_host = 0;
+    MPI_Comm_size(shm, &on_host);
+    MPI_Comm_free(&shm);
+    ok = ok && on_host == c->size;
+    char handle[TSR_PEER_HANDLE_BYTES];
+    memset(handle, 0, sizeof handle);
+    char why[256] = "";
+    if (ok && tsr_peer_sum_new(c->rank, c->size, (size_t)cap, c->timeout_s, handle, &n->peer) != TSR_OK) {
+        snprintf(why, sizeof why, "%s", tsr_last_error());
+        ok = 0;
+    }
+    if (agree(group, ok, c->timeout_s)) {
+        char *handles = calloc((size_t)c->size, TSR_PEER_HANDLE_BYTES);
+        MPI_Request req;
+        int got = handles && MPI_Iallgather(handle, TSR_PEER_HANDLE_BYTES, MPI_BYTE, handles, TSR_PEER_HANDLE_BYTES,
+                                            MPI_BYTE, group, &req) == MPI_SUCCESS;
+        if (got && tsr_mpi_wait(&req, 1, c->timeout_s, "exchanging the one-shot sum areas") != TSR_OK) {
+            free(handles);
+            return tsr_fail(TSR_ERR_REMOTE, "NCCL comm: exchanging the one-shot sum areas timed out");
+        }
+        if (got && tsr_peer_sum_connect(n->peer, handles) != TSR_OK) {
+            snprintf(why, sizeof why, "%s", tsr_last_error());
+            got = 0;
+        }
+        free(handles);
+        ok = agree(group, got, c->timeout_s);
+    } else {
+        ok = 0;
+    }
+    if (!ok) {
+        tsr_peer_sum_free(n->peer);
+        n->peer = NULL;
+        if (why[0]) fprintf(stderr, "tessera: NCCL comm (member %d of %d): sums through NCCL only: %s\n", c->rank,
+                            c->size, why);
+        return TSR_OK;
+    }
+    if (c->rank == 0)
+        fprintf(stderr, "tessera: tensor group of %d: sums of up to %ld floats by the one-shot peer kernel, "
+                        "larger ones by NCCL\n", c->size, cap);
+    /* NCCL connects lazily at its first operation, which must not fall inside a CUDA graph's capture: callers warm
+     * the comm with a small sum (parallel/stage.c), which now takes the peer kernel, so connect NCCL here */
+    float *one = NULL;
+    if (cudaMalloc((void **)&one, sizeof *one) != cudaSuccess) {
+        cudaGetLastError();
+        return tsr_fail(TSR_ERR_NOMEM, "NCCL comm: out of device memory");
+    }
+    tsr_status st = TSR_OK;
+    if (cudaMemsetAsync(one, 0, sizeof *one, n->stream) != cudaSuccess)
+        st = tsr_fail(TSR_ERR_INTERNAL, "NCCL comm: cudaMemsetAsync failed");
+    else
+        st = enqueued(c, ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, n->comm, n->stream), "connecting", -1);
+    if (st == TSR_OK) st = n_sync(c);
+    cudaFree(one);
+    return st;
 }
 
 tsr_status tsr_comm_nccl_new(MPI_Comm group, double timeout_s, tsr_comm **out)
@@ -250,6 +343,7 @@ tsr_status tsr_comm_nccl_new(MPI_Comm group, double timeout_s, tsr_comm **out)
             st = settle(c, r, "creating the communicator", -1);
         }
     }
+    if (st == TSR_OK) st = peer_setup(c, group);
     if (st == TSR_OK && pthread_create(&n->watchdog, NULL, watch, c) == 0) n->watching = 1;
     if (st != TSR_OK) {
         n_destroy(c);

@@ -5,7 +5,10 @@
  * comm's timeout (ncclCommAbort) instead of hanging. Operations are queued on the CUDA backend's stream, in order
  * with the kernels around them, and may be captured into CUDA graphs (capturable). A watchdog thread aborts the
  * communicator when queued work has not finished within timeout_s of the last operation (a dead or stuck peer);
- * sync() waits for the queued work, with the same deadline, and disarms it. Environment defaults
+ * sync() waits for the queued work, with the same deadline, and disarms it. With TSR_PEER_SUM=1 (opt-in until
+ * verified on two GPUs), when every member runs on one host and can map the others' GPU memory, sums of up to
+ * TSR_PEER_SUM_MAX floats (default 256 Ki: a 70B layer's at up to 32 tokens) take the one-shot peer kernel of
+ * kernels/cuda/peer_sum.h instead of NCCL; the members agree on it when the comm is created. Environment defaults
  * (NCCL_NVLS_ENABLE=0, NCCL_CUMEM_ENABLE=0) are set in parallel/rank.c before any NCCL call. */
 #ifndef TSR_PARALLEL_COMM_NCCL_H
 #define TSR_PARALLEL_COMM_NCCL_H

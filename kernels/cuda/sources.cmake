@@ -11,6 +11,7 @@ add_library(tessera_cuda STATIC
   ${PROJECT_SOURCE_DIR}/kernels/cuda/exl2_pack.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/argmax.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/top.cu
+  ${PROJECT_SOURCE_DIR}/kernels/cuda/peer_sum.cu
 )
 target_include_directories(tessera_cuda PUBLIC ${PROJECT_SOURCE_DIR})
 target_compile_options(tessera_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall>)

@@ -6,9 +6,11 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <cuda_runtime_api.h>
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/peer_sum.h"
 #include "runtime/engine.h"
 #include "runtime/half.h"
 #include "runtime/sampler.h"
@@ -1052,6 +1054,100 @@ static void test_kv_pool_from_free_memory(void **state)
     tsr_engine_close(e);
 }
 
+/* One call of the one-shot peer sum (kernels/cuda/peer_sum.h) by `size` members that share this GPU, each on its
+ * own stream so that their kernels run side by side as on separate GPUs; with replays > 0 each member's call (after
+ * a copy of its input) is captured into a CUDA graph and the graphs are launched `replays` times. Every member must
+ * end with the members' values added in member order, bit for bit. */
+static void peer_round(tsr_peer_sum **p, int size, cudaStream_t *st, size_t n, int replays)
+{
+    float *h[TSR_PEER_MAX], *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    float *src[TSR_PEER_MAX], *buf[TSR_PEER_MAX];
+    for (int m = 0; m < size; m++) {
+        h[m] = rand_host(n, 1.0f);
+        assert_int_equal(cudaMalloc((void **)&src[m], n * sizeof(float)), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&buf[m], n * sizeof(float)), cudaSuccess);
+        assert_int_equal(cudaMemcpy(src[m], h[m], n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    }
+    for (size_t i = 0; i < n; i++) {
+        float v = 0.0f;
+        for (int m = 0; m < size; m++) v += h[m][i];
+        want[i] = v;
+    }
+    cudaGraphExec_t exec[TSR_PEER_MAX];
+    if (replays > 0)
+        for (int m = 0; m < size; m++) {
+            cudaGraph_t g;
+            assert_int_equal(cudaStreamBeginCapture(st[m], cudaStreamCaptureModeThreadLocal), cudaSuccess);
+            cudaMemcpyAsync(buf[m], src[m], n * sizeof(float), cudaMemcpyDeviceToDevice, st[m]);
+            tsr_peer_sum_run(p[m], buf[m], n, st[m]);
+            assert_int_equal(cudaStreamEndCapture(st[m], &g), cudaSuccess);
+            assert_int_equal(cudaGraphInstantiate(&exec[m], g, 0), cudaSuccess);
+            cudaGraphDestroy(g);
+        }
+    for (int r = 0; r < (replays > 0 ? replays : 1); r++) {
+        for (int m = 0; m < size; m++) {
+            if (replays > 0) {
+                assert_int_equal(cudaGraphLaunch(exec[m], st[m]), cudaSuccess);
+            } else {
+                cudaMemcpyAsync(buf[m], src[m], n * sizeof(float), cudaMemcpyDeviceToDevice, st[m]);
+                tsr_peer_sum_run(p[m], buf[m], n, st[m]);
+            }
+        }
+        for (int m = 0; m < size; m++) assert_int_equal(cudaStreamSynchronize(st[m]), cudaSuccess);
+        for (int m = 0; m < size; m++) {
+            assert_int_equal(tsr_peer_sum_failed(p[m]), 0);
+            assert_int_equal(cudaMemcpy(got, buf[m], n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+            if (memcmp(got, want, n * sizeof(float)))
+                fail_msg("peer sum of %d members, %zu floats, %s %d: member %d differs", size, n,
+                         replays ? "replay" : "call", r, m);
+        }
+    }
+    for (int m = 0; m < size; m++) {
+        if (replays > 0) cudaGraphExecDestroy(exec[m]);
+        cudaFree(src[m]), cudaFree(buf[m]);
+        free(h[m]);
+    }
+    free(want), free(got);
+}
+
+/* The one-shot peer sum with 2, 3 and 4 members in this process (tsr_peer_sum_new_local): calls whose sizes change
+ * the block count (1 to 64 blocks; the epochs and the receive slots' parity must stay in step), calls replayed
+ * from CUDA graphs, and a member left alone, which must give up after its timeout, report it, and return at once
+ * from later calls. The IPC set-up between processes (tsr_peer_sum_new/connect) runs under mpirun only. */
+static void test_peer_sum(void **state)
+{
+    (void)state;
+    const size_t sizes[] = {1, 31, 1000, 1024, 1025, 8192, 70001, 3 * 1024, 65536 + 7, 8192};
+    cudaStream_t st[TSR_PEER_MAX];
+    for (int m = 0; m < 4; m++) assert_int_equal(cudaStreamCreateWithFlags(&st[m], cudaStreamNonBlocking), cudaSuccess);
+    for (int size = 2; size <= 4; size++) {
+        tsr_peer_sum *p[TSR_PEER_MAX];
+        assert_int_equal(tsr_peer_sum_new_local(size, 70001, 30.0, p), TSR_OK);
+        for (size_t t = 0; t < sizeof sizes / sizeof sizes[0]; t++) peer_round(p, size, st, sizes[t], 0);
+        peer_round(p, size, st, 8192, 3);
+        peer_round(p, size, st, 40000, 3);
+        peer_round(p, size, st, 5, 0); /* after the graphs, plain calls again */
+        for (int m = 0; m < size; m++) tsr_peer_sum_free(p[m]);
+        print_message("peer sum, %d members: calls of 1-70001 floats and graph replays equal the host's sums\n",
+                      size);
+    }
+    /* member 1 never joins: member 0 gives up after 0.2 s */
+    tsr_peer_sum *p[2];
+    assert_int_equal(tsr_peer_sum_new_local(2, 4096, 0.2, p), TSR_OK);
+    float *buf;
+    assert_int_equal(cudaMalloc((void **)&buf, 4096 * sizeof(float)), cudaSuccess);
+    tsr_peer_sum_run(p[0], buf, 4096, st[0]);
+    assert_int_equal(cudaStreamSynchronize(st[0]), cudaSuccess);
+    assert_int_equal(tsr_peer_sum_failed(p[0]), 1);
+    assert_int_equal(tsr_peer_sum_failed(p[1]), 0);
+    tsr_peer_sum_run(p[0], buf, 4096, st[0]); /* returns at once: no second wait */
+    assert_int_equal(cudaStreamSynchronize(st[0]), cudaSuccess);
+    assert_int_equal(tsr_peer_sum_failed(p[0]), 1);
+    cudaFree(buf);
+    tsr_peer_sum_free(p[0]), tsr_peer_sum_free(p[1]);
+    for (int m = 0; m < 4; m++) cudaStreamDestroy(st[m]);
+}
+
 int main(void)
 {
     if (tsr_cuda_device_count() == 0) {
@@ -1072,6 +1168,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise),  cmocka_unit_test(test_attention), cmocka_unit_test(test_linear_exl2),
         cmocka_unit_test(test_linear_add_norm_splits), cmocka_unit_test(test_linear_waves),
+        cmocka_unit_test(test_peer_sum),
         cmocka_unit_test(test_linear_dense),
         cmocka_unit_test(test_models),       cmocka_unit_test(test_kv_pool_from_free_memory),
         cmocka_unit_test(test_attention_kv_quant), cmocka_unit_test(test_models_kv_quant),

@@ -10,7 +10,10 @@
 #   bench    an 8B-geometry 4.0-bit model (synthesized): one GPU, layers, tensor (generate --bench)
 #   bench70  70B geometry at 4.0 bits: one GPU vs layers vs tensor over two GPUs; 70B at 2.5 bits on two GPUs
 #            capped at 24 GiB each (by layers and by tensors); prints the ratios against the BENCHMARKS.md targets
-#            (tensor batch-1 decode >= 1.7x one GPU; layers batch-32 decode >= 1.6x; tensor prefill >= layers)
+#            (tensor batch-1 decode >= 1.7x one GPU; layers batch-32 decode >= 1.6x; tensor prefill >= layers),
+#            and the tensor split again with TSR_PEER_SUM=0 (every sum through NCCL)
+# Every run here sets TSR_PEER_SUM=1 (the one-shot peer sums for small tensor-split sums, opt-in in tessera until
+# this script has passed with them on two GPUs); TSR_PEER_SUM=0 in the environment keeps NCCL alone.
 #   pipeline steps in flight over layer stages: `tessera batch` (greedy and seeded sampled requests) on one GPU and
 #            under mpirun -np 3 --split layers must write the same texts, and --split tensor the same with and without
 #            the candidates (TSR_CUDA_TOP=0); then 70B at 4.0 bits, one GPU vs layers
@@ -27,6 +30,7 @@ dev=${TSR_CHECK_DEVICE:-cuda} # cpu: a dry run of the script on any machine
 [ "$modes" = all ] && modes="env correct faults bench bench70"
 
 . tests/parallel/gpu-env.sh
+export TSR_PEER_SUM=${TSR_PEER_SUM:-1}
 prompts=$root/tests/fixtures/reference/prompts.json
 status=0
 bad() { echo "FAIL: $*"; status=1; }
@@ -121,13 +125,14 @@ bench|bench70)
     run_bench 70b40-1gpu 1 "${args[@]}"
     run_bench 70b40-layers 3 "${args[@]}" --split layers
     run_bench 70b40-tensor 3 "${args[@]}" --split tensor
+    TSR_PEER_SUM=0 run_bench 70b40-tensor-nccl 3 "${args[@]}" --split tensor # all sums through NCCL, for the A/B
     [ -n "${TSR_KEEP_MODELS:-}" ] || [ -n "${TSR_MODEL_70B_40:-}" ] || rm -rf "$m40"
     synth "$m25" 8192 80 64 8 28672 2.5
     "$bin" inspect --model "$m25" --plan --np 3 --split layers --gpu-memory 24GiB --context 4096 | tail -8
     args=(--model "$m25" --batch 1,8 --prompt-len 512 --gen 32 --gpu-memory 24GiB)
     run_bench 70b25-24gb-layers 3 "${args[@]}" --split layers
     run_bench 70b25-24gb-tensor 3 "${args[@]}" --split tensor
-    names="70b40-1gpu 70b40-layers 70b40-tensor 70b25-24gb-layers 70b25-24gb-tensor"
+    names="70b40-1gpu 70b40-layers 70b40-tensor 70b25-24gb-layers 70b25-24gb-tensor 70b40-tensor-nccl"
   fi
   python3 - "$out" $names <<'PY' | tee "$out/ratios-$mode.txt"
 import json, os, sys
@@ -145,6 +150,8 @@ def ratio(a, b):
 print("tensor batch-1 decode vs one GPU: %s (target >= 1.7x)" % ratio(get(ten, 1, "decode_tok_s"), get(one, 1, "decode_tok_s")))
 print("layers batch-32 decode vs one GPU: %s (target >= 1.6x)" % ratio(get(lay, 32, "decode_tok_s"), get(one, 32, "decode_tok_s")))
 print("tensor prefill vs layers prefill (batch 1): %s (target >= 1x)" % ratio(get(ten, 1, "prefill_tok_s"), get(lay, 1, "prefill_tok_s")))
+if "70b40-tensor-nccl" in r:
+    print("tensor batch-1 decode, one-shot peer sums vs NCCL only: %s" % ratio(get(ten, 1, "decode_tok_s"), get("70b40-tensor-nccl", 1, "decode_tok_s")))
 PY
   ;;
 pipeline)
