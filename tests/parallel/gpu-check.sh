@@ -7,6 +7,7 @@
 #   correct  every fixture model on GPU workers: one GPU vs mpirun -np 3 --split layers / --split tensor (NCCL):
 #            the same greedy tokens, logits within 2e-2 with the same argmax wherever the top two are 0.1 apart
 #   faults   a dead worker and a stuck one (NCCL watchdog, --comm-timeout) end the job non-zero within seconds
+#   peer     the one-shot peer sums across 2-4 processes (tests/gpu/test_peer_ipc.sh; on one GPU they share it)
 #   bench    an 8B-geometry 4.0-bit model (synthesized): one GPU, layers, tensor (generate --bench)
 #   bench70  70B geometry at 4.0 bits: one GPU vs layers vs tensor over two GPUs; 70B at 2.5 bits on two GPUs
 #            capped at 24 GiB each (by layers and by tensors); prints the ratios against the BENCHMARKS.md targets
@@ -27,7 +28,7 @@ out=${OUT:-/tmp/out}
 mkdir -p "$out"
 modes=${*:-env correct faults}
 dev=${TSR_CHECK_DEVICE:-cuda} # cpu: a dry run of the script on any machine
-[ "$modes" = all ] && modes="env correct faults bench bench70"
+[ "$modes" = all ] && modes="env peer correct faults bench bench70"
 
 . tests/parallel/gpu-env.sh
 export TSR_PEER_SUM=${TSR_PEER_SUM:-1}
@@ -200,6 +201,10 @@ PY
     tee "$out/pipe-layers.txt"
   mpi 3 generate "${args[@]}" --split layers --micro-batches 1 --quiet-ranks --json "$out/pipe-layers-m1.json" 2>&1 |
     tee "$out/pipe-layers-m1.txt"
+  ;;
+peer)
+  bash tests/gpu/test_peer_ipc.sh mpirun "$P/bin/test_peer_ipc" 2>&1 | tee "$out/peer.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || bad "test_peer_ipc"
   ;;
 *) bad "unknown mode $mode" ;;
 esac

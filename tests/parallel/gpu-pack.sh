@@ -14,11 +14,12 @@ root=$PWD
 build=${TSR_GPUPACK_BUILD:-$root/build-gpu-par}
 cmake -S "$root" -B "$build" -DTSR_NATIVE=OFF -DTSR_CUDA=ON -DTSR_CUDA_ARCHS=90 -DTSR_NCCL=ON > "$build.configure.log"
 grep -q "NCCL for GPU workers" "$build.configure.log" || { echo "gpu-pack: this build found no NCCL" >&2; exit 1; }
-cmake --build "$build" -j "$(nproc)" --target tessera logits_diff test_cuda > "$build.log"
+cmake --build "$build" -j "$(nproc)" --target tessera logits_diff test_cuda test_peer_ipc > "$build.log"
 out=$root/.parbin
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/ompi"
-cp "$build/tessera" "$build/tests/parallel/logits_diff" "$build/tests/gpu/test_cuda" "$out/bin/"
-strip "$out/bin/tessera" "$out/bin/logits_diff" "$out/bin/test_cuda"
+cp "$build/tessera" "$build/tests/parallel/logits_diff" "$build/tests/gpu/test_cuda" "$build/tests/gpu/test_peer_ipc" \
+  "$out/bin/"
+strip "$out/bin/tessera" "$out/bin/logits_diff" "$out/bin/test_cuda" "$out/bin/test_peer_ipc"
 
 # Open MPI as Debian installs it, under a prefix that OPAL_PREFIX relocates
 ompi=/usr/lib/x86_64-linux-gnu/openmpi
@@ -45,7 +46,7 @@ fi
 
 # shared libraries: everything the binaries and components load except the C runtime, CUDA and NCCL (there already)
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libgcc_s|libstdc\+\+|libcuda\.so|libcudart|libcublas|libnccl|libnvidia|libresolv|libutil)'
-objs=("$out/bin/tessera" "$out/bin/logits_diff" "$out/bin/test_cuda" /usr/bin/orterun /usr/bin/orted)
+objs=("$out/bin/tessera" "$out/bin/logits_diff" "$out/bin/test_cuda" "$out/bin/test_peer_ipc" /usr/bin/orterun /usr/bin/orted)
 while IFS= read -r f; do objs+=("$f"); done < <(find "$comp" "$out/ompi/pmix2" -name '*.so' 2>/dev/null)
 for o in "${objs[@]}"; do
   ldd "$o" 2>/dev/null | awk '$3 ~ /^\// {print $1, $3}' | while read -r name path; do
@@ -69,7 +70,7 @@ grep -qx '/.parbin/' "$exclude" 2>/dev/null || echo '/.parbin/' >> "$exclude"
 grep -qx '/.parpack/' "$exclude" 2>/dev/null || echo '/.parpack/' >> "$exclude"
 rm -rf .parpack && mkdir -p .parpack
 if [ "${TSR_GPUPACK_SLIM:-0}" = 1 ]; then
-  slim=(--exclude=.parbin/ompi --exclude=.parbin/bin/logits_diff)
+  slim=(--exclude=.parbin/ompi --exclude=.parbin/bin/logits_diff --exclude=.parbin/bin/test_peer_ipc)
   for f in liboshmem.so.40 libpmix.so.2 libmunge.so.2 libnl-3.so.200 libpciaccess.so.0 libmca_common_sm.so.40; do
     slim+=("--exclude=.parbin/lib/$f")
   done
