@@ -4,14 +4,17 @@
  * The general kernel of attention.cu walks positions one round of four after another in a warp per (row, head);
  * at batch 1 that costs ~29 µs per layer for a context a few hundred tokens long, all of it latency. Here a block
  * of 256 threads takes up to AD_CHUNK positions per round: their K and V rows (gathered through the page table)
- * arrive by cp.async in one round trip (q is read while they travel) and serve every query head of the group; the
- * G × AD_CHUNK scores are dot products read from shared memory (a thread per position and a quarter of the heads:
- * with 128 threads, half of them, a block's arithmetic was a serial tail at batch 1), a warp per head folds them
- * into a running softmax (max and sum in fp32, as the general kernel computes them), and a thread per output dim
- * pair and group of heads adds P·V. A block takes one or more rounds: there are enough splits to give the chip a
- * few blocks per SM, split s taking rounds s, s + splits, ... (so a launch sized for a CUDA graph's longest
- * possible context still spreads a short one over its blocks), and with more than one split the partial (max,
- * sum, unnormalized output) triples go to attention.cu's merge kernel in its format.
+ * arrive by cp.async in one round trip (q is read while they travel) and serve every query head of the group. For
+ * groups of up to 8 heads the G × AD_CHUNK scores and P·V are tensor-core tiles (K and V as A operands by ldmatrix,
+ * q and the probabilities as fp16 hi + lo B operands, so the products are as exact as in fp32; at batch 32-64 the
+ * scalar arithmetic below was the kernel's cost: +8-10 % decode on the 8B shape); larger groups (and
+ * TSR_CUDA_ATTN_MMA=0) take dot products read from shared memory (a thread per position and a quarter of the
+ * heads) and a thread per output dim pair and group of heads for P·V. Either way a warp per head folds the scores
+ * into a running softmax (max and sum in fp32, as the general kernel computes them). A block takes one or more
+ * rounds: there are enough splits to give the chip a few blocks per SM, split s taking rounds s, s + splits, ...
+ * (so a launch sized for a CUDA graph's longest possible context still spreads a short one over its blocks), and
+ * with more than one split the partial (max, sum, unnormalized output) triples go to attention.cu's merge kernel in
+ * its format.
  * Launched with programmatic dependent launch: the first round's K and V rows of earlier steps are requested before
  * the wait for the kernels before it (so they travel while the q/k/v reduction and rope_store finish), the rows this
  * step writes and q after it (+1 % at batch 1, +3 % at batch 8 on the 8B shape). */
@@ -34,7 +37,33 @@ static size_t ad_smem_bytes(int D, int G)
     return (size_t)G * D * 4 + (size_t)G * AD_CHUNK * 4 + (size_t)G * 4 * 4 + 2 * (size_t)AD_CHUNK * (D + 8) * 2;
 }
 
-template <int D>
+/* The tensor-core path (NT > 0, groups of up to 8 query heads): scores S^T = K · q^T and the output O^T = V^T · P^T
+ * as mma.m16n8k16 tiles, K and V (A operands) straight from the round's tiles by ldmatrix, q and P (B operands) in
+ * fp16 hi + lo halves so that the products are exact as in fp32 (as the decode GEMV does with its activations).
+ * Column c of B n-tile t holds head ad_head(NT, t, c), its lo halves where ad_lo(NT, t, c): with NT = 1 (G <= 4)
+ * columns 0-3 take heads 0-3's hi halves and 4-7 their lo halves, with NT = 2 tile 0 the hi and tile 1 the lo halves
+ * of heads 0-7. */
+__device__ __forceinline__ int ad_head(int NT, int t, int c) { return NT == 1 ? (c & 3) : c; }
+__device__ __forceinline__ bool ad_lo(int NT, int t, int c) { return NT == 1 ? c >= 4 : t == 1; }
+
+/* v's fp16 hi half, or (lo) what remains of v after it, rounded to fp16. */
+__device__ __forceinline__ __half ad_part(float v, bool lo)
+{
+    const __half hi = __float2half_rn(v);
+    return lo ? __float2half_rn(v - __half2float(hi)) : hi;
+}
+
+/* The B operand pair of a lane for rows r, r + 1 and r + 8, r + 9 of a column whose values are src[row] (stride 1),
+ * in the half `lo` (ad_part); zeros for a column past the group (valid false). */
+__device__ __forceinline__ void ad_bfrag(const float *src, int r, bool valid, bool lo, uint32_t &b0, uint32_t &b1)
+{
+    const float v0 = valid ? src[r] : 0.0f, v1 = valid ? src[r + 1] : 0.0f;
+    const float v2 = valid ? src[r + 8] : 0.0f, v3 = valid ? src[r + 9] : 0.0f;
+    b0 = h2_bits(__halves2half2(ad_part(v0, lo), ad_part(v1, lo)));
+    b1 = h2_bits(__halves2half2(ad_part(v2, lo), ad_part(v3, lo)));
+}
+
+template <int D, int NT>
 __global__ void __launch_bounds__(AD_THREADS)
     attn_decode_kernel(tsr_batch_layout b, tsr_attn_args a, const __half *kc, const __half *vc, int page_size,
                        const float *q, float *out, float2 *part_ml, float *part_acc, int n_splits)
@@ -81,6 +110,16 @@ __global__ void __launch_bounds__(AD_THREADS)
     float2 o[NH];
 #pragma unroll
     for (int j = 0; j < NH; j++) o[j] = make_float2(0.0f, 0.0f);
+    /* tensor-core path: q's B operands per 16-dim step (warps 0-3, the scores), the output accumulators of warp w's
+     * 16 dims (warps below D / 16) */
+    constexpr int NQ = NT > 0 ? NT : 1;
+    uint32_t qb[D / 16][NQ][2];
+    float oc[NQ][4];
+#pragma unroll
+    for (int t = 0; t < NQ; t++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) oc[t][i] = 0.0f;
+    const int g = lane >> 2, qd = lane & 3;
 
     for (int t0 = first; t0 <= p; t0 += n_splits * AD_CHUNK) {
         const int n = min(AD_CHUNK, p + 1 - t0);
@@ -92,6 +131,45 @@ __global__ void __launch_bounds__(AD_THREADS)
         asm volatile("cp.async.wait_group 0;\n" ::);
         __syncthreads();
 
+        if constexpr (NT > 0) {
+            if (t0 == first && warp < AD_CHUNK / 16) /* q's B operands, once */
+#pragma unroll
+                for (int kstep = 0; kstep < D / 16; kstep++)
+#pragma unroll
+                    for (int t = 0; t < NT; t++) {
+                        const int h = ad_head(NT, t, g);
+                        ad_bfrag(qs + h * D, 16 * kstep + 2 * qd, h < G, ad_lo(NT, t, g), qb[kstep][t][0],
+                                 qb[kstep][t][1]);
+                    }
+            /* scores of positions 16 w .. 16 w + 15 (warps 0-3): S^T = K · q^T */
+            if (warp < AD_CHUNK / 16) {
+                float sc[NT][4];
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) sc[t][i] = 0.0f;
+#pragma unroll
+                for (int kstep = 0; kstep < D / 16; kstep++) {
+                    uint32_t ka[4];
+                    ldsm_x4(ka, ks + (warp * 16 + (lane & 15)) * DP + kstep * 16 + (lane >> 4) * 8);
+#pragma unroll
+                    for (int t = 0; t < NT; t++) mma_16816(sc[t], ka, qb[kstep][t][0], qb[kstep][t][1]);
+                }
+                /* hi + lo: lane qd's columns 2 qd, 2 qd + 1 are heads 2 qd, 2 qd + 1 (NT = 1: the lo columns sit
+                 * two lanes up) */
+                float s4[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    s4[i] = NT == 1 ? sc[0][i] + __shfl_xor_sync(0xffffffffu, sc[0][i], 2) : sc[0][i] + sc[NT - 1][i];
+                }
+                if (NT == 2 || qd < 2)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const int h = 2 * qd + (i & 1), pp = warp * 16 + g + 8 * (i >> 1);
+                        if (h < G) ps[h * AD_CHUNK + pp] = pp < n ? s4[i] : -INFINITY;
+                    }
+            }
+        } else {
         /* scores: position pp against heads h0, h0 + SG, ... */
         {
             const int pp = tid % AD_CHUNK, h0 = tid / AD_CHUNK;
@@ -118,6 +196,7 @@ __global__ void __launch_bounds__(AD_THREADS)
                 if (h < G) ps[h * AD_CHUNK + pp] = pp < n ? s[j] : -INFINITY;
             }
         }
+        }
         __syncthreads();
 
         /* the running softmax: a warp per head, two positions per lane */
@@ -142,6 +221,32 @@ __global__ void __launch_bounds__(AD_THREADS)
         }
         __syncthreads();
 
+        if constexpr (NT > 0) {
+            /* O^T = O^T · factor + V^T · P^T for dims 16 w .. 16 w + 15 (warps below D / 16) */
+            if (warp < D / 16) {
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const int h = ad_head(NT, t, 2 * qd + (i & 1));
+                        if (h < G) oc[t][i] *= factor[h];
+                    }
+#pragma unroll
+                for (int kk = 0; kk < AD_CHUNK / 16; kk++) {
+                    if (kk * 16 >= n) break; /* probabilities 0 past the round's positions */
+                    uint32_t va[4];
+                    ldsm_x4_t(va, vs + (kk * 16 + (lane & 7) + ((lane >> 4) << 3)) * DP + warp * 16 +
+                                      ((lane >> 3) & 1) * 8);
+#pragma unroll
+                    for (int t = 0; t < NT; t++) {
+                        const int h = ad_head(NT, t, g);
+                        uint32_t b0, b1;
+                        ad_bfrag(ps + h * AD_CHUNK, kk * 16 + 2 * qd, h < G, ad_lo(NT, t, g), b0, b1);
+                        mma_16816(oc[t], va, b0, b1);
+                    }
+                }
+            }
+        } else {
         /* O = O · factor + P · V */
 #pragma unroll
         for (int j = 0; j < NH; j++) {
@@ -158,25 +263,49 @@ __global__ void __launch_bounds__(AD_THREADS)
                 o[j].x = fmaf(w, v.x, o[j].x), o[j].y = fmaf(w, v.y, o[j].y);
             }
         }
+        }
         __syncthreads(); /* the round's rows and probabilities are reused by the next round */
     }
 
+    if constexpr (NT > 0) {
+        if (warp >= D / 16) return;
+        /* hi + lo as for the scores: lane qd's columns are heads 2 qd, 2 qd + 1, at dims g and g + 8 */
+        float o4[4];
 #pragma unroll
-    for (int j = 0; j < NH; j++) {
-        const int h = hg + HG * j;
-        if (h >= G) break;
-        const size_t item = item0 + h;
-        if (n_splits == 1) {
-            const float inv = l_run[h] > 0.0f ? 1.0f / l_run[h] : 0.0f;
-            *(float2 *)(out + item * D + 2 * d2) = make_float2(o[j].x * inv, o[j].y * inv);
-        } else {
-            *(float2 *)(part_acc + (item * n_splits + split) * D + 2 * d2) = o[j];
-            if (d2 == 0) part_ml[item * n_splits + split] = make_float2(m_run[h], l_run[h]);
+        for (int i = 0; i < 4; i++)
+            o4[i] = NT == 1 ? oc[0][i] + __shfl_xor_sync(0xffffffffu, oc[0][i], 2) : oc[0][i] + oc[NT - 1][i];
+        if (NT == 1 && qd >= 2) return;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int h = 2 * qd + (i & 1), dim = warp * 16 + g + 8 * (i >> 1);
+            if (h >= G) continue;
+            const size_t item = item0 + h;
+            if (n_splits == 1) {
+                const float inv = l_run[h] > 0.0f ? 1.0f / l_run[h] : 0.0f;
+                out[item * D + dim] = o4[i] * inv;
+            } else {
+                part_acc[(item * n_splits + split) * D + dim] = o4[i];
+                if (warp == 0 && g == 0 && i < 2) part_ml[item * n_splits + split] = make_float2(m_run[h], l_run[h]);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < NH; j++) {
+            const int h = hg + HG * j;
+            if (h >= G) break;
+            const size_t item = item0 + h;
+            if (n_splits == 1) {
+                const float inv = l_run[h] > 0.0f ? 1.0f / l_run[h] : 0.0f;
+                *(float2 *)(out + item * D + 2 * d2) = make_float2(o[j].x * inv, o[j].y * inv);
+            } else {
+                *(float2 *)(part_acc + (item * n_splits + split) * D + 2 * d2) = o[j];
+                if (d2 == 0) part_ml[item * n_splits + split] = make_float2(m_run[h], l_run[h]);
+            }
         }
     }
 }
 
-template <int D>
+template <int D, int NT>
 static int ad_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
                      float *out)
 {
@@ -184,7 +313,7 @@ static int ad_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const ts
     const size_t smem = ad_smem_bytes(D, G);
     static bool configured = false;
     if (!configured) {
-        TSR_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        TSR_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel<D, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)ad_smem_bytes(D, AD_MAX_G)));
         configured = true;
     }
@@ -204,7 +333,7 @@ static int ad_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const ts
         ml = (float2 *)tsr_cuda_scratch(1, items * n_splits * sizeof(float2));
         pacc = (float *)tsr_cuda_scratch(2, items * n_splits * D * sizeof(float));
     }
-    tsr_launch_smem(attn_decode_kernel<D>, dim3((unsigned)n_splits, (unsigned)a->n_kv_heads, (unsigned)b->n_rows),
+    tsr_launch_smem(attn_decode_kernel<D, NT>, dim3((unsigned)n_splits, (unsigned)a->n_kv_heads, (unsigned)b->n_rows),
                     dim3(AD_THREADS), smem, *b, *a, (const __half *)kv->k[a->layer], (const __half *)kv->v[a->layer],
                     kv->page_size, q, out, ml, pacc, n_splits);
     if (n_splits > 1) tsr_cuda_attn_merge(items, D, n_splits, ml, pacc, out);
@@ -215,9 +344,16 @@ int tsr_cuda_attention_decode(const tsr_batch_layout *b, const tsr_attn_args *a,
                               float *out)
 {
     if (kv->dtype != TSR_F16 || a->n_heads % a->n_kv_heads || a->n_heads / a->n_kv_heads > AD_MAX_G) return 0;
-    switch (a->head_dim) {
-    case 64: return ad_launch<64>(b, a, kv, q, out);
-    case 128: return ad_launch<128>(b, a, kv, q, out);
+    /* tensor cores for groups of up to 8 query heads (TSR_CUDA_ATTN_MMA=0: the scalar path for all) */
+    static const bool mma = !tsr_cuda_env_off("TSR_CUDA_ATTN_MMA");
+    const int G = a->n_heads / a->n_kv_heads, nt = !mma ? 0 : G <= 4 ? 1 : G <= 8 ? 2 : 0;
+    switch (a->head_dim * 4 + nt) {
+    case 64 * 4 + 0: return ad_launch<64, 0>(b, a, kv, q, out);
+    case 64 * 4 + 1: return ad_launch<64, 1>(b, a, kv, q, out);
+    case 64 * 4 + 2: return ad_launch<64, 2>(b, a, kv, q, out);
+    case 128 * 4 + 0: return ad_launch<128, 0>(b, a, kv, q, out);
+    case 128 * 4 + 1: return ad_launch<128, 1>(b, a, kv, q, out);
+    case 128 * 4 + 2: return ad_launch<128, 2>(b, a, kv, q, out);
     default: return 0;
     }
 }

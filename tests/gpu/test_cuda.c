@@ -364,9 +364,9 @@ static int test_batch(host_layout *h, int kind, int page, int n_pages, int half)
     return max_pos;
 }
 
-static void check_attention(int d, tsr_dtype kv_dtype, int window, int decode)
+static void check_attention_heads(int d, tsr_dtype kv_dtype, int window, int decode, int nh, int nkv)
 {
-    const int nh = 8, nkv = 2, page = 16, n_pages = 1024;
+    const int page = 16, n_pages = 1024;
     host_layout h;
     const int max_pos = test_batch(&h, decode, page, n_pages, d / 2);
     tsr_kv_cache kc, kg;
@@ -397,8 +397,8 @@ static void check_attention(int d, tsr_dtype kv_dtype, int window, int decode)
     gpu->attention(&bg, &a, &kg, dq, dout);
     float *got = to_host(dout, n);
     char what[96];
-    snprintf(what, sizeof what, "attention d%d %s %s window %d", d, tsr_dtype_name(kv_dtype),
-             decode == 1 ? "decode" : decode == 2 ? "mixed" : "prefill", window);
+    snprintf(what, sizeof what, "attention d%d %s %s window %d, %d/%d heads", d, tsr_dtype_name(kv_dtype),
+             decode == 1 ? "decode" : decode == 2 ? "mixed" : "prefill", window, nh, nkv);
     /* batches with prefill rows over an fp16 cache take the tensor-core kernel (fp16 queries and probabilities) */
     const int tensor_core = decode != 1 && kv_dtype == TSR_F16 && (d == 64 || d == 128);
     expect_close(what, got, want, n, tensor_core ? 4e-3 : 2e-5);
@@ -418,6 +418,11 @@ static void check_attention(int d, tsr_dtype kv_dtype, int window, int decode)
     tsr_kv_free(&kg);
 }
 
+/* Eight query heads over two KV heads (groups of four). */
+static void check_attention(int d, tsr_dtype kv_dtype, int window, int decode)
+{
+    check_attention_heads(d, kv_dtype, window, decode, 8, 2);
+}
 static void test_attention(void **state)
 {
     (void)state;
@@ -434,6 +439,13 @@ static void test_attention(void **state)
     check_attention(64, TSR_F16, 100, 2);
     check_attention(128, TSR_F16, 0, 2);
     check_attention(96, TSR_F16, 0, 0); /* no tensor-core kernel for d96: the general one */
+    /* attention_decode.cu's tensor-core path by group size: 8 heads per KV head (two n-tiles), 1 and 3 (padded
+     * columns), 12 (the scalar path) */
+    check_attention_heads(128, TSR_F16, 0, 1, 16, 2);
+    check_attention_heads(64, TSR_F16, 300, 1, 16, 2);
+    check_attention_heads(128, TSR_F16, 600, 1, 2, 2);
+    check_attention_heads(64, TSR_F16, 0, 1, 6, 2);
+    check_attention_heads(128, TSR_F16, 0, 1, 24, 2);
 }
 
 /* Bytes of one backend array, on the host. */
