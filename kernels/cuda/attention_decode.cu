@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(AD_THREADS)
     /* tensor-core path: q's B operands per 16-dim step (warps 0-3, the scores), the output accumulators of warp w's
      * 16 dims (warps below D / 16) */
     constexpr int NQ = NT > 0 ? NT : 1;
-    uint32_t qb[D / 16][NQ][2];
+    uint32_t qfrag[D / 16][NQ][2];
     float oc[NQ][4];
 #pragma unroll
     for (int t = 0; t < NQ; t++)
@@ -138,8 +138,8 @@ __global__ void __launch_bounds__(AD_THREADS)
 #pragma unroll
                     for (int t = 0; t < NT; t++) {
                         const int h = ad_head(NT, t, g);
-                        ad_bfrag(qs + h * D, 16 * kstep + 2 * qd, h < G, ad_lo(NT, t, g), qb[kstep][t][0],
-                                 qb[kstep][t][1]);
+                        ad_bfrag(qs + h * D, 16 * kstep + 2 * qd, h < G, ad_lo(NT, t, g), qfrag[kstep][t][0],
+                                 qfrag[kstep][t][1]);
                     }
             /* scores of positions 16 w .. 16 w + 15 (warps 0-3): S^T = K · q^T */
             if (warp < AD_CHUNK / 16) {
@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(AD_THREADS)
                     uint32_t ka[4];
                     ldsm_x4(ka, ks + (warp * 16 + (lane & 15)) * DP + kstep * 16 + (lane >> 4) * 8);
 #pragma unroll
-                    for (int t = 0; t < NT; t++) mma_16816(sc[t], ka, qb[kstep][t][0], qb[kstep][t][1]);
+                    for (int t = 0; t < NT; t++) mma_16816(sc[t], ka, qfrag[kstep][t][0], qfrag[kstep][t][1]);
                 }
                 /* hi + lo: lane qd's columns 2 qd, 2 qd + 1 are heads 2 qd, 2 qd + 1 (NT = 1: the lo columns sit
                  * two lanes up) */
@@ -169,9 +169,7 @@ __global__ void __launch_bounds__(AD_THREADS)
                         if (h < G) ps[h * AD_CHUNK + pp] = pp < n ? s4[i] : -INFINITY;
                     }
             }
-        } else {
-        /* scores: position pp against heads h0, h0 + SG, ... */
-        {
+        } else { /* scores: position pp against heads h0, h0 + SG, ... */
             const int pp = tid % AD_CHUNK, h0 = tid / AD_CHUNK;
             float s[NS];
 #pragma unroll
@@ -195,7 +193,6 @@ __global__ void __launch_bounds__(AD_THREADS)
                 const int h = h0 + SG * j;
                 if (h < G) ps[h * AD_CHUNK + pp] = pp < n ? s[j] : -INFINITY;
             }
-        }
         }
         __syncthreads();
 
@@ -246,23 +243,22 @@ __global__ void __launch_bounds__(AD_THREADS)
                     }
                 }
             }
-        } else {
-        /* O = O · factor + P · V */
-#pragma unroll
-        for (int j = 0; j < NH; j++) {
-            const int h = hg + HG * j;
-            if (h < G) o[j].x *= factor[h], o[j].y *= factor[h];
-        }
-        for (int t = 0; t < n; t++) {
-            const float2 v = __half22float2(*(const __half2 *)(vs + t * DP + 2 * d2));
+        } else { /* O = O · factor + P · V */
 #pragma unroll
             for (int j = 0; j < NH; j++) {
                 const int h = hg + HG * j;
-                if (h >= G) break;
-                const float w = ps[h * AD_CHUNK + t];
-                o[j].x = fmaf(w, v.x, o[j].x), o[j].y = fmaf(w, v.y, o[j].y);
+                if (h < G) o[j].x *= factor[h], o[j].y *= factor[h];
             }
-        }
+            for (int t = 0; t < n; t++) {
+                const float2 v = __half22float2(*(const __half2 *)(vs + t * DP + 2 * d2));
+#pragma unroll
+                for (int j = 0; j < NH; j++) {
+                    const int h = hg + HG * j;
+                    if (h >= G) break;
+                    const float w = ps[h * AD_CHUNK + t];
+                    o[j].x = fmaf(w, v.x, o[j].x), o[j].y = fmaf(w, v.y, o[j].y);
+                }
+            }
         }
         __syncthreads(); /* the round's rows and probabilities are reused by the next round */
     }
