@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Multi-GPU checks and benchmarks on the lent GPU machine (2+ GPUs). Pack here first with
 # tests/parallel/gpu-pack.sh and carry `.parpack`; then, there:
-#   bash tests/parallel/gpu-check.sh [env|correct|faults|bench|bench70|all]     (default: env correct faults)
+#   bash tests/parallel/gpu-check.sh [env|peer|correct|faults|bench|bench70|pipeline|all]   (default: env correct faults)
 #
 #   env      what the machine offers: GPUs, MPI, NCCL, missing libraries, the ranks' bindings
 #   correct  every fixture model on GPU workers: one GPU vs mpirun -np 3 --split layers / --split tensor (NCCL):
@@ -13,12 +13,12 @@
 #            capped at 24 GiB each (by layers and by tensors); prints the ratios against the BENCHMARKS.md targets
 #            (tensor batch-1 decode >= 1.7x one GPU; layers batch-32 decode >= 1.6x; tensor prefill >= layers),
 #            and the tensor split again with TSR_PEER_SUM=0 (every sum through NCCL)
-# Every run here sets TSR_PEER_SUM=1 (the one-shot peer sums for small tensor-split sums, opt-in in tessera until
-# this script has passed with them on two GPUs); TSR_PEER_SUM=0 in the environment keeps NCCL alone.
 #   pipeline steps in flight over layer stages: `tessera batch` (greedy and seeded sampled requests) on one GPU and
 #            under mpirun -np 3 --split layers must write the same texts, and --split tensor the same with and without
 #            the candidates (TSR_CUDA_TOP=0); then 70B at 4.0 bits, one GPU vs layers
 #            (two steps in flight, the default) vs layers with --micro-batches 1 (one step at a time)
+# Every run here sets TSR_PEER_SUM=1 (the one-shot peer sums for small tensor-split sums, opt-in in tessera until
+# this script has passed with them on two GPUs); TSR_PEER_SUM=0 in the environment keeps NCCL alone.
 # Logs and JSON go to $OUT (default /tmp/out). Models are synthesized under $TSR_SYNTH_DIR (default /tmp) unless
 # TSR_MODEL_70B_40 / TSR_MODEL_70B_25 / TSR_MODEL_8B name existing directories.
 set -uo pipefail
