@@ -229,14 +229,15 @@ static tsr_status peer_setup(tsr_comm *c, MPI_Comm group)
     nccl_impl *n = impl_of(c);
     const char *env = getenv("TSR_PEER_SUM"), *env_max = getenv("TSR_PEER_SUM_MAX");
     const long cap = env_max && atol(env_max) > 0 ? atol(env_max) : PEER_SUM_CAP;
-    int ok = c->size > 1 && c->size <= TSR_PEER_MAX && env && atoi(env) == 1;
+    /* off (the default) on any member: one small agreement, nothing more at start-up */
+    if (!agree(group, c->size > 1 && c->size <= TSR_PEER_MAX && env && atoi(env) == 1, c->timeout_s)) return TSR_OK;
     MPI_Comm shm;
     if (MPI_Comm_split_type(group, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &shm) != MPI_SUCCESS)
         return tsr_fail(TSR_ERR_REMOTE, "NCCL comm: MPI_Comm_split_type failed");
     int on_host = 0;
     MPI_Comm_size(shm, &on_host);
     MPI_Comm_free(&shm);
-    ok = ok && on_host == c->size;
+    int ok = on_host == c->size; /* the same answer on every member: one missing from a host is missing from all */
     char handle[TSR_PEER_HANDLE_BYTES];
     memset(handle, 0, sizeof handle);
     char why[256] = "";

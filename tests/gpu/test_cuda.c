@@ -423,6 +423,7 @@ static void check_attention(int d, tsr_dtype kv_dtype, int window, int decode)
 {
     check_attention_heads(d, kv_dtype, window, decode, 8, 2);
 }
+
 static void test_attention(void **state)
 {
     (void)state;
