@@ -107,6 +107,12 @@ typedef struct tsr_ops {
      * hold the mass the draw needs (runtime/sampler.h, tsr_sample_top). */
     void (*top_rows)(const float *x, int rows, int n, int k, const float *inv_temp, int32_t *ids, float *vals,
                      float *z);
+    /* Optional (NULL: callers run silu_mul into gate, then linear_add_norm or its fallbacks): x[M][L->N] +=
+     * (silu(gate) ⊙ up) · W, gate and up being [M][L->K], then, with w, out = rmsnorm(x) · w per row; gate is
+     * scratch afterwards and out as in linear_add_norm. Lets a backend fold the MLP's gating into the pass that
+     * prepares the down projection's input (on the GPU, prefill's fp16 conversion and permutation). */
+    void (*silu_linear_add_norm)(const tsr_linear *L, float *gate, const float *up, int M, float *x, const tsr_dense *w,
+                                 float eps, float *out);
 } tsr_ops;
 
 #define TSR_TOP_MAX 64 /* candidates per row top_rows returns at most */

@@ -343,10 +343,15 @@ static void forward_body(void *arg)
         const tsr_linear *gate_up[2] = {&ly->gate, &ly->up};
         float *const gate_up_out[2] = {c->gate, c->up};
         linear_shared_input(ops, gate_up, 2, c->h, T, gate_up_out);
-        ops->silu_mul(c->gate, c->up, (size_t)T * m->local.intermediate, c->gate);
         /* within the part, the next layer's attention norm rides on this add when the backend fuses them */
         normed = l + 1 < m->part.layer1 && (ops->add_rmsnorm || ops->linear_add_norm);
-        linear_then_add(j, &ly->down, c->gate, normed ? &m->layers[l + 1].attn_norm : NULL);
+        const tsr_dense *next_norm = normed ? &m->layers[l + 1].attn_norm : NULL;
+        if (ops->silu_linear_add_norm && m->part.tp_size <= 1) {
+            ops->silu_linear_add_norm(&ly->down, c->gate, c->up, T, c->x, next_norm, cfg->norm_eps, c->h);
+        } else {
+            ops->silu_mul(c->gate, c->up, (size_t)T * m->local.intermediate, c->gate);
+            linear_then_add(j, &ly->down, c->gate, next_norm);
+        }
     }
     if (j->n_out == 0 || !m->part.head) return;
     ops->gather_rows(c->x, c->dev.out_index, j->n_out, H, c->out_rows);

@@ -17,16 +17,7 @@ mkdir -p "$out"
 SECONDS=0
 . tests/parallel/gpu-env.sh
 export TSR_FIXTURES=$root/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$root/models
-if [ "${TSR_GEMV_TESTS:-1}" = 1 ]; then
-  timeout 200 "$P/bin/test_cuda" > "$out/test_cuda.log" 2>&1
-  echo "test_cuda exit $? (at $SECONDS s)"; grep -E "PASSED|FAILED|ERROR|mismatch|max " "$out/test_cuda.log" | head -30
-  for v in ${TSR_GEMV_TEST_VARIANTS:-}; do
-    name=${v%%:*}; envs=${v#*:}
-    env ${envs//,/ } timeout 200 "$P/bin/test_cuda" > "$out/test_cuda-$name.log" 2>&1
-    echo "test_cuda ($name: $envs) exit $? (at $SECONDS s)"
-    grep -E "PASSED|FAILED|ERROR|mismatch" "$out/test_cuda-$name.log" | head -10
-  done
-fi
+[ "${TSR_GEMV_TESTS:-1}" = 1 ] && run_test_cuda "$out" "${TSR_GEMV_TEST_VARIANTS:-}"
 m8=/tmp/llama8b-${TSR_GEMV_BPW:-4.0}
 "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 \
   --bpw "${TSR_GEMV_BPW:-4.0}" --shard-size 2048 --threads 16 --out $m8 > /dev/null

@@ -32,8 +32,10 @@
  * that the eight rows an ldmatrix reads fall in different banks. */
 static size_t fa_smem_bytes(int D) { return (size_t)2 * 2 * FA_BKV * (D + 8) * sizeof(__half); }
 
+/* Three blocks per SM (168 registers, 24 bytes spilled; without the bound ptxas took 172 and two fit): 2048-token
+ * prefill +1.3-1.7 % (NOTES.md, stop 25). */
 template <int D>
-__global__ void __launch_bounds__(FA_WARPS * 32)
+__global__ void __launch_bounds__(FA_WARPS * 32, 3)
     fa_prefill_kernel(tsr_batch_layout b, tsr_attn_args a, const __half *kc, const __half *vc, int page_size,
                       const float *q, float *out, int q_tiles)
 {

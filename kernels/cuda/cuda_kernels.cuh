@@ -32,9 +32,14 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *L, int n, const float *x, int M,
 bool tsr_cuda_env_off(const char *name);
 /* Whether M rows run the sm_90 bulk-copy GEMV (TSR_CUDA_GEMV_BULK; gemv.cu). */
 bool tsr_cuda_gemv_bulk(int M);
-/* ops.h linear_add_norm: the decode GEMV's K-split parts are added in the residual pass. */
+/* ops.h linear_add_norm: the decode GEMV's K-split parts are added in the residual pass; on the dequantize path
+ * cuBLAS adds the product to x (beta 1) and a norm pass follows. */
 void tsr_cuda_linear_add_norm(const tsr_linear *L, const float *a, int M, float *x, const tsr_dense *w, float eps,
                               float *out);
+/* ops.h silu_linear_add_norm: on the dequantize path (prefill) the gating is folded into the input's permutation
+ * pass; below it silu_mul, then tsr_cuda_linear_add_norm (TSR_CUDA_SILU_FOLD=0 leaves the op out: backend.cu). */
+void tsr_cuda_silu_linear_add_norm(const tsr_linear *L, float *gate, const float *up, int M, float *x,
+                                   const tsr_dense *w, float eps, float *out);
 /* y[i] = x · W_i for n layers sharing x (ops.h linear_many): EXL2 decode GEMVs in one launch, else one by one (the
  * dequantize path permutes x once for consecutive matrices of one unit order). */
 void tsr_cuda_linear_many(const tsr_linear *const *L, int n, const float *x, int M, float *const *y);

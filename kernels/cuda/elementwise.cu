@@ -51,6 +51,7 @@ __device__ __forceinline__ float block_sum(float v)
     return part[0];
 }
 
+/* One block per row (the general case: any width or alignment). */
 __global__ void rmsnorm_kernel(const float *x, const void *w, int dtype, float eps, int dim, float *out)
 {
     tsr_pdl_start();
@@ -62,12 +63,53 @@ __global__ void rmsnorm_kernel(const float *x, const void *w, int dtype, float e
     for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = load_elem(w, dtype, i) * (xr[i] * inv);
 }
 
+/* Rows of up to 1024 V floats, 16-byte aligned: a block of 256 threads per row, each holding V float4 of it in
+ * registers, so the row is read once and the norm's weights are requested before its sum of squares is known; more
+ * rows are in flight per SM than with rmsnorm_kernel's 1024-thread blocks, which read each row twice (2048 rows of
+ * 4096: about 50 us, 1.3 TB/s). out may alias x (every read precedes block_sum's barrier). */
+template <int V>
+__global__ void __launch_bounds__(256)
+    rmsnorm_vec_kernel(const float *x, const void *w, int dtype, float eps, int dim, float *out)
+{
+    tsr_pdl_start();
+    const float4 *xr = (const float4 *)(x + (size_t)blockIdx.x * dim);
+    float4 *o = (float4 *)(out + (size_t)blockIdx.x * dim);
+    const int n4 = dim >> 2;
+    float4 v[V];
+    float wv[V][4];
+    float ss = 0.0f;
+#pragma unroll
+    for (int r = 0; r < V; r++) {
+        const int i = r * 256 + (int)threadIdx.x;
+        v[r] = i < n4 ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            wv[r][c] = i < n4 ? load_elem(w, dtype, (size_t)4 * i + c) : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < V; r++)
+        ss += v[r].x * v[r].x + v[r].y * v[r].y + v[r].z * v[r].z + v[r].w * v[r].w;
+    const float inv = rsqrtf(block_sum(ss) / dim + eps);
+#pragma unroll
+    for (int r = 0; r < V; r++) {
+        const int i = r * 256 + (int)threadIdx.x;
+        if (i < n4)
+            o[i] = make_float4(wv[r][0] * (v[r].x * inv), wv[r][1] * (v[r].y * inv), wv[r][2] * (v[r].z * inv),
+                               wv[r][3] * (v[r].w * inv));
+    }
+}
+
 void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, int dim, float *out)
 {
     if (rows <= 0) return;
-    /* one block per row, enough threads that each handles a few elements (one row is latency-bound) */
-    int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
-    tsr_launch(rmsnorm_kernel, dim3(rows), dim3(threads), x, w->dev, w->dtype, eps, dim, out);
+    const bool vec = dim % 4 == 0 && dim <= 8192 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)out & 15) == 0;
+    if (vec && dim <= 4096)
+        tsr_launch(rmsnorm_vec_kernel<4>, dim3(rows), dim3(256), x, w->dev, w->dtype, eps, dim, out);
+    else if (vec)
+        tsr_launch(rmsnorm_vec_kernel<8>, dim3(rows), dim3(256), x, w->dev, w->dtype, eps, dim, out);
+    else /* one block per row, enough threads that each handles a few elements (one row is latency-bound) */
+        tsr_launch(rmsnorm_kernel, dim3(rows), dim3(dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256), x, w->dev, w->dtype,
+                   eps, dim, out);
     TSR_CUDA_LAUNCHED();
 }
 
@@ -219,30 +261,30 @@ void tsr_cuda_kv_store(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, c
     TSR_CUDA_LAUNCHED();
 }
 
-/* rope_store: one thread per item of a row; items are, in order, the rotary pairs of every q head, then those of
- * every k head (rotated in place and written to the cache), then the k dims past the rotary ones, then every v
- * element (both to the cache). */
+/* rope_store's items of a row are, in order, the rotary pairs of every q head, then those of every k head (rotated
+ * in place and written to the cache), then the k dims past the rotary ones, then every v element (both to the
+ * cache). One item of row `row` (sequence seq, position pos, cache slot `slot`); cs: the row's cos and sin per
+ * rotary pair index, attention factor applied ([2][half]), or NULL to compute them here. */
 template <typename T>
-__global__ void rope_store_kernel(tsr_batch_layout b, float *q, int n_heads, float *k, const float *v, T *kc, T *vc,
-                                  int page_size, int n_kv, int head_dim, int half, int per_row)
+__device__ __forceinline__ void rope_store_item(const tsr_batch_layout &b, float *q, int n_heads, float *k,
+                                                const float *v, T *kc, T *vc, int n_kv, int head_dim, int half, int row,
+                                                int seq, int pos, size_t slot, int item, const float *cs)
 {
-    tsr_pdl_start();
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)b.n_rows * per_row) return;
-    const int row = (int)(i / per_row), seq = b.row_seq[row], pos = b.positions[row];
-    int item = (int)(i % per_row);
     const int width = n_kv * head_dim, q_pairs = n_heads * half, k_pairs = n_kv * half, rest = head_dim - 2 * half;
-    const size_t slot = ((size_t)b.page_tables[(size_t)seq * b.max_pages + pos / page_size] * page_size +
-                         pos % page_size) * width;
     if (item < q_pairs + k_pairs) {
         const int is_k = item >= q_pairs;
         if (is_k) item -= q_pairs;
         const int h = item / half, j = item % half;
         float s, c;
-        sincosf((float)pos * b.inv_freq[(size_t)seq * half + j], &s, &c);
-        const float af = b.attn_factor[seq];
-        c *= af;
-        s *= af;
+        if (cs) {
+            c = cs[j];
+            s = cs[half + j];
+        } else {
+            sincosf((float)pos * b.inv_freq[(size_t)seq * half + j], &s, &c);
+            const float af = b.attn_factor[seq];
+            c *= af;
+            s *= af;
+        }
         float *x = is_k ? k + ((size_t)row * n_kv + h) * head_dim : q + ((size_t)row * n_heads + h) * head_dim;
         const float p0 = x[j], p1 = x[j + half];
         const float r0 = p0 * c - p1 * s, r1 = p1 * c + p0 * s;
@@ -264,6 +306,57 @@ __global__ void rope_store_kernel(tsr_batch_layout b, float *q, int n_heads, flo
     vc[slot + item] = from_float<T>(v[(size_t)row * width + item]);
 }
 
+__device__ __forceinline__ size_t rope_store_slot(const tsr_batch_layout &b, int seq, int pos, int page_size, int width)
+{
+    return ((size_t)b.page_tables[(size_t)seq * b.max_pages + pos / page_size] * page_size + pos % page_size) * width;
+}
+
+/* rope_store for few rows (decode): one thread per item. */
+template <typename T>
+__global__ void rope_store_kernel(tsr_batch_layout b, float *q, int n_heads, float *k, const float *v, T *kc, T *vc,
+                                  int page_size, int n_kv, int head_dim, int half, int per_row)
+{
+    tsr_pdl_start();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)b.n_rows * per_row) return;
+    const int row = (int)(i / per_row), seq = b.row_seq[row], pos = b.positions[row];
+    rope_store_item<T>(b, q, n_heads, k, v, kc, vc, n_kv, head_dim, half, row, seq, pos,
+                       rope_store_slot(b, seq, pos, page_size, n_kv * head_dim), (int)(i % per_row), NULL);
+}
+
+/* rope_store for many rows (prefill): a block per row, which computes the row's cos and sin once per rotary pair
+ * index (the per-item kernel computed them once per head: 40 times at 8B) and its cache slot once. */
+template <typename T>
+__global__ void rope_store_rows_kernel(tsr_batch_layout b, float *q, int n_heads, float *k, const float *v, T *kc,
+                                       T *vc, int page_size, int n_kv, int head_dim, int half, int per_row)
+{
+    extern __shared__ float rs_cs[]; /* [2][half] */
+    tsr_pdl_start();
+    const int row = blockIdx.x, seq = b.row_seq[row], pos = b.positions[row];
+    const float af = b.attn_factor[seq];
+    for (int j = threadIdx.x; j < half; j += blockDim.x) {
+        float s, c;
+        sincosf((float)pos * b.inv_freq[(size_t)seq * half + j], &s, &c);
+        rs_cs[j] = c * af;
+        rs_cs[half + j] = s * af;
+    }
+    __syncthreads();
+    const size_t slot = rope_store_slot(b, seq, pos, page_size, n_kv * head_dim);
+    for (int item = threadIdx.x; item < per_row; item += blockDim.x)
+        rope_store_item<T>(b, q, n_heads, k, v, kc, vc, n_kv, head_dim, half, row, seq, pos, slot, item, rs_cs);
+}
+
+/* From this many rows rope_store takes a block per row (TSR_CUDA_ROPE_ROWS_MIN overrides; tests set 1). */
+static int rope_store_rows_min(void)
+{
+    static int v = -1;
+    if (v < 0)
+        v = getenv("TSR_CUDA_ROPE_ROWS_MIN") && atoi(getenv("TSR_CUDA_ROPE_ROWS_MIN")) > 0
+                ? atoi(getenv("TSR_CUDA_ROPE_ROWS_MIN"))
+                : 64;
+    return v;
+}
+
 void tsr_cuda_rope_store(const tsr_batch_layout *b, float *q, int n_heads, float *k, const float *v, tsr_kv_cache *kv,
                          int layer, int rot_dim)
 {
@@ -277,12 +370,21 @@ void tsr_cuda_rope_store(const tsr_batch_layout *b, float *q, int n_heads, float
     const int per_row = (n_heads + n_kv) * half + n_kv * (d - 2 * half) + n_kv * d;
     const size_t total = (size_t)b->n_rows * per_row;
     if (!total) return;
-    if (kv->dtype == TSR_F32)
+    if (b->n_rows >= rope_store_rows_min()) {
+        const size_t smem = 2 * (size_t)half * sizeof(float);
+        if (kv->dtype == TSR_F32)
+            tsr_launch_smem(rope_store_rows_kernel<float>, dim3(b->n_rows), dim3(256), smem, *b, q, n_heads, k, v,
+                            (float *)kv->k[layer], (float *)kv->v[layer], kv->page_size, n_kv, d, half, per_row);
+        else
+            tsr_launch_smem(rope_store_rows_kernel<__half>, dim3(b->n_rows), dim3(256), smem, *b, q, n_heads, k, v,
+                            (__half *)kv->k[layer], (__half *)kv->v[layer], kv->page_size, n_kv, d, half, per_row);
+    } else if (kv->dtype == TSR_F32) {
         tsr_launch(rope_store_kernel<float>, dim3(tsr_div_up(total, 256)), dim3(256), *b, q, n_heads, k, v,
                    (float *)kv->k[layer], (float *)kv->v[layer], kv->page_size, n_kv, d, half, per_row);
-    else
+    } else {
         tsr_launch(rope_store_kernel<__half>, dim3(tsr_div_up(total, 256)), dim3(256), *b, q, n_heads, k, v,
                    (__half *)kv->k[layer], (__half *)kv->v[layer], kv->page_size, n_kv, d, half, per_row);
+    }
     TSR_CUDA_LAUNCHED();
 }
 

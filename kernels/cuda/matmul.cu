@@ -4,9 +4,11 @@
  * rows.
  * EXL2 and GPTQ, prefill and batches from TSR_CUDA_DQ_MIN_M rows (default on sm_90, where the bulk GEMV runs 33-64
  * rows as two chunks faster than the dequantize round trip: 65; 33 elsewhere; dq_min_m): the activations are gathered
- * through the permutation as fp16; column slabs of the matrix are dequantized to fp16 into one buffer reserved at
- * model preparation (the largest layer matrix) and multiplied by cuBLAS (fp16 operands, fp32 accumulation), as
- * ExLlamaV2 does above 50 rows. kernels/cuda/NOTES.md has the figures.
+ * through the permutation as fp16 (for the down projection, silu(gate) · up is formed in the same pass); column slabs
+ * of the matrix are dequantized to fp16 into one buffer reserved at model preparation (the largest layer matrix) and
+ * multiplied by cuBLAS (fp16 operands, fp32 accumulation), as ExLlamaV2 does above 50 rows; the o and down
+ * projections add their product to the residual stream in cuBLAS's epilogue (beta 1). kernels/cuda/NOTES.md has the
+ * figures.
  * Dense weights: a warp-per-column GEMV for M <= 8, cuBLAS (GemmEx, fp32 accumulation) above. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
@@ -24,37 +26,95 @@
 
 /* ---- EXL2 through cuBLAS: dequantize column slabs to fp16, then one dense GEMM per slab ---- */
 
-/* xp[m][k] = h(x[m][uperm[k]]): the activations in unit row order as fp16 (0 on padding rows). A block per row (rows
- * step by gridDim.x): the row is read whole into shared memory as fp16, then gathered from there, so that global
- * reads and writes are both contiguous (gathering straight from global memory read a 32-byte sector per element and
- * ran at a third of the speed). */
-__global__ void __launch_bounds__(512) permute_half_kernel(const float *x, const int32_t *uperm, int M, int K, int Kp,
-                                                            __half *xp)
+/* xp[m][k] = h(x[m][uperm[k]]) (GATED: h(silu(x) · up) at the same place, the MLP's gating folded into the down
+ * projection's input pass): the activations in unit row order as fp16, 0 on padding rows. Each block keeps the
+ * permutation in shared memory as 16-bit indices (loaded once, PERM_SMEM; K < 65535) and takes rows m = blockIdx.x,
+ * + gridDim.x ...: a row is read whole (float4 where K allows), converted into shared memory, then gathered from
+ * there, so that global reads and writes are both contiguous. Until stop 25 each block took one row and read the
+ * permutation from global memory with it (4 bytes per value, as much as the row itself): 30 us for 2048 x 4096. */
+__device__ __forceinline__ float silu_times(float g, float u)
 {
-    extern __shared__ __half row_h[];
+    return g / (1.0f + expf(-g)) * u;
+}
+
+template <bool GATED, bool PERM_SMEM>
+__global__ void __launch_bounds__(512)
+    permute_half_kernel(const float *x, const float *up, const int32_t *uperm, int M, int K, int Kp, __half *xp)
+{
+    extern __shared__ __align__(16) unsigned char pm_smem[];
+    __half *row_h = (__half *)pm_smem;
+    uint16_t *perm = (uint16_t *)(pm_smem + (((size_t)K * sizeof(__half) + 15) & ~(size_t)15));
+    if (PERM_SMEM)
+        for (int k = threadIdx.x; k < Kp; k += blockDim.x)
+            perm[k] = uperm[k] < 0 ? (uint16_t)0xffffu : (uint16_t)uperm[k];
+    const bool vec = (K & 3) == 0 && ((uintptr_t)x & 15) == 0 && (!GATED || ((uintptr_t)up & 15) == 0);
     for (int m = blockIdx.x; m < M; m += gridDim.x) {
-        const float *xm = x + (size_t)m * K;
-        for (int k = threadIdx.x; k < K; k += blockDim.x) row_h[k] = __float2half_rn(xm[k]);
+        const float *xm = x + (size_t)m * K, *um = GATED ? up + (size_t)m * K : NULL;
+        if (vec) {
+            for (int k = 4 * threadIdx.x; k < K; k += 4 * blockDim.x) {
+                float4 v = *(const float4 *)(xm + k);
+                if (GATED) {
+                    const float4 u = *(const float4 *)(um + k);
+                    v = make_float4(silu_times(v.x, u.x), silu_times(v.y, u.y), silu_times(v.z, u.z),
+                                    silu_times(v.w, u.w));
+                }
+                *(__half2 *)(row_h + k) = __floats2half2_rn(v.x, v.y);
+                *(__half2 *)(row_h + k + 2) = __floats2half2_rn(v.z, v.w);
+            }
+        } else {
+            for (int k = threadIdx.x; k < K; k += blockDim.x)
+                row_h[k] = __float2half_rn(GATED ? silu_times(xm[k], um[k]) : xm[k]);
+        }
         __syncthreads();
-        __half *out = xp + (size_t)m * Kp;
-        for (int k = threadIdx.x; k < Kp; k += blockDim.x) {
-            const int src = uperm[k];
-            out[k] = src >= 0 ? row_h[src] : __float2half_rn(0.0f);
+        __half2 *out = (__half2 *)(xp + (size_t)m * Kp); /* Kp is a multiple of 32 */
+        for (int k = 2 * threadIdx.x; k < Kp; k += 2 * blockDim.x) {
+            __half2 h;
+            if (PERM_SMEM) {
+                const unsigned s0 = perm[k], s1 = perm[k + 1];
+                h.x = s0 != 0xffffu ? row_h[s0] : __float2half_rn(0.0f);
+                h.y = s1 != 0xffffu ? row_h[s1] : __float2half_rn(0.0f);
+            } else {
+                const int s0 = uperm[k], s1 = uperm[k + 1];
+                h.x = s0 >= 0 ? row_h[s0] : __float2half_rn(0.0f);
+                h.y = s1 >= 0 ? row_h[s1] : __float2half_rn(0.0f);
+            }
+            out[k >> 1] = h;
         }
         __syncthreads();
     }
 }
 
-static void permute_half(const float *x, const int32_t *uperm, int M, int K, int Kp, __half *xp)
+/* Opts kernel f in to smem bytes of dynamic shared memory and returns the blocks of 512 threads that fit on the
+ * chip at once with it (at least 1). */
+template <typename F> static int permute_blocks(F f, size_t smem)
 {
-    static size_t opted = 48 * 1024; /* dynamic shared memory allowed so far (the default limit) */
-    const size_t smem = (size_t)K * sizeof(__half);
-    if (smem > opted) {
-        TSR_CUDA_CHECK(cudaFuncSetAttribute(permute_half_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        opted = smem;
-    }
-    permute_half_kernel<<<M < 65535 ? M : 65535, 512, smem, tsr_cuda_stream()>>>(x, uperm, M, K, Kp, xp);
-    TSR_CUDA_LAUNCHED();
+    TSR_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int per_sm = 0, dev = 0, sms = 0;
+    TSR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, 512, smem));
+    TSR_CUDA_CHECK(cudaGetDevice(&dev));
+    TSR_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return per_sm > 0 ? per_sm * sms : 1;
+}
+
+/* permute_half_kernel over M rows; up non-NULL: the gated input silu(x) · up. The permutation stays in global memory
+ * where it would not fit beside the row (or K does not fit 16 bits). */
+static void permute_half(const float *x, const float *up, const int32_t *uperm, int M, int K, int Kp, __half *xp)
+{
+    const size_t row = ((size_t)K * sizeof(__half) + 15) & ~(size_t)15, with_perm = row + (size_t)Kp * sizeof(uint16_t);
+    const bool in_smem = K < 0xffff && with_perm <= 160 * 1024;
+    const size_t smem = in_smem ? with_perm : row;
+    auto launch = [&](auto kernel) {
+        static std::map<size_t, int> fits; /* blocks on the chip per shared-memory size, one table per kernel */
+        auto it = fits.find(smem);
+        const int chip = it != fits.end() ? it->second : (fits[smem] = permute_blocks(kernel, smem));
+        const int grid = M < chip ? M : chip;
+        kernel<<<grid, 512, smem, tsr_cuda_stream()>>>(x, up, uperm, M, K, Kp, xp);
+        TSR_CUDA_LAUNCHED();
+    };
+    if (up)
+        in_smem ? launch(permute_half_kernel<true, true>) : launch(permute_half_kernel<true, false>);
+    else
+        in_smem ? launch(permute_half_kernel<false, true>) : launch(permute_half_kernel<false, false>);
 }
 
 /* dq[k][j] = W[k][32 cb0 + j] in unit row order for the slab's columns; one warp per (unit, column block): the
@@ -163,7 +223,7 @@ static int dq_times_on(void)
     return v;
 }
 struct dq_time {
-    double ms[3];
+    double ms[3], min[3]; /* summed and least per part (a shape's first call loads cuBLAS's kernel lazily) */
     long n;
 };
 static std::map<std::pair<int, std::pair<int, int>>, dq_time> g_dq_times;
@@ -171,9 +231,13 @@ static cudaEvent_t g_dq_ev[4];
 static void dq_times_report(void)
 {
     for (auto &e : g_dq_times)
-        fprintf(stderr, "dq path M %d, %dx%d: %ld calls, permute %.1f us, dequantize %.1f us, gemm %.1f us per call\n",
-                e.first.first, e.first.second.first, e.first.second.second, e.second.n, 1e3 * e.second.ms[0] / e.second.n,
-                1e3 * e.second.ms[1] / e.second.n, 1e3 * e.second.ms[2] / e.second.n);
+        fprintf(
+            stderr,
+            "dq path M %d, %dx%d: %ld calls, permute %.1f us, dequantize %.1f us, gemm %.1f us per call (least %.1f, "
+            "%.1f, %.1f)\n",
+            e.first.first, e.first.second.first, e.first.second.second, e.second.n, 1e3 * e.second.ms[0] / e.second.n,
+            1e3 * e.second.ms[1] / e.second.n, 1e3 * e.second.ms[2] / e.second.n, 1e3 * e.second.min[0],
+            1e3 * e.second.min[1], 1e3 * e.second.min[2]);
 }
 static void dq_mark(int i)
 {
@@ -193,14 +257,16 @@ static void dq_account(int M, int K, int N)
         float ms = 0;
         TSR_CUDA_CHECK(cudaEventElapsedTime(&ms, g_dq_ev[k], g_dq_ev[k + 1]));
         t.ms[k] += ms;
+        t.min[k] = t.n == 0 || ms < t.min[k] ? ms : t.min[k];
     }
     t.n++;
 }
 
-/* y = xp · W through cuBLAS, xp being the activations in unit row order (fp16, Kp = 32 units rows). */
-static void exl2_dq_gemm(const tsr_linear_dev *L, const __half *xp, int M, float *y)
+/* y = xp · W (beta 1: y += xp · W, the residual add in cuBLAS's epilogue) through cuBLAS, xp being the activations
+ * in unit row order (fp16, Kp = 32 units rows). */
+static void exl2_dq_gemm(const tsr_linear_dev *L, const __half *xp, int M, float *y, float beta)
 {
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f;
     const int Kp = 32 * L->n_units;
     size_t slab = g_dq_bytes / ((size_t)Kp * sizeof(__half));
     slab -= slab % 128;
@@ -308,16 +374,18 @@ static void dense_gemm(const tsr_linear_dev *L, const float *x, int M, float *y)
     }
 }
 
-/* The dequantize path of one EXL2/GPTQ matrix; permute = 0 when scratch slot 0 already holds x in this matrix's
- * unit row order (the matrix before it in a group had the same permutation). */
-static void exl2_dq_linear(const tsr_linear_dev *L, const float *x, int M, float *y, int permute)
+/* The dequantize path of one EXL2/GPTQ matrix, on x or (up non-NULL) on silu(x) · up, into y (beta 0) or added to
+ * it (beta 1); permute = 0 when scratch slot 0 already holds the input in this matrix's unit row order (the matrix
+ * before it in a group had the same permutation). */
+static void exl2_dq_linear(const tsr_linear_dev *L, const float *x, const float *up, int M, float *y, int permute,
+                           float beta = 0.0f)
 {
     const int Kp = 32 * L->n_units;
     __half *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * Kp * sizeof(__half));
     dq_mark(0);
-    if (permute) permute_half(x, L->uperm, M, L->K, Kp, xp);
+    if (permute) permute_half(x, up, L->uperm, M, L->K, Kp, xp);
     dq_mark(1);
-    exl2_dq_gemm(L, xp, M, y);
+    exl2_dq_gemm(L, xp, M, y, beta);
     dq_mark(3);
     dq_account(M, L->K, L->N);
     if (L->bias) {
@@ -368,7 +436,7 @@ void tsr_cuda_linear(const tsr_linear *Lh, const float *x, int M, float *y)
             tsr_cuda_gemv(&L, 1, x, M, &y);
             return;
         }
-        exl2_dq_linear(L, x, M, y, 1);
+        exl2_dq_linear(L, x, NULL, M, y, 1);
         return;
     }
     if (M <= 8) {
@@ -400,7 +468,12 @@ void tsr_cuda_linear_add_norm(const tsr_linear *Lh, const float *a, int M, float
                                      eps, out + (size_t)r0 * L->N);
         return;
     }
-    if (L->kind == TSR_LINEAR_EXL2 && !dq_path(M)) {
+    if (L->kind == TSR_LINEAR_EXL2 && dq_path(M)) { /* x += a · W in the GEMM, then the norm alone */
+        exl2_dq_linear(L, a, NULL, M, x, 1, 1.0f);
+        if (w) tsr_cuda_rmsnorm(x, w, eps, M, L->N, out);
+        return;
+    }
+    if (L->kind == TSR_LINEAR_EXL2) {
         tsr_gemv_parts parts;
         tsr_cuda_gemv(&L, 1, a, M, &out, &parts);
         if (parts.splits > 0) {
@@ -412,6 +485,21 @@ void tsr_cuda_linear_add_norm(const tsr_linear *Lh, const float *a, int M, float
         tsr_cuda_linear(Lh, a, M, out);
     }
     tsr_cuda_add_parts(x, out, 1, 0, L->N, NULL, w, eps, M, L->N, out);
+}
+
+void tsr_cuda_silu_linear_add_norm(const tsr_linear *Lh, float *gate, const float *up, int M, float *x,
+                                   const tsr_dense *w, float eps, float *out)
+{
+    const tsr_linear_dev *L = (const tsr_linear_dev *)Lh->dev;
+    if (M <= 0) return;
+    if (!L) tsr_cuda_fatal(__FILE__, __LINE__, "linear layer used before prepare_model");
+    if (L->kind == TSR_LINEAR_EXL2 && dq_path(M)) {
+        exl2_dq_linear(L, gate, up, M, x, 1, 1.0f);
+        if (w) tsr_cuda_rmsnorm(x, w, eps, M, L->N, out);
+        return;
+    }
+    tsr_cuda_silu_mul(gate, up, (size_t)M * L->K, gate);
+    tsr_cuda_linear_add_norm(Lh, gate, M, x, w, eps, out);
 }
 
 void tsr_cuda_linear_many(const tsr_linear *const *Lh, int n, const float *x, int M, float *const *y)
@@ -433,7 +521,7 @@ void tsr_cuda_linear_many(const tsr_linear *const *Lh, int n, const float *x, in
     for (int i = 0; i < n; i++) {
         const tsr_linear_dev *d = (const tsr_linear_dev *)Lh[i]->dev;
         if (M > 0 && d && d->kind == TSR_LINEAR_EXL2 && dq_path(M)) {
-            exl2_dq_linear(d, x, M, y[i], !prev || !same_unit_order(prev, d));
+            exl2_dq_linear(d, x, NULL, M, y[i], !prev || !same_unit_order(prev, d));
             prev = d;
         } else {
             tsr_cuda_linear(Lh[i], x, M, y[i]);

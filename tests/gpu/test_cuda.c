@@ -84,6 +84,30 @@ static void expect_close(const char *what, const float *got, const float *want, 
     if (!(e <= tol)) fail_msg("%s: relative error %.3e above %.1e", what, e, tol);
 }
 
+/* rmsnorm of rows × dim against the CPU (in place: out = x); the widths pick the GPU's kernels: 256-thread blocks
+ * with float4 rows up to 4096 and 8192 wide, and the general one (a width that is not a multiple of 4, or wider). */
+static void check_rmsnorm(int rows, int dim, int in_place)
+{
+    const size_t n = (size_t)rows * dim;
+    float *x = rand_host(n, 3.0f), *want = malloc(n * sizeof(float));
+    uint16_t *w16 = malloc((size_t)dim * sizeof *w16);
+    for (int i = 0; i < dim; i++)
+        w16[i] = tsr_float_to_half(1.0f + 0.3f * frand());
+    tsr_dense w = {TSR_F16, 1, dim, w16, NULL}, wd = w;
+    wd.dev = dev_copy(w16, (size_t)dim * sizeof *w16);
+    cpu->rmsnorm(x, &w, 1e-5f, rows, dim, want);
+    float *dx = dev_copy(x, n * 4), *dout = in_place ? dx : dev_poisoned(n);
+    gpu->rmsnorm(dx, &wd, 1e-5f, rows, dim, dout);
+    float *got = to_host(dout, n);
+    char what[64];
+    snprintf(what, sizeof what, "rmsnorm %dx%d%s", rows, dim, in_place ? " in place" : "");
+    expect_close(what, got, want, n, 1e-6);
+    free(got), free(x), free(want), free(w16);
+    gpu->release(dx);
+    if (!in_place) gpu->release(dout);
+    gpu->release((void *)wd.dev);
+}
+
 static void test_elementwise(void **state)
 {
     (void)state;
@@ -102,6 +126,10 @@ static void test_elementwise(void **state)
     float *got = to_host(dout, (size_t)rows * dim);
     expect_close("rmsnorm 7x1000", got, want, (size_t)rows * dim, 1e-6);
     free(got);
+    check_rmsnorm(5, 8192, 0);
+    check_rmsnorm(3, 4096, 1);
+    check_rmsnorm(3, 1002, 0);
+    check_rmsnorm(2, 8200, 1);
 
     /* silu_mul, add, gather */
     float *y = rand_host((size_t)rows * dim, 2.0f), *dy = dev_copy(y, (size_t)rows * dim * 4);
@@ -364,9 +392,9 @@ static int test_batch(host_layout *h, int kind, int page, int n_pages, int half)
     return max_pos;
 }
 
-static void check_attention_heads(int d, tsr_dtype kv_dtype, int window, int decode, int nh, int nkv)
+static void check_attention_heads(int d, tsr_dtype kv_dtype, int window, int decode, int nh, int nkv, int page)
 {
-    const int page = 16, n_pages = 1024;
+    const int n_pages = 1024;
     host_layout h;
     const int max_pos = test_batch(&h, decode, page, n_pages, d / 2);
     tsr_kv_cache kc, kg;
@@ -397,8 +425,11 @@ static void check_attention_heads(int d, tsr_dtype kv_dtype, int window, int dec
     gpu->attention(&bg, &a, &kg, dq, dout);
     float *got = to_host(dout, n);
     char what[96];
-    snprintf(what, sizeof what, "attention d%d %s %s window %d, %d/%d heads", d, tsr_dtype_name(kv_dtype),
-             decode == 1 ? "decode" : decode == 2 ? "mixed" : "prefill", window, nh, nkv);
+    snprintf(what, sizeof what, "attention d%d %s %s window %d, %d/%d heads, page %d", d, tsr_dtype_name(kv_dtype),
+             decode == 1   ? "decode"
+             : decode == 2 ? "mixed"
+                           : "prefill",
+             window, nh, nkv, page);
     /* batches with prefill rows over an fp16 cache take the tensor-core kernel (fp16 queries and probabilities) */
     const int tensor_core = decode != 1 && kv_dtype == TSR_F16 && (d == 64 || d == 128);
     expect_close(what, got, want, n, tensor_core ? 4e-3 : 2e-5);
@@ -421,7 +452,7 @@ static void check_attention_heads(int d, tsr_dtype kv_dtype, int window, int dec
 /* Eight query heads over two KV heads (groups of four). */
 static void check_attention(int d, tsr_dtype kv_dtype, int window, int decode)
 {
-    check_attention_heads(d, kv_dtype, window, decode, 8, 2);
+    check_attention_heads(d, kv_dtype, window, decode, 8, 2, 16);
 }
 
 static void test_attention(void **state)
@@ -442,11 +473,14 @@ static void test_attention(void **state)
     check_attention(96, TSR_F16, 0, 0); /* no tensor-core kernel for d96: the general one */
     /* attention_decode.cu's tensor-core path by group size: 8 heads per KV head (two n-tiles), 1 and 3 (padded
      * columns), 12 (the scalar path) */
-    check_attention_heads(128, TSR_F16, 0, 1, 16, 2);
-    check_attention_heads(64, TSR_F16, 300, 1, 16, 2);
-    check_attention_heads(128, TSR_F16, 600, 1, 2, 2);
-    check_attention_heads(64, TSR_F16, 0, 1, 6, 2);
-    check_attention_heads(128, TSR_F16, 0, 1, 24, 2);
+    check_attention_heads(128, TSR_F16, 0, 1, 16, 2, 16);
+    check_attention_heads(64, TSR_F16, 300, 1, 16, 2, 16);
+    check_attention_heads(128, TSR_F16, 600, 1, 2, 2, 16);
+    check_attention_heads(64, TSR_F16, 0, 1, 6, 2, 16);
+    check_attention_heads(128, TSR_F16, 0, 1, 24, 2, 16);
+    /* pages of 24 positions: the K/V tile copies find pages by division instead of a shift */
+    check_attention_heads(128, TSR_F16, 0, 0, 8, 2, 24);
+    check_attention_heads(128, TSR_F16, 0, 1, 8, 2, 24);
 }
 
 /* Bytes of one backend array, on the host. */
@@ -512,6 +546,7 @@ static void test_rope_store(void **state)
     check_rope_store(64, TSR_F32, 64, 1);
     check_rope_store(128, TSR_F16, 64, 0); /* partial rotary: dims past 64 stored as they are */
     check_rope_store(96, TSR_F32, 32, 1);
+    check_rope_store(96, TSR_F32, 32, 0); /* 232 rows: from 64 a block per row */
 }
 
 /* ---- quantized KV caches (Q4/Q6/Q8) ---- */
@@ -643,6 +678,49 @@ static void check_linear_add_norm(const tsr_linear *Lc, const tsr_linear *Lg, co
     gpu->release((void *)wd.dev);
 }
 
+/* silu_linear_add_norm against the CPU's silu_mul, linear, add and rmsnorm, at M rows of random gate and up (from
+ * the dequantize path's rows, the gating folded into its input pass; below, silu_mul and linear_add_norm). With
+ * `offset`, gate and up start one float past their allocation, off the 16-byte alignment of the pass's float4
+ * loads, so that its scalar loop runs. */
+static void check_silu_linear_add_norm(const tsr_linear *Lc, const tsr_linear *Lg, int M, int offset)
+{
+    const int K = Lc->K, N = Lc->N;
+    const size_t nk = (size_t)M * K + (size_t)offset, nn = (size_t)M * N;
+    uint16_t *w16 = malloc((size_t)N * sizeof *w16);
+    for (int i = 0; i < N; i++)
+        w16[i] = tsr_float_to_half(1.0f + 0.3f * frand());
+    tsr_dense w = {TSR_F16, 1, N, w16, NULL}, wd = w;
+    wd.dev = dev_copy(w16, (size_t)N * sizeof *w16);
+    float *gate = rand_host(nk, 2.0f), *up = rand_host(nk, 1.0f), *act = malloc(nk * 4);
+    float *res = rand_host(nn, 1.0f), *want = malloc(nn * 4), *normed = malloc(nn * 4);
+    cpu->silu_mul(gate + offset, up + offset, (size_t)M * K, act);
+    cpu->linear(Lc, act, M, want);
+    cpu->add(want, res, nn);
+    cpu->rmsnorm(want, &w, 1e-5f, M, N, normed);
+    const double tol = M <= 8 ? 1e-5 : 2e-3;
+    float *dup = dev_copy(up, nk * 4);
+    for (int with_norm = 1; with_norm >= 0; with_norm--) {
+        float *dgate = dev_copy(gate, nk * 4), *dres = dev_copy(res, nn * 4), *dout = dev_poisoned(nn);
+        gpu->silu_linear_add_norm(Lg, dgate + offset, dup + offset, M, dres, with_norm ? &wd : NULL, 1e-5f, dout);
+        char what[80];
+        float *got = to_host(dres, nn);
+        snprintf(what, sizeof what, "silu_linear_add_norm M=%d%s: the sum%s", M, offset ? " unaligned" : "",
+                 with_norm ? "" : " (no norm)");
+        expect_close(what, got, want, nn, tol);
+        free(got);
+        if (with_norm) {
+            got = to_host(dout, nn);
+            snprintf(what, sizeof what, "silu_linear_add_norm M=%d%s: the norm", M, offset ? " unaligned" : "");
+            expect_close(what, got, normed, nn, tol);
+            free(got);
+        }
+        gpu->release(dgate), gpu->release(dres), gpu->release(dout);
+    }
+    gpu->release(dup);
+    free(gate), free(up), free(act), free(res), free(want), free(normed), free(w16);
+    gpu->release((void *)wd.dev);
+}
+
 /* A random EXL2 matrix of N columns (the first `used` of them in use) and the given groups, loaded, and uploaded as
  * the head of a host model shell with no layers, so that prepare_model uploads that one matrix. */
 typedef struct {
@@ -723,9 +801,11 @@ static void test_linear_exl2(void **state)
         check_linear(&h, dx, want, M, 3, M <= 8 ? 1e-5 : 2e-3,
                      M <= 8 ? "GEMV" : M <= 32 ? "GEMV, fp16 activations" : M <= 64 ? "sm_90: GEMV chunks" : "GEMM");
         check_linear_add_norm(&L, &h.shell.head, dx, want, M);
+        check_silu_linear_add_norm(&L, &h.shell.head, M, 0);
         free(x), free(want);
         gpu->release(dx);
     }
+    check_silu_linear_add_norm(&L, &h.shell.head, 100, 1);
     gpu_head_close(&h);
 }
 
