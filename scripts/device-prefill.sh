@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call for prefill work: test_cuda, then the 8B-geometry EXL2 4.0 bpw model (tessera synth) through a
-# 2048-token prefill in one chunk (`--max-tokens 2048`) under each variant of TSR_PREFILL_VARIANTS ("name:ENV=V,..."
+# 2048-token prefill in one chunk (`--max-tokens 2048`; TSR_PREFILL_CHUNK=512: in 512-token chunks, as `tessera serve`
+# and `generate` run it by default) under each variant of TSR_PREFILL_VARIANTS ("name:ENV=V,..."
 # with BIN=NAME for another build, as in scripts/device-gemv.sh), TSR_PREFILL_RUNS times each (default 2), then the
 # per-op device profile of that prefill (TSR_CUDA_PROFILE=2; the first forward left out) and the dequantize path's
 # parts (TSR_CUDA_DQ_TIMES=1) with this build. Pack first with TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh
@@ -15,10 +16,11 @@ SECONDS=0
 export TSR_FIXTURES=$root/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$root/models
 [ "${TSR_PREFILL_TESTS:-1}" = 1 ] && run_test_cuda "$out" "${TSR_PREFILL_TEST_VARIANTS:-}"
 m8=/tmp/llama8b-4.0
-"$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 \
-  --bpw 4.0 --shard-size 2048 --threads 16 --out $m8 > /dev/null
+[ -f $m8/config.json ] || "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 \
+  --intermediate 14336 --vocab 128256 --bpw 4.0 --shard-size 2048 --threads 16 --out $m8 > /dev/null
 echo "synth done at $SECONDS s"
-echo "batch prefill tok/s decode tok/s   ms/step (2048-token prompt, one chunk)"
+chunk=${TSR_PREFILL_CHUNK:-2048}
+echo "batch prefill tok/s decode tok/s   ms/step (2048-token prompt, chunks of $chunk)"
 for v in ${TSR_PREFILL_VARIANTS:-default:}; do
   name=${v%%:*}; envs=${v#*:}
   b=$(variant_bin "$envs")
@@ -26,7 +28,7 @@ for v in ${TSR_PREFILL_VARIANTS:-default:}; do
   for i in $(seq "${TSR_PREFILL_RUNS:-2}"); do
     printf '%-12s ' "$name"
     env ${envs//,/ } timeout 90 "$b" bench --model $m8 --device cuda --batch 1 --prompt-len 2048 --gen 8 \
-      --max-tokens 2048 2>&1 | tail -1
+      --max-tokens "$chunk" 2>&1 | tail -1
   done
 done
 if [ "${TSR_PREFILL_PROFILE:-1}" = 1 ]; then
