@@ -96,12 +96,25 @@ template <typename F> static int permute_blocks(F f, size_t smem)
     return per_sm > 0 ? per_sm * sms : 1;
 }
 
+/* The most dynamic shared memory a block of the current device may opt in to (99 KB on sm_86/89, 227 KB on sm_90). */
+static size_t smem_optin(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        int dev = 0;
+        TSR_CUDA_CHECK(cudaGetDevice(&dev));
+        TSR_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    }
+    return (size_t)v;
+}
+
 /* permute_half_kernel over M rows; up non-NULL: the gated input silu(x) · up. The permutation stays in global memory
- * where it would not fit beside the row (or K does not fit 16 bits). */
+ * where it would not fit beside the row (at most 160 KB, and what the device allows: 70B's down projection needs
+ * 114 KB, more than the 99 KB of the consumer cards) or K does not fit 16 bits. */
 static void permute_half(const float *x, const float *up, const int32_t *uperm, int M, int K, int Kp, __half *xp)
 {
     const size_t row = ((size_t)K * sizeof(__half) + 15) & ~(size_t)15, with_perm = row + (size_t)Kp * sizeof(uint16_t);
-    const bool in_smem = K < 0xffff && with_perm <= 160 * 1024;
+    const bool in_smem = K < 0xffff && with_perm <= 160 * 1024 && with_perm <= smem_optin();
     const size_t smem = in_smem ? with_perm : row;
     auto launch = [&](auto kernel) {
         static std::map<size_t, int> fits; /* blocks on the chip per shared-memory size, one table per kernel */
