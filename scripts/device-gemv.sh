@@ -11,12 +11,10 @@
 # TSR_GPUPACK_ALT="NAME=FILE" bash tests/parallel/gpu-pack.sh leaves room for them); a variant naming BIN=NAME runs it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 SECONDS=0
 . tests/parallel/gpu-env.sh
-export TSR_FIXTURES=$root/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$root/models
 [ "${TSR_GEMV_TESTS:-1}" = 1 ] && run_test_cuda "$out" "${TSR_GEMV_TEST_VARIANTS:-}"
 m8=/tmp/llama8b-${TSR_GEMV_BPW:-4.0}
 "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 \

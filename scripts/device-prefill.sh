@@ -8,12 +8,10 @@
 # (TSR_GPUPACK_ALT for other builds) and carry `.parpack`; logs go to $OUT. About two minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 SECONDS=0
 . tests/parallel/gpu-env.sh
-export TSR_FIXTURES=$root/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$root/models
 [ "${TSR_PREFILL_TESTS:-1}" = 1 ] && run_test_cuda "$out" "${TSR_PREFILL_TEST_VARIANTS:-}"
 m8=/tmp/llama8b-4.0
 [ -f $m8/config.json ] || "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 \
@@ -24,7 +22,6 @@ echo "batch prefill tok/s decode tok/s   ms/step (2048-token prompt, chunks of $
 for v in ${TSR_PREFILL_VARIANTS:-default:}; do
   name=${v%%:*}; envs=${v#*:}
   b=$(variant_bin "$envs")
-  envs=$(echo ",$envs" | sed -E 's/,BIN=[^,]*//; s/^,//')
   for i in $(seq "${TSR_PREFILL_RUNS:-2}"); do
     printf '%-12s ' "$name"
     env ${envs//,/ } timeout 90 "$b" bench --model $m8 --device cuda --batch 1 --prompt-len 2048 --gen 8 \
@@ -32,12 +29,12 @@ for v in ${TSR_PREFILL_VARIANTS:-default:}; do
   done
 done
 if [ "${TSR_PREFILL_PROFILE:-1}" = 1 ]; then
-TSR_CUDA_PROFILE=2 timeout 120 "$bin" bench --model $m8 --device cuda --batch 1 --prompt-len 2048 --gen 2 \
-  --max-tokens 2048 > "$out/profile-prefill.txt" 2>&1
-grep -A20 "prefill (M" "$out/profile-prefill.txt"
-TSR_CUDA_DQ_TIMES=1 timeout 120 "$bin" bench --model $m8 --device cuda --batch 1 --prompt-len 2048 --gen 2 \
-  --max-tokens 2048 > "$out/dq-times.txt" 2>&1
-grep "dq path M 2048" "$out/dq-times.txt"
+  TSR_CUDA_PROFILE=2 timeout 120 "$bin" bench --model $m8 --device cuda --batch 1 --prompt-len 2048 --gen 2 \
+    --max-tokens 2048 > "$out/profile-prefill.txt" 2>&1
+  grep -A20 "prefill (M" "$out/profile-prefill.txt"
+  TSR_CUDA_DQ_TIMES=1 timeout 120 "$bin" bench --model $m8 --device cuda --batch 1 --prompt-len 2048 --gen 2 \
+    --max-tokens 2048 > "$out/dq-times.txt" 2>&1
+  grep "dq path M 2048" "$out/dq-times.txt"
 fi
 if [ "${TSR_PREFILL_NCU:-0}" = 1 ] && command -v ncu > /dev/null; then # one prefill attention launch under ncu
   TSR_CUDA_PDL=0 timeout 150 ncu --clock-control none -k regex:fa_prefill_kernel -s 10 -c 1 --section SpeedOfLight \
@@ -50,7 +47,6 @@ fi
 for v in ${TSR_PREFILL_DECODE:-}; do # "name:ENV=V,...": decode at batch 1..64 (512-token prompts)
   name=${v%%:*}; envs=${v#*:}
   b=$(variant_bin "$envs")
-  envs=$(echo ",$envs" | sed -E 's/,BIN=[^,]*//; s/^,//')
   echo "--- decode, $name ($envs)"
   env ${envs//,/ } timeout 120 "$b" bench --model $m8 --device cuda --batch 1,8,32,64 --prompt-len 512 --gen 64 \
     2>&1 | tail -4
@@ -63,7 +59,6 @@ if [ -n "${TSR_PREFILL_70B:-}" ]; then # "name:ENV=V,...": the 2048-token prefil
   for v in $TSR_PREFILL_70B; do
     name=${v%%:*}; envs=${v#*:}
     b=$(variant_bin "$envs")
-    envs=$(echo ",$envs" | sed -E 's/,BIN=[^,]*//; s/^,//')
     printf '70B %-8s ' "$name"
     env ${envs//,/ } timeout 150 "$b" bench --model $m70 --device cuda --batch 1 --prompt-len 2048 --gen 4 \
       --max-tokens 2048 2>&1 | tail -1

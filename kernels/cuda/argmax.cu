@@ -78,8 +78,7 @@ void tsr_cuda_argmax_rows(const float *x, int rows, int n, int32_t *ids, float *
 {
     if (rows <= 0) return;
     /* about two blocks per SM over all rows, each slice at least 4 elements per thread */
-    static int sms;
-    if (!sms) TSR_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    static const int sms = tsr_cuda_device_attr(cudaDevAttrMultiProcessorCount, 132);
     int splits = (2 * sms + rows - 1) / rows;
     const int most = (n + 4 * AM_THREADS - 1) / (4 * AM_THREADS);
     splits = splits < most ? splits : most;

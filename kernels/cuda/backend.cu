@@ -825,6 +825,16 @@ static const tsr_ops cuda_ops_profiled = {
     pf_silu_linear_add_norm,
 };
 
+int tsr_cuda_device_attr(cudaDeviceAttr attr, int fallback)
+{
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, attr, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return fallback;
+    }
+    return v;
+}
+
 bool tsr_cuda_env_off(const char *name)
 {
     const char *v = getenv(name);
@@ -849,8 +859,7 @@ extern "C" const tsr_ops *tsr_ops_cuda(void)
     if (!ready) {
         chosen = *base;
         if (tsr_cuda_env_off("TSR_CUDA_LINEAR_ADD")) chosen.linear_add_norm = NULL;
-        if (tsr_cuda_env_off("TSR_CUDA_LINEAR_ADD") || tsr_cuda_env_off("TSR_CUDA_SILU_FOLD"))
-            chosen.silu_linear_add_norm = NULL;
+        if (!chosen.linear_add_norm || tsr_cuda_env_off("TSR_CUDA_SILU_FOLD")) chosen.silu_linear_add_norm = NULL;
         if (tsr_cuda_env_off("TSR_CUDA_ROPE_STORE")) chosen.rope_store = NULL;
         if (tsr_cuda_env_off("TSR_CUDA_ARGMAX")) chosen.argmax_rows = NULL;
         if (tsr_cuda_env_off("TSR_CUDA_TOP")) chosen.top_rows = NULL;

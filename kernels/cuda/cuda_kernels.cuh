@@ -30,6 +30,8 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *L, int n, const float *x, int M,
                    tsr_gemv_parts *parts = NULL);
 /* Whether the environment variable `name` is set to 0: a switch that is on by default, turned off (backend.cu). */
 bool tsr_cuda_env_off(const char *name);
+/* Attribute attr of the current device, or fallback when it cannot be read (backend.cu). */
+int tsr_cuda_device_attr(cudaDeviceAttr attr, int fallback);
 /* Whether M rows run the sm_90 bulk-copy GEMV (TSR_CUDA_GEMV_BULK; gemv.cu). */
 bool tsr_cuda_gemv_bulk(int M);
 /* ops.h linear_add_norm: the decode GEMV's K-split parts are added in the residual pass; on the dequantize path

@@ -966,17 +966,6 @@ static int fg_plan(int col_blocks, int n_units, int M, int target, int sms)
     return gemv_plan(col_blocks, n_units, n_units / (2 * FG_WK), ub_max, target, sms);
 }
 
-/* Attribute attr of the current device, or fallback when it cannot be read. */
-static int device_attr(cudaDeviceAttr attr, int fallback)
-{
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, attr, dev) != cudaSuccess) {
-        cudaGetLastError();
-        return fallback;
-    }
-    return v;
-}
-
 /* The GEMV's block budget: TSR_CUDA_GEMV_BLOCKS, else the number of SMs. frag_gemv_kernel takes up to twice that
  * at up to 8 rows (two of its blocks fit on an SM), the bulk kernel its own share (ft_plan). */
 static int fg_target(void)
@@ -984,7 +973,7 @@ static int fg_target(void)
     static int t = -1;
     if (t < 0) {
         const char *e = getenv("TSR_CUDA_GEMV_BLOCKS");
-        t = e && atoi(e) > 0 ? atoi(e) : device_attr(cudaDevAttrMultiProcessorCount, 132);
+        t = e && atoi(e) > 0 ? atoi(e) : tsr_cuda_device_attr(cudaDevAttrMultiProcessorCount, 132);
     }
     return t;
 }
@@ -1008,7 +997,7 @@ bool tsr_cuda_gemv_bulk(int M)
     static int most = -1;
     if (most < 0) {
         const char *e = getenv("TSR_CUDA_GEMV_BULK");
-        most = device_attr(cudaDevAttrComputeCapabilityMajor, 0) < 9 ? 0 : e ? atoi(e) : FG_MAX_M;
+        most = tsr_cuda_device_attr(cudaDevAttrComputeCapabilityMajor, 0) < 9 ? 0 : e ? atoi(e) : FG_MAX_M;
         if (most < 0) most = 0;
     }
     return M >= 2 && M <= most;

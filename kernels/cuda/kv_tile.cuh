@@ -20,29 +20,20 @@ __device__ __forceinline__ void kv_tile_gather(__half *ks, __half *vs, const __h
 {
     constexpr int DP = D + 8, VEC = D / 8;
     const __half *kh = kc + (size_t)kvh * D, *vh = vc + (size_t)kvh * D;
-    if (NT % VEC == 0) {
-        /* a thread copies one 16-byte column of every RSTEP-th row: its page and slot advance by RSTEP rows per
-         * pass, so one division finds them (dividing per request was a third of the prefill kernel's
-         * instructions: ncu, NOTES.md stop 25) */
-        constexpr int RSTEP = NT / VEC;
-        const int c8 = (int)(threadIdx.x % VEC) * 8;
-        int r = r0 + (int)(threadIdx.x / VEC), pg = (t0 + r) / page_size, slot = t0 + r - pg * page_size;
-        for (; r < r1; r += RSTEP) {
-            const bool ok = r < n;
-            const size_t off = ok ? ((size_t)table[pg] * page_size + slot) * width + c8 : 0;
-            cp_async16_zfill(ks + r * DP + c8, kh + off, ok);
-            cp_async16_zfill(vs + r * DP + c8, vh + off, ok);
-            for (slot += RSTEP; slot >= page_size; slot -= page_size)
-                pg++;
-        }
-    } else {
-        for (int i = threadIdx.x; i < (r1 - r0) * VEC; i += NT) {
-            const int r = r0 + i / VEC, c8 = (i % VEC) * 8, t = t0 + r;
-            const bool ok = r < n;
-            const size_t off = ok ? ((size_t)table[t / page_size] * page_size + t % page_size) * width + c8 : 0;
-            cp_async16_zfill(ks + r * DP + c8, kh + off, ok);
-            cp_async16_zfill(vs + r * DP + c8, vh + off, ok);
-        }
+    /* a thread copies one 16-byte column of every RSTEP-th row: its page and slot advance by RSTEP rows per pass,
+     * so one division finds them (dividing per request was a third of the prefill kernel's instructions: ncu,
+     * NOTES.md stop 25) */
+    static_assert(NT % VEC == 0, "each thread keeps one column of the tile");
+    constexpr int RSTEP = NT / VEC;
+    const int c8 = (int)(threadIdx.x % VEC) * 8;
+    int r = r0 + (int)(threadIdx.x / VEC), pg = (t0 + r) / page_size, slot = t0 + r - pg * page_size;
+    for (; r < r1; r += RSTEP) {
+        const bool ok = r < n;
+        const size_t off = ok ? ((size_t)table[pg] * page_size + slot) * width + c8 : 0;
+        cp_async16_zfill(ks + r * DP + c8, kh + off, ok);
+        cp_async16_zfill(vs + r * DP + c8, vh + off, ok);
+        for (slot += RSTEP; slot >= page_size; slot -= page_size)
+            pg++;
     }
     asm volatile("cp.async.commit_group;\n" ::);
 }

@@ -89,23 +89,9 @@ __global__ void __launch_bounds__(512)
 template <typename F> static int permute_blocks(F f, size_t smem)
 {
     TSR_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    int per_sm = 0, dev = 0, sms = 0;
+    int per_sm = 0;
     TSR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, 512, smem));
-    TSR_CUDA_CHECK(cudaGetDevice(&dev));
-    TSR_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return per_sm > 0 ? per_sm * sms : 1;
-}
-
-/* The most dynamic shared memory a block of the current device may opt in to (99 KB on sm_86/89, 227 KB on sm_90). */
-static size_t smem_optin(void)
-{
-    static int v = -1;
-    if (v < 0) {
-        int dev = 0;
-        TSR_CUDA_CHECK(cudaGetDevice(&dev));
-        TSR_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    }
-    return (size_t)v;
+    return per_sm > 0 ? per_sm * tsr_cuda_device_attr(cudaDevAttrMultiProcessorCount, 1) : 1;
 }
 
 /* permute_half_kernel over M rows; up non-NULL: the gated input silu(x) · up. The permutation stays in global memory
@@ -114,7 +100,9 @@ static size_t smem_optin(void)
 static void permute_half(const float *x, const float *up, const int32_t *uperm, int M, int K, int Kp, __half *xp)
 {
     const size_t row = ((size_t)K * sizeof(__half) + 15) & ~(size_t)15, with_perm = row + (size_t)Kp * sizeof(uint16_t);
-    const bool in_smem = K < 0xffff && with_perm <= 160 * 1024 && with_perm <= smem_optin();
+    /* the most a block of the device may opt in to: 99 KB on sm_86/89, 227 KB on sm_90 (48 KB if unknown) */
+    static const size_t optin = (size_t)tsr_cuda_device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 * 1024);
+    const bool in_smem = K < 0xffff && with_perm <= 160 * 1024 && with_perm <= optin;
     const size_t smem = in_smem ? with_perm : row;
     auto launch = [&](auto kernel) {
         static std::map<size_t, int> fits; /* blocks on the chip per shared-memory size, one table per kernel */

@@ -84,28 +84,44 @@ static void expect_close(const char *what, const float *got, const float *want, 
     if (!(e <= tol)) fail_msg("%s: relative error %.3e above %.1e", what, e, tol);
 }
 
+/* A random fp16 RMSNorm weight of n entries near 1: host is the CPU's view, dev the same with its device copy. */
+typedef struct {
+    tsr_dense host, dev;
+} norm_weight;
+
+static norm_weight norm_weight_new(int n)
+{
+    uint16_t *w16 = malloc((size_t)n * sizeof *w16);
+    for (int i = 0; i < n; i++) w16[i] = tsr_float_to_half(1.0f + 0.3f * frand());
+    norm_weight w = {{TSR_F16, 1, n, w16, NULL}, {TSR_F16, 1, n, w16, NULL}};
+    w.dev.dev = dev_copy(w16, (size_t)n * sizeof *w16);
+    return w;
+}
+
+static void norm_weight_free(norm_weight *w)
+{
+    free((void *)w->host.data);
+    gpu->release((void *)w->dev.dev);
+}
+
 /* rmsnorm of rows × dim against the CPU (in place: out = x); the widths pick the GPU's kernels: 256-thread blocks
  * with float4 rows up to 4096 and 8192 wide, and the general one (a width that is not a multiple of 4, or wider). */
 static void check_rmsnorm(int rows, int dim, int in_place)
 {
     const size_t n = (size_t)rows * dim;
     float *x = rand_host(n, 3.0f), *want = malloc(n * sizeof(float));
-    uint16_t *w16 = malloc((size_t)dim * sizeof *w16);
-    for (int i = 0; i < dim; i++)
-        w16[i] = tsr_float_to_half(1.0f + 0.3f * frand());
-    tsr_dense w = {TSR_F16, 1, dim, w16, NULL}, wd = w;
-    wd.dev = dev_copy(w16, (size_t)dim * sizeof *w16);
-    cpu->rmsnorm(x, &w, 1e-5f, rows, dim, want);
+    norm_weight w = norm_weight_new(dim);
+    cpu->rmsnorm(x, &w.host, 1e-5f, rows, dim, want);
     float *dx = dev_copy(x, n * 4), *dout = in_place ? dx : dev_poisoned(n);
-    gpu->rmsnorm(dx, &wd, 1e-5f, rows, dim, dout);
+    gpu->rmsnorm(dx, &w.dev, 1e-5f, rows, dim, dout);
     float *got = to_host(dout, n);
     char what[64];
     snprintf(what, sizeof what, "rmsnorm %dx%d%s", rows, dim, in_place ? " in place" : "");
     expect_close(what, got, want, n, 1e-6);
-    free(got), free(x), free(want), free(w16);
+    free(got), free(x), free(want);
     gpu->release(dx);
     if (!in_place) gpu->release(dout);
-    gpu->release((void *)wd.dev);
+    norm_weight_free(&w);
 }
 
 static void test_elementwise(void **state)
@@ -113,12 +129,8 @@ static void test_elementwise(void **state)
     (void)state;
     const int rows = 7, dim = 1000;
     float *x = rand_host((size_t)rows * dim, 3.0f);
-    uint16_t w16[1000];
-    for (int i = 0; i < dim; i++)
-        w16[i] = tsr_float_to_half(1.0f + 0.3f * frand());
-    tsr_dense w = {TSR_F16, 1, dim, w16, NULL};
-    tsr_dense wd = w;
-    wd.dev = dev_copy(w16, sizeof w16);
+    norm_weight nw = norm_weight_new(dim);
+    const tsr_dense w = nw.host, wd = nw.dev;
     float *want = malloc((size_t)rows * dim * sizeof(float));
     cpu->rmsnorm(x, &w, 1e-5f, rows, dim, want);
     float *dx = dev_copy(x, (size_t)rows * dim * 4), *dout = dev_poisoned((size_t)rows * dim);
@@ -190,7 +202,7 @@ static void test_elementwise(void **state)
         free(table);
     }
     gpu->release(dx), gpu->release(dy), gpu->release(dout), gpu->release(didx), gpu->release(dids);
-    gpu->release((void *)wd.dev);
+    norm_weight_free(&nw);
     free(x), free(y), free(want);
 }
 
@@ -643,39 +655,81 @@ static void test_attention_kv_quant(void **state)
     }
 }
 
-/* linear_add_norm against the CPU's linear, add and rmsnorm: the residual x += a · W (the GEMV's K-split parts
- * added in the residual pass), then out = rmsnorm(x) · w, and the plain add when w is NULL. da: a on the device;
- * prod: the CPU product a · W of M rows. */
-static void check_linear_add_norm(const tsr_linear *Lc, const tsr_linear *Lg, const float *da, const float *prod, int M)
+/* A GPU op that adds its product to the residual x and, with w, writes out = rmsnorm(x) · w (linear_add_norm and
+ * silu_linear_add_norm), with what it needs besides. */
+typedef struct {
+    void (*run)(const void *ctx, float *dx, const tsr_dense *w, float *dout);
+    const void *ctx;
+} residual_op;
+
+/* The op against the CPU's add and rmsnorm of its product prod (M rows of N): the sum, the norm, and the plain add
+ * when w is NULL; label names the case. */
+static void check_residual(const residual_op *op, const float *prod, int M, int N, const char *label)
 {
-    const int N = Lc->N;
-    uint16_t *w16 = malloc((size_t)N * sizeof *w16);
-    for (int i = 0; i < N; i++) w16[i] = tsr_float_to_half(1.0f + 0.3f * frand());
-    tsr_dense w = {TSR_F16, 1, N, w16, NULL}, wd = w;
-    wd.dev = dev_copy(w16, (size_t)N * sizeof *w16);
+    norm_weight w = norm_weight_new(N);
     float *res = rand_host((size_t)M * N, 1.0f), *want = malloc((size_t)M * N * 4), *normed = malloc((size_t)M * N * 4);
     memcpy(want, res, (size_t)M * N * 4);
     cpu->add(want, prod, (size_t)M * N);
-    cpu->rmsnorm(want, &w, 1e-5f, M, N, normed);
+    cpu->rmsnorm(want, &w.host, 1e-5f, M, N, normed);
     const double tol = M <= 8 ? 1e-5 : 2e-3;
     for (int with_norm = 1; with_norm >= 0; with_norm--) {
         float *dres = dev_copy(res, (size_t)M * N * 4), *dout = dev_poisoned((size_t)M * N);
-        gpu->linear_add_norm(Lg, da, M, dres, with_norm ? &wd : NULL, 1e-5f, dout);
+        op->run(op->ctx, dres, with_norm ? &w.dev : NULL, dout);
         float *got = to_host(dres, (size_t)M * N);
-        char what[64];
-        snprintf(what, sizeof what, "linear_add_norm M=%d: the sum%s", M, with_norm ? "" : " (no norm)");
+        char what[96];
+        snprintf(what, sizeof what, "%s: the sum%s", label, with_norm ? "" : " (no norm)");
         expect_close(what, got, want, (size_t)M * N, tol);
         free(got);
         if (with_norm) {
             got = to_host(dout, (size_t)M * N);
-            snprintf(what, sizeof what, "linear_add_norm M=%d: the norm", M);
+            snprintf(what, sizeof what, "%s: the norm", label);
             expect_close(what, got, normed, (size_t)M * N, tol);
             free(got);
         }
         gpu->release(dres), gpu->release(dout);
     }
-    free(res), free(want), free(normed), free(w16);
-    gpu->release((void *)wd.dev);
+    free(res), free(want), free(normed);
+    norm_weight_free(&w);
+}
+
+typedef struct {
+    const tsr_linear *L;
+    const float *da;
+    int M;
+} lan_ctx;
+
+static void run_linear_add_norm(const void *ctx, float *dx, const tsr_dense *w, float *dout)
+{
+    const lan_ctx *c = ctx;
+    gpu->linear_add_norm(c->L, c->da, c->M, dx, w, 1e-5f, dout);
+}
+
+/* linear_add_norm against the CPU's linear, add and rmsnorm: the residual x += a · W (the GEMV's K-split parts
+ * added in the residual pass), then out = rmsnorm(x) · w, and the plain add when w is NULL. da: a on the device;
+ * prod: the CPU product a · W of M rows. */
+static void check_linear_add_norm(const tsr_linear *Lc, const tsr_linear *Lg, const float *da, const float *prod, int M)
+{
+    const lan_ctx c = {Lg, da, M};
+    const residual_op op = {run_linear_add_norm, &c};
+    char label[64];
+    snprintf(label, sizeof label, "linear_add_norm M=%d", M);
+    check_residual(&op, prod, M, Lc->N, label);
+}
+
+typedef struct {
+    const tsr_linear *L;
+    const float *gate; /* host: the op overwrites its device copy, made afresh per call */
+    const float *dup;
+    size_t n;
+    int offset, M;
+} silu_ctx;
+
+static void run_silu_linear_add_norm(const void *ctx, float *dx, const tsr_dense *w, float *dout)
+{
+    const silu_ctx *c = ctx;
+    float *dgate = dev_copy(c->gate, c->n * 4);
+    gpu->silu_linear_add_norm(c->L, dgate + c->offset, c->dup + c->offset, c->M, dx, w, 1e-5f, dout);
+    gpu->release(dgate);
 }
 
 /* silu_linear_add_norm against the CPU's silu_mul, linear, add and rmsnorm, at M rows of random gate and up (from
@@ -685,40 +739,18 @@ static void check_linear_add_norm(const tsr_linear *Lc, const tsr_linear *Lg, co
 static void check_silu_linear_add_norm(const tsr_linear *Lc, const tsr_linear *Lg, int M, int offset)
 {
     const int K = Lc->K, N = Lc->N;
-    const size_t nk = (size_t)M * K + (size_t)offset, nn = (size_t)M * N;
-    uint16_t *w16 = malloc((size_t)N * sizeof *w16);
-    for (int i = 0; i < N; i++)
-        w16[i] = tsr_float_to_half(1.0f + 0.3f * frand());
-    tsr_dense w = {TSR_F16, 1, N, w16, NULL}, wd = w;
-    wd.dev = dev_copy(w16, (size_t)N * sizeof *w16);
-    float *gate = rand_host(nk, 2.0f), *up = rand_host(nk, 1.0f), *act = malloc(nk * 4);
-    float *res = rand_host(nn, 1.0f), *want = malloc(nn * 4), *normed = malloc(nn * 4);
+    const size_t nk = (size_t)M * K + (size_t)offset;
+    float *gate = rand_host(nk, 2.0f), *up = rand_host(nk, 1.0f), *act = malloc(nk * 4), *prod = malloc((size_t)M * N * 4);
     cpu->silu_mul(gate + offset, up + offset, (size_t)M * K, act);
-    cpu->linear(Lc, act, M, want);
-    cpu->add(want, res, nn);
-    cpu->rmsnorm(want, &w, 1e-5f, M, N, normed);
-    const double tol = M <= 8 ? 1e-5 : 2e-3;
+    cpu->linear(Lc, act, M, prod);
     float *dup = dev_copy(up, nk * 4);
-    for (int with_norm = 1; with_norm >= 0; with_norm--) {
-        float *dgate = dev_copy(gate, nk * 4), *dres = dev_copy(res, nn * 4), *dout = dev_poisoned(nn);
-        gpu->silu_linear_add_norm(Lg, dgate + offset, dup + offset, M, dres, with_norm ? &wd : NULL, 1e-5f, dout);
-        char what[80];
-        float *got = to_host(dres, nn);
-        snprintf(what, sizeof what, "silu_linear_add_norm M=%d%s: the sum%s", M, offset ? " unaligned" : "",
-                 with_norm ? "" : " (no norm)");
-        expect_close(what, got, want, nn, tol);
-        free(got);
-        if (with_norm) {
-            got = to_host(dout, nn);
-            snprintf(what, sizeof what, "silu_linear_add_norm M=%d%s: the norm", M, offset ? " unaligned" : "");
-            expect_close(what, got, normed, nn, tol);
-            free(got);
-        }
-        gpu->release(dgate), gpu->release(dres), gpu->release(dout);
-    }
+    const silu_ctx c = {Lg, gate, dup, nk, offset, M};
+    const residual_op op = {run_silu_linear_add_norm, &c};
+    char label[64];
+    snprintf(label, sizeof label, "silu_linear_add_norm M=%d%s", M, offset ? " unaligned" : "");
+    check_residual(&op, prod, M, N, label);
     gpu->release(dup);
-    free(gate), free(up), free(act), free(res), free(want), free(normed), free(w16);
-    gpu->release((void *)wd.dev);
+    free(gate), free(up), free(act), free(prod);
 }
 
 /* A random EXL2 matrix of N columns (the first `used` of them in use) and the given groups, loaded, and uploaded as

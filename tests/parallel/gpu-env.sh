@@ -34,9 +34,10 @@ variant_bin() {
   case ",$1," in *,BIN=*) local b=${1#*BIN=}; echo "/tmp/tessera-${b%%,*}" ;; *) echo "$bin" ;; esac
 }
 # run_test_cuda OUT "name:ENV=V,... ...": test_cuda into OUT/test_cuda.log, then once more per variant under its
-# settings (OUT/test_cuda-NAME.log), each with a summary line (the caller exports the fixture paths)
+# settings (OUT/test_cuda-NAME.log), each with a summary line; the fixtures are this checkout's, unpacked into $fx
 run_test_cuda() {
   local out=$1 v name envs
+  export TSR_FIXTURES=$PWD/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$PWD/models
   timeout 200 "$P/bin/test_cuda" > "$out/test_cuda.log" 2>&1
   echo "test_cuda exit $? (at $SECONDS s)"; grep -E "PASSED|FAILED|ERROR|mismatch|max " "$out/test_cuda.log" | head -30
   for v in $2; do
