@@ -109,8 +109,10 @@ typedef struct tsr_ops {
                      float *z);
     /* Optional (NULL: callers run silu_mul into gate, then linear_add_norm or its fallbacks): x[M][L->N] +=
      * (silu(gate) ⊙ up) · W, gate and up being [M][L->K], then, with w, out = rmsnorm(x) · w per row; gate is
-     * scratch afterwards and out as in linear_add_norm. Lets a backend fold the MLP's gating into the pass that
-     * prepares the down projection's input (on the GPU, prefill's fp16 conversion and permutation). */
+     * scratch afterwards and out as in linear_add_norm. With x NULL, out = (silu(gate) ⊙ up) · W alone (w
+     * ignored): a tensor shard's product, summed over the group before its add. Lets a backend fold the MLP's
+     * gating into the pass that prepares the down projection's input (on the GPU, prefill's fp16 conversion and
+     * permutation). */
     void (*silu_linear_add_norm)(const tsr_linear *L, float *gate, const float *up, int M, float *x, const tsr_dense *w,
                                  float eps, float *out);
 } tsr_ops;

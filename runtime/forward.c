@@ -289,24 +289,32 @@ static void add_then_norm(const tsr_ops *ops, float *x, float *h, const tsr_dens
     ops->rmsnorm(x, w, eps, T, H, h);
 }
 
+/* h (a tensor shard's part of a product) summed over the group, then x += h and (with w) h = rmsnorm(x) · w. */
+static void sum_then_add(forward_job *j, const tsr_dense *w)
+{
+    tsr_forward_ctx *c = j->c;
+    const int T = j->T, H = c->model->cfg.hidden;
+    group_sum(j, c->h, (size_t)T * H);
+    if (w)
+        add_then_norm(c->ops, c->x, c->h, w, c->model->cfg.norm_eps, T, H);
+    else
+        c->ops->add(c->x, c->h, (size_t)T * H);
+}
+
 /* x += a · W, then (with w) h = rmsnorm(x) · w, h holding the product before: one backend call when the backend
  * fuses them and no tensor-parallel sum has to come between the product and the add. */
 static void linear_then_add(forward_job *j, const tsr_linear *L, const float *a, const tsr_dense *w)
 {
     tsr_forward_ctx *c = j->c;
     const tsr_ops *ops = c->ops;
-    const int T = j->T, H = c->model->cfg.hidden;
+    const int T = j->T;
     const float eps = c->model->cfg.norm_eps;
     if (ops->linear_add_norm && c->model->part.tp_size <= 1) {
         ops->linear_add_norm(L, a, T, c->x, w, eps, c->h);
         return;
     }
     ops->linear(L, a, T, c->h);
-    group_sum(j, c->h, (size_t)T * H);
-    if (w)
-        add_then_norm(ops, c->x, c->h, w, eps, T, H);
-    else
-        ops->add(c->x, c->h, (size_t)T * H);
+    sum_then_add(j, w);
 }
 
 static void forward_body(void *arg)
@@ -348,6 +356,9 @@ static void forward_body(void *arg)
         const tsr_dense *next_norm = normed ? &m->layers[l + 1].attn_norm : NULL;
         if (ops->silu_linear_add_norm && m->part.tp_size <= 1) {
             ops->silu_linear_add_norm(&ly->down, c->gate, c->up, T, c->x, next_norm, cfg->norm_eps, c->h);
+        } else if (ops->silu_linear_add_norm) { /* a tensor shard: the product alone, then the group's sum */
+            ops->silu_linear_add_norm(&ly->down, c->gate, c->up, T, NULL, NULL, cfg->norm_eps, c->h);
+            sum_then_add(j, next_norm);
         } else {
             ops->silu_mul(c->gate, c->up, (size_t)T * m->local.intermediate, c->gate);
             linear_then_add(j, &ly->down, c->gate, next_norm);

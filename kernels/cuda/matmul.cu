@@ -495,12 +495,15 @@ void tsr_cuda_silu_linear_add_norm(const tsr_linear *Lh, float *gate, const floa
     if (M <= 0) return;
     if (!L) tsr_cuda_fatal(__FILE__, __LINE__, "linear layer used before prepare_model");
     if (L->kind == TSR_LINEAR_EXL2 && dq_path(M)) {
-        exl2_dq_linear(L, gate, up, M, x, 1, 1.0f);
-        if (w) tsr_cuda_rmsnorm(x, w, eps, M, L->N, out);
+        exl2_dq_linear(L, gate, up, M, x ? x : out, 1, x ? 1.0f : 0.0f);
+        if (x && w) tsr_cuda_rmsnorm(x, w, eps, M, L->N, out);
         return;
     }
     tsr_cuda_silu_mul(gate, up, (size_t)M * L->K, gate);
-    tsr_cuda_linear_add_norm(Lh, gate, M, x, w, eps, out);
+    if (x)
+        tsr_cuda_linear_add_norm(Lh, gate, M, x, w, eps, out);
+    else
+        tsr_cuda_linear(Lh, gate, M, out);
 }
 
 void tsr_cuda_linear_many(const tsr_linear *const *Lh, int n, const float *x, int M, float *const *y)

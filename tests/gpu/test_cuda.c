@@ -733,7 +733,8 @@ static void run_silu_linear_add_norm(const void *ctx, float *dx, const tsr_dense
 }
 
 /* silu_linear_add_norm against the CPU's silu_mul, linear, add and rmsnorm, at M rows of random gate and up (from
- * the dequantize path's rows, the gating folded into its input pass; below, silu_mul and linear_add_norm). With
+ * the dequantize path's rows, the gating folded into its input pass; below, silu_mul and linear_add_norm), and with
+ * x NULL (the product alone, as a tensor shard runs it). With
  * `offset`, gate and up start one float past their allocation, off the 16-byte alignment of the pass's float4
  * loads, so that its scalar loop runs. */
 static void check_silu_linear_add_norm(const tsr_linear *Lc, const tsr_linear *Lg, int M, int offset)
@@ -749,6 +750,14 @@ static void check_silu_linear_add_norm(const tsr_linear *Lc, const tsr_linear *L
     char label[64];
     snprintf(label, sizeof label, "silu_linear_add_norm M=%d%s", M, offset ? " unaligned" : "");
     check_residual(&op, prod, M, N, label);
+    /* x NULL (a tensor shard): the product alone */
+    float *dgate = dev_copy(gate, nk * 4), *dout = dev_poisoned((size_t)M * N);
+    gpu->silu_linear_add_norm(Lg, dgate + offset, dup + offset, M, NULL, NULL, 1e-5f, dout);
+    float *got = to_host(dout, (size_t)M * N);
+    snprintf(label, sizeof label, "silu_linear_add_norm M=%d%s: the product alone", M, offset ? " unaligned" : "");
+    expect_close(label, got, prod, (size_t)M * N, M <= 8 ? 1e-5 : 2e-3);
+    free(got);
+    gpu->release(dgate), gpu->release(dout);
     gpu->release(dup);
     free(gate), free(up), free(act), free(prod);
 }
