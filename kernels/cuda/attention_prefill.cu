@@ -28,6 +28,15 @@
 #define FA_WARPS 4  /* each warp owns 16 query rows */
 #define FA_LOG2E 1.4426950408889634f
 
+/* 2^x by the hardware's approximation alone: exp2f adds a range check and two multiplies per call for results
+ * below 2^-126, which the probabilities' rounding to fp16 (and the output's rescale) cannot tell from 0 */
+__device__ __forceinline__ float fa_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* Shared memory of one block for head dimension D: two stages of K and V tiles, fp16 rows padded by 16 bytes so
  * that the eight rows an ldmatrix reads fall in different banks. */
 static size_t fa_smem_bytes(int D) { return (size_t)2 * 2 * FA_BKV * (D + 8) * sizeof(__half); }
@@ -143,12 +152,12 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 3)
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 const float m_new = fmaxf(m_run[i], mx);
                 const float m_sub = m_new == -INFINITY ? 0.0f : m_new * FA_LOG2E;
-                const float factor = exp2f(m_run[i] * FA_LOG2E - m_sub);
+                const float factor = fa_exp2(m_run[i] * FA_LOG2E - m_sub);
                 float psum = 0.0f;
 #pragma unroll
                 for (int n = 0; n < NS; n++) {
-                    const float p0 = exp2f(fmaf(s[n][2 * i], FA_LOG2E, -m_sub));
-                    const float p1 = exp2f(fmaf(s[n][2 * i + 1], FA_LOG2E, -m_sub));
+                    const float p0 = fa_exp2(fmaf(s[n][2 * i], FA_LOG2E, -m_sub));
+                    const float p1 = fa_exp2(fmaf(s[n][2 * i + 1], FA_LOG2E, -m_sub));
                     const __half2 ph = __floats2half2_rn(p0, p1);
                     pa[n][i] = h2_bits(ph);
                     const float2 pf = __half22float2(ph);
@@ -156,8 +165,11 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 3)
                 }
                 l_run[i] = l_run[i] * factor + psum;
                 m_run[i] = m_new;
+                /* past the first tiles a row's maximum seldom moves: the rescale only when some row's did */
+                if (__any_sync(0xffffffffu, factor != 1.0f)) {
 #pragma unroll
-                for (int n = 0; n < NO; n++) o[n][2 * i] *= factor, o[n][2 * i + 1] *= factor;
+                    for (int n = 0; n < NO; n++) o[n][2 * i] *= factor, o[n][2 * i + 1] *= factor;
+                }
             }
 
             /* O += P · V: P's accumulators are the A operands; per pair of output tiles one transposing ldmatrix */
