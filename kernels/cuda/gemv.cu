@@ -10,8 +10,8 @@
  * the hi and lo halves take the 8 B-columns of one mma, 5 to 8 rows two mma's). Warps of a block add up in shared
  * memory; when K is split over blocks to fill the chip, a second kernel adds the blocks' partial sums and the bias
  * (deterministic). Up to three matrices with the same input (q/k/v, gate/up) run as one launch. On sm_90, 2 to 32
- * rows take frag_gemv_bulk_kernel instead: the same products from 512-column blocks whose units arrive by bulk
- * copies (bulk.cuh) issued by one producer warp. */
+ * rows take frag_gemv_bulk_kernel instead: the same products from 448- or 512-column blocks whose units arrive by
+ * bulk copies (bulk.cuh) issued by one producer warp, with hi + lo halves only up to 4 rows (fg_exact). */
 #include "kernels/cuda/bulk.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
@@ -156,12 +156,16 @@ struct fg_bsrc {
 
 /* With one token tile the lane's entry is fixed up to the 16-row step, so it is computed once per warp; the lanes
  * of B-columns past the rows read the last row's entry instead (their C columns are never stored). */
-template <int NT, bool PK> __device__ __forceinline__ fg_bsrc fg_bsrc_of(const void *stage, int M, int lane)
+template <int NT, bool PK, bool HALF = false>
+__device__ __forceinline__ fg_bsrc fg_bsrc_of(const void *stage, int M, int lane)
 {
     fg_bsrc b;
     b.p = (const uint2 *)stage;
     b.step = 0;
-    if (NT == 1) {
+    if (NT == 1 && HALF) { /* pre-staged fp16 entries of 8 bytes (fg_prestage_kernel) */
+        b.p += min(lane >> 2, M - 1) * 4 + (lane & 3);
+        b.step = M * 4;
+    } else if (NT == 1) {
         const int tok = min(PK ? (lane >> 2) & 3 : lane >> 2, M - 1);
         b.p += (tok * 4 + (lane & 3)) * 2 + (PK ? lane >> 4 : 0);
         b.step = M * 8;
@@ -544,17 +548,17 @@ __global__ void fg_prestage_kernel(const __grid_constant__ fg_pre_group G, const
  * In two calls: fg_stage_begin reads the first chunk's permutation entries, which do not depend on x, as the
  * block's first loads (so they travel beside its unit records); fg_stage_block waits for the kernel that writes x
  * (PDL) and stages. */
-template <int NT>
+template <bool SELF>
 __device__ __forceinline__ void fg_stage_begin(const fg_part &P, int u0, int nu, fg_src &S)
 {
-    if (NT == 1) fg_stage_src(P.L, u0, nu * 8, 0, S);
+    if (SELF) fg_stage_src(P.L, u0, nu * 8, 0, S);
 }
 
-template <int NT>
+template <bool SELF>
 __device__ __forceinline__ void fg_stage_block(const fg_part &P, const float *x, int M, int u0, int nu, uint4 *stage,
                                                const fg_src &S0)
 {
-    if (NT == 1) {
+    if (SELF) {
         const int pairs = nu * 8;
         const int chunks = (pairs + FG_STAGE_CHUNK * (int)blockDim.x - 1) / (FG_STAGE_CHUNK * (int)blockDim.x);
         tsr_pdl_wait();
@@ -660,7 +664,7 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     W.fw = L.fw;
     fg_header_role(L, W);
     fg_src S0;
-    fg_stage_begin<NT>(P, u0, nu, S0);
+    fg_stage_begin<NT == 1>(P, u0, nu, S0);
     for (int i = lane; i < n; i += 32) ((uint2 *)wsm)[i] = L.units[wa + i];
     __syncwarp();
     /* the weights are constant: the first run's first steps go out before waiting for the kernel that writes x
@@ -670,7 +674,7 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     const int rb0 = n > 0 ? fg_next_end(ends, 0) : 0;
     const int bits0 = n > 0 ? (GPTQ ? 4 : (int)(W.meta[0].y >> 24)) : 0;
     if (n > 0) fg_prologue_any(bits0, W, wa, wa + rb0);
-    fg_stage_block<NT>(P, x, M, u0, nu, fg_smem, S0);
+    fg_stage_block<NT == 1>(P, x, M, u0, nu, fg_smem, S0);
     __syncthreads();
 
     float acc[NT][4][4], tot[NT][4][4];
@@ -717,15 +721,15 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
 /* ---- decode GEMV on sm_90: whole units streamed by bulk copies from one producer warp ---- */
 
 /* The same products as frag_gemv_kernel, organized so that the per-unit bookkeeping leaves the consumer warps: a
- * block covers FT_COLS columns (16 column blocks) of a range of units; one producer lane streams each unit's 16
- * column blocks (contiguous in the fragment layout), its group's scale codes and its scale table into a ring slot
- * with three bulk copies, and each of the 8 consumer warps decodes its 2 column blocks of every unit from the
- * slot. The warps own distinct columns: no reduction inside the block; K splits over blocks are added as before.
- * Up to 8 rows the block stages its activations itself (hi + lo halves); above, it copies its stretch of the
- * pre-staged fp16 ones. (A ring that packed units by their own width, 4-bit units taking half the room of 8-bit
- * ones, was measured slower: kernels/cuda/NOTES.md, stop 18.) */
+ * block covers 2 NC column blocks of a range of units; one producer lane streams each unit's column blocks
+ * (contiguous in the fragment layout), its group's scale codes and its scale table into a ring slot with three bulk
+ * copies, and each of the NC consumer warps decodes its 2 column blocks of every unit from the slot. The warps own
+ * distinct columns: no reduction inside the block; K splits over blocks are added as before. Up to 4 rows the
+ * block stages its activations itself (hi + lo halves); above, it copies its stretch of the pre-staged fp16 ones.
+ * (A ring that packed units by their own width, 4-bit units taking half the room of 8-bit ones, was measured
+ * slower: kernels/cuda/NOTES.md, stop 18.) The slot layout is that of FT_CONSUMERS (the most) consumers. */
 #define FT_CONSUMERS 8
-#define FT_CB (2 * FT_CONSUMERS) /* column blocks per block */
+#define FT_CB (2 * FT_CONSUMERS) /* column blocks per slot, at most */
 #define FT_COLS (32 * FT_CB)
 #define FT_RING 4
 #define FT_SLOT_WORDS (FT_CB * 32 * 8)        /* one unit of width 8 */
@@ -734,6 +738,17 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
 #define FT_MAX_UNITS 256 /* per block (FG_STAGE_MAX / 128 bytes per unit at M = 1) */
 #define FT_MIN_UNITS 8   /* split K no further than this many units per block */
 static_assert(FT_RING * FT_STEP_WORDS >= FG_MAX_M * FT_COLS, "the ring holds the block's results at the end");
+
+/* Consumer warps of the NT-tile kernel. With 8 (9 warps with the producer) one scheduler holds three, whose
+ * registers share its quarter of the register file (16384 / (3 x 32): 168 per thread), and the 4-tile kernel
+ * spilled in its run loop; with 7 it takes 203 registers without spills (+2-3 % at 32-64 rows). The 2-tile kernel
+ * lost 14 % at 16 rows with 7 (NOTES.md, stop 26): 448-column blocks cut 4096 columns into 9 1/7 blocks. */
+__host__ __device__ constexpr int ft_consumers(int NT)
+{
+    return NT == 4 ? 7 : 8;
+}
+static_assert(ft_consumers(1) <= FT_CONSUMERS && ft_consumers(2) <= FT_CONSUMERS && ft_consumers(4) <= FT_CONSUMERS,
+              "the slot layout holds every instance's column blocks");
 
 /* Shared memory after the staged activations. */
 struct ft_shared {
@@ -800,8 +815,8 @@ __device__ __forceinline__ void ft_run(const tsr_linear_dev &L, ft_shared &F, co
 #endif
 }
 
-template <bool ONE, bool PK, bool GPTQ, int NT>
-__global__ void __launch_bounds__((FT_CONSUMERS + 1) * 32, NT == 1 ? 2 : 1)
+template <bool ONE, bool PK, bool GPTQ, int NT, bool HALF = false>
+__global__ void __launch_bounds__((ft_consumers(NT) + 1) * 32, NT == 1 ? 2 : 1)
     frag_gemv_bulk_kernel(const __grid_constant__ fg_group G, const float *x, int M, int stage_words)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -812,24 +827,26 @@ __global__ void __launch_bounds__((FT_CONSUMERS + 1) * 32, NT == 1 ? 2 : 1)
     const int colb = b % P.col_blocks, split = b / P.col_blocks;
     const int u0 = split * P.ub, nu = min(L.n_units, u0 + P.ub) - u0;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int ncb = L.Npad / 32, cbf = colb * FT_CB, live = min(FT_CB, ncb - cbf);
+    constexpr int NC = ft_consumers(NT);
+    const int ncb = L.Npad / 32, cbf = colb * 2 * NC, live = min(2 * NC, ncb - cbf);
     ft_shared &F = *(ft_shared *)((uint32_t *)fg_smem + stage_words);
     if (threadIdx.x == 0) {
-        for (int s = 0; s < FT_RING; s++) mbar_init(&F.full[s], 1), mbar_init(&F.empty[s], FT_CONSUMERS);
+        for (int s = 0; s < FT_RING; s++)
+            mbar_init(&F.full[s], 1), mbar_init(&F.empty[s], NC);
         mbar_init_fence();
     }
     fg_src S0;
-    fg_stage_begin<NT>(P, u0, nu, S0);
+    fg_stage_begin<NT == 1 && !HALF>(P, u0, nu, S0);
     for (int i = threadIdx.x; i < nu; i += blockDim.x) F.meta[i] = L.units[u0 + i];
     __syncthreads();
     /* the weights are constant: the ring fills before waiting for the kernel that writes x (PDL) and while the
      * block stages x */
-    const bool producer = warp == FT_CONSUMERS && lane == 0;
+    const bool producer = warp == NC && lane == 0;
     if (producer)
         for (int i = 0; i < min(nu, FT_RING); i++) ft_issue<GPTQ>(L, F, i, cbf, live);
-    fg_stage_block<NT>(P, x, M, u0, nu, fg_smem, S0);
+    fg_stage_block<NT == 1 && !HALF>(P, x, M, u0, nu, fg_smem, S0);
     __syncthreads();
-    if (warp == FT_CONSUMERS) {
+    if (warp == NC) {
         if (producer)
             for (int i = FT_RING; i < nu; i++) {
                 mbar_wait(&F.empty[i % FT_RING], (unsigned)(i / FT_RING - 1) & 1u);
@@ -844,15 +861,15 @@ __global__ void __launch_bounds__((FT_CONSUMERS + 1) * 32, NT == 1 ? 2 : 1)
     frag_scales sc[2] = {};
     int cur = -1;
     const bool idle = 2 * warp >= live;
-    const fg_bsrc bs = fg_bsrc_of<NT, PK>(fg_smem, M, lane);
+    const fg_bsrc bs = fg_bsrc_of<NT, PK, HALF>(fg_smem, M, lane);
     for (int ra = 0; ra < nu;) {
         const int rb = fg_run_end(F.meta, ra + 1, nu, ra);
         if (GPTQ) {
-            ft_run<4, true, ONE, PK, NT>(L, F, bs, ra, rb, warp, idle, lane, M, cur, sc, acc, tot);
+            ft_run<4, true, ONE, PK || HALF, NT>(L, F, bs, ra, rb, warp, idle, lane, M, cur, sc, acc, tot);
         } else {
             frag_with_width((int)(F.meta[ra].y >> 24), [&](auto wd) {
                 constexpr int B = decltype(wd)::value;
-                ft_run<B, false, ONE, PK, NT>(L, F, bs, ra, rb, warp, idle, lane, M, cur, sc, acc, tot);
+                ft_run<B, false, ONE, PK || HALF, NT>(L, F, bs, ra, rb, warp, idle, lane, M, cur, sc, acc, tot);
             });
         }
         ra = rb;
@@ -862,7 +879,7 @@ __global__ void __launch_bounds__((FT_CONSUMERS + 1) * 32, NT == 1 ? 2 : 1)
     if (PK) fg_unpack<ONE>(tot[0]);
     /* each warp's columns go through the ring (free once every consumer is past its last unit) as red[token][column
      * of the block], and the warp stores them coalesced (as frag_gemv_kernel's end) */
-    asm volatile("bar.sync 1, %0;\n" ::"n"(FT_CONSUMERS * 32) : "memory");
+    asm volatile("bar.sync 1, %0;\n" ::"n"(NC * 32) : "memory");
     float *red = (float *)F.ring;
     fg_totals_to_smem<ONE, NT>(tot, red, FT_COLS, 64 * warp, M, lane);
     __syncwarp();
@@ -883,12 +900,38 @@ static bool fg_pack(void)
     return on;
 }
 
+/* Whether M rows stage their activations as fp16 hi + lo halves (products exact to ~2^-22, as in fp32): in
+ * frag_gemv_kernel up to 8 rows, in the bulk kernel (bulk) up to TSR_CUDA_GEMV_EXACT rows (default 4, where hi and
+ * lo share one mma; 4 to 8). Above, the activations are fp16, staged once per launch (fg_prestage_kernel), as on
+ * the cuBLAS path: at 5-8 rows one mma per tile instead of two and no gather of x through the permutation in every
+ * block, +10-14 % decode at batch 6-8 on the 8B shape (NOTES.md, stop 26). */
+static bool fg_exact(int M, bool bulk)
+{
+    static int most = -1;
+    if (most < 0) {
+        const char *e = getenv("TSR_CUDA_GEMV_EXACT");
+        most = e ? atoi(e) : 4;
+    }
+    return M <= 8 && (!bulk || M <= max(most, 4));
+}
+
+/* Token tiles of 8 rows in the kernels for M rows (1, 2 or 4), and the bulk kernel's columns per block. */
+static int fg_tiles(int M)
+{
+    return M <= 8 ? 1 : M <= 16 ? 2 : 4;
+}
+static int ft_cols(int M)
+{
+    return 64 * ft_consumers(fg_tiles(M));
+}
+
 /* The bulk kernel for M rows (from 2: one row stays on frag_gemv_kernel, tsr_cuda_gemv_bulk): hi and lo in one mma
  * up to 4 rows, or 1, 2 or 4 token tiles of 8. */
 template <bool GPTQ> static void (*ft_kernel(int M))(const fg_group, const float *, int, int)
 {
     if (M <= 4 && fg_pack()) return frag_gemv_bulk_kernel<false, true, GPTQ, 1>;
-    if (M <= 8) return frag_gemv_bulk_kernel<false, false, GPTQ, 1>;
+    if (M <= 8) return fg_exact(M, true) ? frag_gemv_bulk_kernel<false, false, GPTQ, 1>
+                                         : frag_gemv_bulk_kernel<false, false, GPTQ, 1, true>;
     if (M <= 16) return frag_gemv_bulk_kernel<false, false, GPTQ, 2>;
     return frag_gemv_bulk_kernel<false, false, GPTQ, 4>;
 }
@@ -919,9 +962,9 @@ __global__ void exl2_reduce_group_kernel(const __grid_constant__ red_group G, in
     P.y[i] = s;
 }
 
-/* Bytes of staged activations per block, and per unit and token: hi + lo halves up to 8 rows, hi halves above. */
+/* Bytes of staged activations per block, and per unit and token: hi + lo halves where fg_exact, else hi halves. */
 static int fg_stage_max(int M) { return M <= 8 ? FG_STAGE_MAX : FG_STAGE_WIDE; }
-static int fg_unit_bytes(int M) { return (M <= 8 ? 128 : 64) * M; }
+static int fg_unit_bytes(int M, bool bulk) { return (fg_exact(M, bulk) ? 128 : 64) * M; }
 
 /* Whether gemv_plan balances launches of several waves (below): TSR_CUDA_GEMV_BALANCE, default 1. */
 static bool fg_balance(void)
@@ -962,7 +1005,7 @@ static int gemv_plan(int col_blocks, int n_units, int sp_max, int ub_max, int ta
 /* frag_gemv_kernel's plan (gemv_plan): at least two units per warp, the staged activations within the stage limit. */
 static int fg_plan(int col_blocks, int n_units, int M, int target, int sms)
 {
-    const int ub_max = min(fg_stage_max(M) / fg_unit_bytes(M), FG_WARP_UNITS * FG_WK);
+    const int ub_max = min(fg_stage_max(M) / fg_unit_bytes(M, false), FG_WARP_UNITS * FG_WK);
     return gemv_plan(col_blocks, n_units, n_units / (2 * FG_WK), ub_max, target, sms);
 }
 
@@ -985,7 +1028,7 @@ static int fg_target(void)
  * units of k's and v's and set the launch's time. */
 static int ft_plan(int col_blocks, int n_units, int M, int target, int sms)
 {
-    const int ub_max = min(fg_stage_max(M) / fg_unit_bytes(M), FT_MAX_UNITS);
+    const int ub_max = min(fg_stage_max(M) / fg_unit_bytes(M, true), FT_MAX_UNITS);
     return gemv_plan(col_blocks, n_units, n_units / FT_MIN_UNITS, ub_max, target, sms);
 }
 
@@ -1064,7 +1107,7 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
     size_t scratch = 0, offset[FG_MAX_PARTS];
     unsigned blocks = 0;
     const bool bulk = tsr_cuda_gemv_bulk(M);
-    const int cols = bulk ? FT_COLS : FG_COLS;
+    const int cols = bulk ? ft_cols(M) : FG_COLS;
     int all_col_blocks = 0; /* the plan is the group's */
     for (int i = 0; i < n; i++) all_col_blocks += (int)tsr_div_up(Ls[i]->Npad, cols);
     const int target = (M <= 8 ? 2 : 1) * fg_target();
@@ -1090,7 +1133,7 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
         R.p[R.n++] = red_part{G.p[i].partial, Ls[i]->bias, ys[i], splits[i], Ls[i]->N, Ls[i]->Npad, rb};
         red_blocks += rb;
     }
-    if (M > 8) { /* every part's activations staged once, fp16 hi halves in B-operand order */
+    if (!fg_exact(M, bulk)) { /* every part's activations staged once, fp16 hi halves in B-operand order */
         fg_pre_group S = {};
         size_t xs_entries = 0;
         for (int i = 0; i < n; i++) xs_entries += (size_t)Ls[i]->n_units * 2 * M * 4;
@@ -1106,12 +1149,12 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
         }
         tsr_launch(fg_prestage_kernel, dim3(pre_blocks), dim3(256), S, x, M, Ls[0]->K);
     }
-    const int stage_words = ub * fg_unit_bytes(M) / 4;
+    const int stage_words = ub * fg_unit_bytes(M, bulk) / 4;
     if (bulk) { /* shared memory: the staged activations, the ring's barriers, the unit records, the ring */
         const size_t smem = (size_t)stage_words * 4 + sizeof(ft_shared);
         fg_kernel_t kern = Ls[0]->gptq ? ft_kernel<true>(M) : ft_kernel<false>(M);
         fg_allow_smem(kern, (size_t)fg_stage_max(M) + sizeof(ft_shared));
-        tsr_launch_smem(kern, dim3(blocks), dim3((FT_CONSUMERS + 1) * 32), smem, G, x, M, stage_words);
+        tsr_launch_smem(kern, dim3(blocks), dim3(ft_cols(M) / 64 * 32 + 32), smem, G, x, M, stage_words);
     } else {
         fg_launch_warps(G, Ls[0]->gptq != 0, x, M, blocks, stage_words);
     }
