@@ -1,9 +1,10 @@
 /* The decode GEMV of EXL2 and GPTQ matrices (matmul.cu takes it below TSR_CUDA_DQ_MIN_M rows; tsr_cuda_gemv).
  *
  * A tensor-core GEMV over the fragment layout of exl2_frag.cuh. A block of 8 warps covers 128 columns and a range of
- * 32-row units; the block first gathers its activations through the permutation into shared memory in the B-operand
- * order of mma.m16n8k16 (up to 8 rows split into fp16 hi + lo halves, so the products are exact to ~2^-22 like fp32;
- * above 8 rows fp16, as on the cuBLAS path, staged once per launch by a small kernel and copied by each block), and
+ * 32-row units; the block first copies its activations into shared memory, staged once per launch by a small kernel
+ * that gathers them through the permutation into the B-operand order of mma.m16n8k16 (up to 8 rows split into fp16
+ * hi + lo halves, so the products are exact to ~2^-22 like fp32; above 8 rows fp16, as on the cuBLAS path; with
+ * TSR_CUDA_GEMV_PRESTAGE=0 each block gathers its exact rows itself), and
  * each warp then streams 64 columns of one quarter of the units: b words per lane per 32 × 32 block, each pair of codes
  * masked in place into an fp16 pattern (one LOP3) and scaled back with the zero point subtracted by one HFMA2 (exact),
  * then per 16 × 16 tile one mma per 8-token tile into fp32 accumulators that are scaled once per group (up to 4 rows
@@ -36,7 +37,8 @@
 struct fg_part {
     tsr_linear_dev L;
     float *y, *partial; /* partial: [splits][M][Npad] when K is split over blocks, else NULL */
-    const uint2 *xs;    /* M > 8: the activations pre-staged by fg_prestage_kernel (fp16, B-operand order) */
+    const uint2 *xs;    /* the activations pre-staged by fg_prestage_kernel (B-operand order: hi + lo halves where
+                         * fg_exact, else fp16), or NULL: each block gathers its own */
     int ub;             /* units per block */
     int col_blocks, blocks;
 };
@@ -512,9 +514,9 @@ __device__ __forceinline__ void fg_stage_chunk(const float *x, int K, int M, int
     }
 }
 
-/* For 8 < M <= 32 the activations are staged once per launch instead of once per block (each block would gather
- * M times more values than at M = 1): the entries of fg_stage_chunk, hi halves only, for every unit of each part,
- * which the blocks then copy whole with cp.async. */
+/* The activations staged once per launch instead of once per block: the entries of fg_stage_chunk for every unit
+ * of each part (hi + lo halves where the rows are exact, fg_exact, else hi halves only), which the blocks then copy
+ * whole with cp.async. Always for fp16 rows; for exact rows unless TSR_CUDA_GEMV_PRESTAGE=0 (fg_prestage_exact). */
 struct fg_pre_part {
     const int32_t *uperm;
     uint2 *xs;
@@ -525,7 +527,7 @@ struct fg_pre_group {
     int n;
 };
 
-__global__ void fg_prestage_kernel(const __grid_constant__ fg_pre_group G, const float *x, int M, int K)
+__global__ void fg_prestage_kernel(const __grid_constant__ fg_pre_group G, const float *x, int M, int K, int exact)
 {
     tsr_pdl_start();
     unsigned b = blockIdx.x;
@@ -540,25 +542,37 @@ __global__ void fg_prestage_kernel(const __grid_constant__ fg_pre_group G, const
         const int src = P.uperm[k + (j & 1) + 8 * (j >> 1)];
         v[j] = src >= 0 ? x[(size_t)tok * K + src] : 0.0f;
     }
+    if (exact) { /* hi + lo halves, as fg_stage_chunk writes them */
+        __half hi[4], lo[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            hi[j] = __float2half_rn(v[j]);
+            lo[j] = __float2half_rn(v[j] - __half2float(hi[j]));
+        }
+        ((uint4 *)P.xs)[i] =
+            make_uint4(h2_bits(__halves2half2(hi[0], hi[1])), h2_bits(__halves2half2(hi[2], hi[3])),
+                       h2_bits(__halves2half2(lo[0], lo[1])), h2_bits(__halves2half2(lo[2], lo[3])));
+        return;
+    }
     P.xs[i] = make_uint2(h2_bits(__floats2half2_rn(v[0], v[1])), h2_bits(__floats2half2_rn(v[2], v[3])));
 }
 
-/* The block's activations for units [u0, u0 + nu) into shared memory, by all its threads: up to 8 rows gathered
- * here (hi + lo halves), above that copied from the entries fg_prestage_kernel wrote (nu · 2 · M · 4 of 8 bytes).
- * In two calls: fg_stage_begin reads the first chunk's permutation entries, which do not depend on x, as the
- * block's first loads (so they travel beside its unit records); fg_stage_block waits for the kernel that writes x
- * (PDL) and stages. */
+/* The block's activations for units [u0, u0 + nu) into shared memory, by all its threads: copied from the entries
+ * fg_prestage_kernel wrote (nu · 2 · M · 4 of them, 16 bytes each for exact rows, SELF, else 8), or, for exact rows
+ * without them (P.xs NULL), gathered here. In two calls: fg_stage_begin reads the first chunk's permutation entries,
+ * which do not depend on x, as the block's first loads (so they travel beside its unit records); fg_stage_block
+ * waits for the kernel that writes x (PDL) and stages. */
 template <bool SELF>
 __device__ __forceinline__ void fg_stage_begin(const fg_part &P, int u0, int nu, fg_src &S)
 {
-    if (SELF) fg_stage_src(P.L, u0, nu * 8, 0, S);
+    if (SELF && !P.xs) fg_stage_src(P.L, u0, nu * 8, 0, S);
 }
 
 template <bool SELF>
 __device__ __forceinline__ void fg_stage_block(const fg_part &P, const float *x, int M, int u0, int nu, uint4 *stage,
                                                const fg_src &S0)
 {
-    if (SELF) {
+    if (SELF && !P.xs) {
         const int pairs = nu * 8;
         const int chunks = (pairs + FG_STAGE_CHUNK * (int)blockDim.x - 1) / (FG_STAGE_CHUNK * (int)blockDim.x);
         tsr_pdl_wait();
@@ -570,8 +584,9 @@ __device__ __forceinline__ void fg_stage_block(const fg_part &P, const float *x,
         }
     } else {
         tsr_pdl_wait();
-        const uint4 *src = (const uint4 *)(P.xs + (size_t)u0 * 2 * M * 4);
-        for (int i = threadIdx.x; i < nu * M * 4; i += blockDim.x) cp_async16(stage + i, src + i);
+        const int per = SELF ? 2 : 1; /* 16-byte pieces per entry: hi + lo, or hi */
+        const uint4 *src = (const uint4 *)(P.xs + (size_t)u0 * 2 * M * 4 * per);
+        for (int i = threadIdx.x; i < nu * M * 4 * per; i += blockDim.x) cp_async16(stage + i, src + i);
         cp_async_commit();
         cp_async_wait<0>();
     }
@@ -915,6 +930,17 @@ static bool fg_exact(int M, bool bulk)
     return M <= 8 && (!bulk || M <= max(most, 4));
 }
 
+/* Whether launches whose rows are exact (fg_exact) stage them once per launch too (hi + lo halves, by
+ * fg_prestage_kernel), each block then copying its stretch, rather than gathering x through the permutation in every
+ * block: TSR_CUDA_GEMV_PRESTAGE, default 1 (0: the gather in every block). 70B 4.0 bpw batch 1 57.4 -> 63.1 tok/s,
+ * batch 4 192 -> 215; 8B batch 4 +3 %, batches 1-2 unchanged (a rule that pre-staged only where a block's gather
+ * took more than one round per thread got 70B most of it and missed 8B's; NOTES.md, stop 26). */
+static bool fg_prestage_exact(void)
+{
+    static const bool on = !tsr_cuda_env_off("TSR_CUDA_GEMV_PRESTAGE");
+    return on;
+}
+
 /* Token tiles of 8 rows in the kernels for M rows (1, 2 or 4), and the bulk kernel's columns per block. */
 static int fg_tiles(int M)
 {
@@ -1133,21 +1159,23 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
         R.p[R.n++] = red_part{G.p[i].partial, Ls[i]->bias, ys[i], splits[i], Ls[i]->N, Ls[i]->Npad, rb};
         red_blocks += rb;
     }
-    if (!fg_exact(M, bulk)) { /* every part's activations staged once, fp16 hi halves in B-operand order */
+    const bool exact = fg_exact(M, bulk);
+    if (!exact || fg_prestage_exact()) { /* every part's activations staged once, in B-operand order */
         fg_pre_group S = {};
         size_t xs_entries = 0;
         for (int i = 0; i < n; i++) xs_entries += (size_t)Ls[i]->n_units * 2 * M * 4;
-        uint2 *xs = (uint2 *)tsr_cuda_scratch(0, xs_entries * sizeof(uint2));
+        const int per = exact ? 2 : 1; /* 8-byte words per entry: hi + lo halves, or hi */
+        uint2 *xs = (uint2 *)tsr_cuda_scratch(0, xs_entries * per * sizeof(uint2));
         unsigned pre_blocks = 0;
         S.n = n;
         for (int i = 0; i < n; i++) {
             const unsigned entries = (unsigned)Ls[i]->n_units * 2 * M * 4;
             S.p[i] = fg_pre_part{Ls[i]->uperm, xs, entries, tsr_div_up(entries, 256)};
             G.p[i].xs = xs;
-            xs += entries;
+            xs += (size_t)entries * per;
             pre_blocks += S.p[i].blocks;
         }
-        tsr_launch(fg_prestage_kernel, dim3(pre_blocks), dim3(256), S, x, M, Ls[0]->K);
+        tsr_launch(fg_prestage_kernel, dim3(pre_blocks), dim3(256), S, x, M, Ls[0]->K, (int)exact);
     }
     const int stage_words = ub * fg_unit_bytes(M, bulk) / 4;
     if (bulk) { /* shared memory: the staged activations, the ring's barriers, the unit records, the ring */
