@@ -739,10 +739,11 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
  * block covers 2 NC column blocks of a range of units; one producer lane streams each unit's column blocks
  * (contiguous in the fragment layout), its group's scale codes and its scale table into a ring slot with three bulk
  * copies, and each of the NC consumer warps decodes its 2 column blocks of every unit from the slot. The warps own
- * distinct columns: no reduction inside the block; K splits over blocks are added as before. Up to 4 rows the
- * block stages its activations itself (hi + lo halves); above, it copies its stretch of the pre-staged fp16 ones.
- * (A ring that packed units by their own width, 4-bit units taking half the room of 8-bit ones, was measured
- * slower: kernels/cuda/NOTES.md, stop 18.) The slot layout is that of FT_CONSUMERS (the most) consumers. */
+ * distinct columns: no reduction inside the block; K splits over blocks are added as before. The block copies its
+ * stretch of the pre-staged activations (hi + lo halves up to 4 rows, fg_exact; fp16 above, HALF in the one-tile
+ * instance), or gathers exact rows itself (TSR_CUDA_GEMV_PRESTAGE=0). (A ring that packed units by their own
+ * width, 4-bit units taking half the room of 8-bit ones, was measured slower: kernels/cuda/NOTES.md, stop 18.) The
+ * slot layout is that of FT_CONSUMERS (the most) consumers. */
 #define FT_CONSUMERS 8
 #define FT_CB (2 * FT_CONSUMERS) /* column blocks per slot, at most */
 #define FT_COLS (32 * FT_CB)
@@ -877,6 +878,7 @@ __global__ void __launch_bounds__((ft_consumers(NT) + 1) * 32, NT == 1 ? 2 : 1)
     int cur = -1;
     const bool idle = 2 * warp >= live;
     const fg_bsrc bs = fg_bsrc_of<NT, PK, HALF>(fg_smem, M, lane);
+    /* HALF's fp16 entries are read and multiplied as PK's packed ones: one 8-byte entry per step, one mma per tile */
     for (int ra = 0; ra < nu;) {
         const int rb = fg_run_end(F.meta, ra + 1, nu, ra);
         if (GPTQ) {
