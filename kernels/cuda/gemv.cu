@@ -488,6 +488,19 @@ __device__ __forceinline__ void fg_stage_src(const tsr_linear_dev &L, int u0, in
     }
 }
 
+/* One staged entry of exact rows: the four values' fp16 hi halves, then what remains of each after it (lo). */
+__device__ __forceinline__ uint4 fg_hi_lo(const float (&v)[4])
+{
+    __half hi[4], lo[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        hi[j] = __float2half_rn(v[j]);
+        lo[j] = __float2half_rn(v[j] - __half2float(hi[j]));
+    }
+    return make_uint4(h2_bits(__halves2half2(hi[0], hi[1])), h2_bits(__halves2half2(hi[2], hi[3])),
+                      h2_bits(__halves2half2(lo[0], lo[1])), h2_bits(__halves2half2(lo[2], lo[3])));
+}
+
 __device__ __forceinline__ void fg_stage_chunk(const float *x, int K, int M, int pairs, int chunk, const fg_src &S,
                                                uint4 *stage)
 {
@@ -501,15 +514,7 @@ __device__ __forceinline__ void fg_stage_chunk(const float *x, int K, int M, int
         for (int p = 0; p < FG_STAGE_CHUNK; p++) {
             const int i = (chunk * FG_STAGE_CHUNK + p) * (int)blockDim.x + (int)threadIdx.x;
             if (i >= pairs) continue;
-            __half hi[4], lo[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                hi[j] = __float2half_rn(v[p][j]);
-                lo[j] = __float2half_rn(v[p][j] - __half2float(hi[j]));
-            }
-            stage[((i >> 2) * M + tok) * 4 + (i & 3)] =
-                make_uint4(h2_bits(__halves2half2(hi[0], hi[1])), h2_bits(__halves2half2(hi[2], hi[3])),
-                           h2_bits(__halves2half2(lo[0], lo[1])), h2_bits(__halves2half2(lo[2], lo[3])));
+            stage[((i >> 2) * M + tok) * 4 + (i & 3)] = fg_hi_lo(v[p]);
         }
     }
 }
@@ -543,15 +548,7 @@ __global__ void fg_prestage_kernel(const __grid_constant__ fg_pre_group G, const
         v[j] = src >= 0 ? x[(size_t)tok * K + src] : 0.0f;
     }
     if (exact) { /* hi + lo halves, as fg_stage_chunk writes them */
-        __half hi[4], lo[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            hi[j] = __float2half_rn(v[j]);
-            lo[j] = __float2half_rn(v[j] - __half2float(hi[j]));
-        }
-        ((uint4 *)P.xs)[i] =
-            make_uint4(h2_bits(__halves2half2(hi[0], hi[1])), h2_bits(__halves2half2(hi[2], hi[3])),
-                       h2_bits(__halves2half2(lo[0], lo[1])), h2_bits(__halves2half2(lo[2], lo[3])));
+        ((uint4 *)P.xs)[i] = fg_hi_lo(v);
         return;
     }
     P.xs[i] = make_uint2(h2_bits(__floats2half2_rn(v[0], v[1])), h2_bits(__floats2half2_rn(v[2], v[3])));
@@ -952,6 +949,10 @@ static int ft_cols(int M)
 {
     return 64 * ft_consumers(fg_tiles(M));
 }
+static int ft_threads(int M)
+{
+    return (ft_consumers(fg_tiles(M)) + 1) * 32; /* the consumers and the producer warp */
+}
 
 /* The bulk kernel for M rows (from 2: one row stays on frag_gemv_kernel, tsr_cuda_gemv_bulk): hi and lo in one mma
  * up to 4 rows, or 1, 2 or 4 token tiles of 8. */
@@ -1184,7 +1185,7 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
         const size_t smem = (size_t)stage_words * 4 + sizeof(ft_shared);
         fg_kernel_t kern = Ls[0]->gptq ? ft_kernel<true>(M) : ft_kernel<false>(M);
         fg_allow_smem(kern, (size_t)fg_stage_max(M) + sizeof(ft_shared));
-        tsr_launch_smem(kern, dim3(blocks), dim3(ft_cols(M) / 64 * 32 + 32), smem, G, x, M, stage_words);
+        tsr_launch_smem(kern, dim3(blocks), dim3(ft_threads(M)), smem, G, x, M, stage_words);
     } else {
         fg_launch_warps(G, Ls[0]->gptq != 0, x, M, blocks, stage_words);
     }
