@@ -1075,6 +1075,21 @@ bool tsr_cuda_gemv_bulk(int M)
     return M >= 2 && M <= most;
 }
 
+/* From 9 rows, groups of at most TSR_CUDA_GEMV_FRAG_N columns in all (default 4096; 0: none) take frag_gemv_kernel
+ * instead of the bulk kernel: o and down at 8B, whose 4096 columns the 2- and 4-tile bulk kernels cut into 8 or 9
+ * column blocks, so that K is split into many pieces and the partial sums are megabytes per call, where
+ * frag_gemv_kernel's 128-column blocks split K four ways inside the block. At 70B (8192 columns) the bulk kernel
+ * stays faster (NOTES.md, stop 27). */
+static int fg_frag_n(void)
+{
+    static int n = -1;
+    if (n < 0) {
+        const char *e = getenv("TSR_CUDA_GEMV_FRAG_N");
+        n = e ? max(0, atoi(e)) : 4096;
+    }
+    return n;
+}
+
 /* Lets kernel use up to `bytes` of dynamic shared memory, once per kernel: the table has room for every GEMV
  * instance of this file (20: 12 of frag_gemv_kernel, 8 of the bulk kernel), and were it ever full, the attribute
  * would be set on every call rather than skipped. */
@@ -1135,7 +1150,9 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
     int splits[FG_MAX_PARTS];
     size_t scratch = 0, offset[FG_MAX_PARTS];
     unsigned blocks = 0;
-    const bool bulk = tsr_cuda_gemv_bulk(M);
+    int all_cols = 0;
+    for (int i = 0; i < n; i++) all_cols += Ls[i]->Npad;
+    const bool bulk = tsr_cuda_gemv_bulk(M) && !(M > 8 && all_cols <= fg_frag_n());
     const int cols = bulk ? ft_cols(M) : FG_COLS;
     int all_col_blocks = 0; /* the plan is the group's */
     for (int i = 0; i < n; i++) all_col_blocks += (int)tsr_div_up(Ls[i]->Npad, cols);
