@@ -33,6 +33,7 @@ static tsr_session_req session_req(const tsr_host_opts *o)
                              .device = o->device ? o->device : "cpu",
                              .select_backend = tsr_select_backend,
                              .threads = o->threads,
+                             .max_tokens = o->step_tokens,
                              .kv_dtype = TSR_F16,
                              .kv_tokens = o->kv_tokens};
 }

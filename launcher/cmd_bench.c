@@ -32,7 +32,7 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: tessera bench --model DIR [--device cpu|cuda[:N]] [--batch 1,8] [--prompt-len 128] [--gen 32]\n"
-               "                     [--threads N] [--kv-dtype f16|f32|q4|q6|q8] [--max-tokens 512] [--seed S] [--json FILE]\n"
+               "                     [--threads N] [--kv-dtype f16|f32|q4|q6|q8] [--max-tokens 2048] [--seed S] [--json FILE]\n"
                "       tessera bench --model DIR --concurrency 1,8,64 [--shared-prefix N] [--requests N]\n"
                "                     [--page-size 16] [--kv-tokens N] (and --device, --prompt-len, --gen, ...)\n"
                "Prefills `batch` random prompts, then decodes `gen` tokens per sequence (greedy), for each batch size.\n"
@@ -243,7 +243,7 @@ int tsr_cmd_bench(int argc, char **argv)
     int32_t *batches = NULL, *levels = NULL;
     int n_batches = 0, n_levels = 0;
     long shared_prefix = 0, requests = 0, page_size = 16, kv_tokens = 0;
-    long prompt_len = 128, gen = 32, threads = 0, max_tokens = 512, seed = 1234;
+    long prompt_len = 128, gen = 32, threads = 0, max_tokens = TSR_STEP_TOKENS_DEFAULT, seed = 1234;
     tsr_dtype kv_dtype = TSR_F16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;

@@ -39,7 +39,7 @@ static void usage(FILE *f)
             "  --ignore-eos        do not stop at end-of-sequence tokens\n"
             "  --threads N         CPU threads (default: all cores, or a worker's bound cores)\n"
             "  --device D          cpu (default), cuda or cuda:N (under mpirun: each worker its own GPU)\n"
-            "  --step-tokens N     tokens per step and forward call (default 512)\n"
+            "  --step-tokens N     tokens per step and forward call (default 2048)\n"
             "benchmark: tessera generate --model DIR --bench [--batch 1,8,32] [--prompt-len 128] [--gen 32]\n"
             "           [--json FILE]: random prompts, prefill and decode tokens/s per batch size; tokens are\n"
             "           greedy unless --temperature, --top-k or --top-p say how to sample them\n");
@@ -137,7 +137,7 @@ int tsr_cmd_generate(int argc, char **argv)
     long max_tokens = 128, top_k = 0, seed = 0, threads = 0, logprobs = 0;
     double temperature = 0, top_p = 1;
     int print_ids = 0, ignore_eos = 0, chat = 0, bench = 0;
-    long step_tokens = 512, prompt_len = 128, gen = 32;
+    long step_tokens = TSR_STEP_TOKENS_DEFAULT, prompt_len = 128, gen = 32;
     const char *batches = "1,8,32", *json = NULL;
     tsr_par_opts po;
     tsr_par_opts_init(&po);

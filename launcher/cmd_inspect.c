@@ -6,6 +6,7 @@
 #include "launcher/cli.h"
 #include "launcher/commands.h"
 #include "parallel/plan.h"
+#include "runtime/forward.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 
@@ -54,7 +55,7 @@ static double linear_bpw(const tsr_linear *L)
 int tsr_cmd_inspect(int argc, char **argv)
 {
     const char *dir = NULL;
-    long context = 0, batch = 1, max_tokens = 512, np = 1, tp = 0;
+    long context = 0, batch = 1, max_tokens = TSR_STEP_TOKENS_DEFAULT, np = 1, tp = 0;
     int plan = 0;
     const char *split = NULL, *gpu_memory = NULL;
     tsr_dtype kv_dtype = TSR_F16;

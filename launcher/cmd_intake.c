@@ -19,6 +19,7 @@ static void usage(FILE *f)
                "  --device D             cpu (default), cuda or cuda:N\n"
                "  --max-running N        sequences running at once (default 64)\n"
                "  --kv-tokens N          KV cache size in tokens (default: the engine's)\n"
+               "  --step-tokens N        tokens per step: decode rows plus prompt chunks (default 2048)\n"
                "  --served-model-name S  the model name request bodies may give (default: DIR's last component)\n"
                "  --threads N            CPU threads (default: all cores)\n"
                "  --client-timeout S     seconds of silence after which a client with requests is gone (default 15)\n"
@@ -40,7 +41,7 @@ int tsr_cmd_intake(int argc, char **argv)
     tsr_par_opts_init(&ho.par);
     tsr_intake_opts io = {0};
     const char *listen = NULL;
-    long max_running = 64, kv_tokens = 0, threads = 0;
+    long max_running = 64, kv_tokens = 0, step_tokens = 0, threads = 0;
     double client_timeout = 15, send_timeout = 5;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -68,6 +69,8 @@ int tsr_cmd_intake(int argc, char **argv)
             if (tsr_cli_int("intake", a, v, 1, 4096, &max_running)) return 2;
         } else if (!strcmp(a, "--kv-tokens")) {
             if (tsr_cli_int("intake", a, v, 16, 1L << 30, &kv_tokens)) return 2;
+        } else if (!strcmp(a, "--step-tokens")) {
+            if (tsr_cli_int("intake", a, v, 1, 1 << 20, &step_tokens)) return 2;
         } else if (!strcmp(a, "--threads")) {
             if (tsr_cli_int("intake", a, v, 1, 1024, &threads)) return 2;
         } else if (!strcmp(a, "--client-timeout")) {
@@ -86,6 +89,7 @@ int tsr_cmd_intake(int argc, char **argv)
     }
     ho.max_running = (int)max_running;
     ho.kv_tokens = kv_tokens;
+    ho.step_tokens = (int)step_tokens;
     ho.threads = (int)threads;
     io.client_timeout_s = client_timeout;
     io.send_timeout_s = send_timeout;

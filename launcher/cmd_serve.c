@@ -53,6 +53,8 @@ static void usage(FILE *f)
             "  --max-running N         sequences decoding at once (default 64)\n"
             "  --max-waiting N         queued requests before 429 (default 1024)\n"
             "  --kv-tokens N           KV cache size in tokens (default: one full context, or GPU memory)\n"
+            "  --step-tokens N         tokens per step: decode rows plus prompt chunks (default 2048; smaller\n"
+            "                          steps delay running streams less while a long prompt prefills)\n"
             "  --max-body BYTES        largest request body (default 8388608)\n"
             "  --max-header BYTES      memory per connection for the request line and headers (default 65536)\n"
             "  --max-connections N     simultaneous connections (default: the open-file limit less 256)\n"
@@ -233,7 +235,7 @@ int tsr_cmd_serve(int argc, char **argv)
 {
     const char *model_dir = NULL, *device = "cpu", *tpl_path = NULL, *served = NULL, *keys[MAX_KEYS];
     int n_keys = 0;
-    long port = 8000, threads = 0, max_running = 64, max_waiting = 1024, kv_tokens = 0, max_body = 8 << 20;
+    long port = 8000, threads = 0, max_running = 64, max_waiting = 1024, kv_tokens = 0, step_tokens = 0, max_body = 8 << 20;
     long max_conns = 0, per_ip = 0, timeout = 60, header_timeout = 30, http_threads = 2;
     long max_header = 64 << 10, backlog = 1 << 20;
     double grace = 30;
@@ -278,6 +280,8 @@ int tsr_cmd_serve(int argc, char **argv)
             if (tsr_cli_int("serve", a, v, 1, 1 << 24, &max_waiting)) return 2;
         } else if (!strcmp(a, "--kv-tokens")) {
             if (tsr_cli_int("serve", a, v, 16, 1L << 30, &kv_tokens)) return 2;
+        } else if (!strcmp(a, "--step-tokens")) {
+            if (tsr_cli_int("serve", a, v, 1, 1 << 20, &step_tokens)) return 2;
         } else if (!strcmp(a, "--max-body")) {
             if (tsr_cli_int("serve", a, v, 64, 1L << 30, &max_body)) return 2;
         } else if (!strcmp(a, "--max-header")) {
@@ -307,8 +311,8 @@ int tsr_cmd_serve(int argc, char **argv)
         return 2;
     }
     tsr_session_req req = {.cmd = "serve", .model_dir = model_dir, .device = device,
-                           .select_backend = tsr_select_backend, .threads = (int)threads, .kv_dtype = TSR_F16,
-                           .kv_tokens = kv_tokens};
+                           .select_backend = tsr_select_backend, .threads = (int)threads,
+                           .max_tokens = (int)step_tokens, .kv_dtype = TSR_F16, .kv_tokens = kv_tokens};
     if (tsr_rank_is_worker()) {
         /* a worker rank: execute the coordinator's steps until it shuts us down; SIGUSR1 (which mpirun forwards
          * to every rank) is the coordinator's cue to shut down gracefully, not ours */

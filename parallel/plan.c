@@ -2,6 +2,7 @@
 #include "parallel/plan.h"
 
 #include "parallel/shard.h"
+#include "runtime/forward.h"
 #include "runtime/kv_cache.h"
 
 #include <ctype.h>
@@ -171,7 +172,7 @@ tsr_status tsr_plan_make(const tsr_model *m, const tsr_plan_input *in, tsr_plan 
     out->tp = tp;
     out->n_layers = c->n_layers;
     out->page_size = in->page_size > 0 ? in->page_size : 16;
-    out->max_tokens = in->max_tokens > 0 ? in->max_tokens : 512;
+    out->max_tokens = in->max_tokens > 0 ? in->max_tokens : TSR_STEP_TOKENS_DEFAULT;
     out->kv_dtype = in->kv_dtype == TSR_DTYPE_INVALID ? TSR_F16 : in->kv_dtype;
     out->split = kind;
 

@@ -51,7 +51,7 @@ static tsr_status make_plan(const tsr_model *m, const tsr_session_req *req, cons
         in.capacity[w] = caps[w];
     in.gpu = gpu;
     in.page_size = req->page_size > 0 ? req->page_size : 16;
-    in.max_tokens = req->max_tokens > 0 ? req->max_tokens : 512;
+    in.max_tokens = req->max_tokens > 0 ? req->max_tokens : TSR_STEP_TOKENS_DEFAULT;
     in.kv_dtype = req->kv_dtype == TSR_DTYPE_INVALID ? TSR_F16 : req->kv_dtype;
     in.kv_tokens = req->kv_tokens;
     return tsr_plan_make(m, &in, plan);

@@ -29,7 +29,7 @@ typedef struct tsr_session_req {
     const char *device; /* "cpu", "cuda" or "cuda:N" (workers take cuda:<local worker index>) */
     tsr_status (*select_backend)(const char *device, const tsr_ops **ops); /* the launcher's backend selection */
     int threads; /* CPU threads (0: all cores, or a worker's bound cores) */
-    int max_tokens, page_size;
+    int max_tokens, page_size; /* tokens per step (0: TSR_STEP_TOKENS_DEFAULT); KV page size (0: 16) */
     tsr_dtype kv_dtype;
     long kv_tokens; /* KV pool the command needs (0: as much as fits) */
 } tsr_session_req;

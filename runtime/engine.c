@@ -9,7 +9,7 @@
 tsr_status tsr_engine_open(const char *model_dir, const tsr_engine_opts *opts, tsr_engine **out)
 {
     tsr_engine_opts o = opts ? *opts : (tsr_engine_opts){0};
-    if (o.max_tokens <= 0) o.max_tokens = 512;
+    if (o.max_tokens <= 0) o.max_tokens = TSR_STEP_TOKENS_DEFAULT;
     if (o.page_size <= 0) o.page_size = 16;
     if (!o.ops) o.ops = tsr_ops_cpu();
     if (o.kv_dtype == TSR_DTYPE_INVALID) o.kv_dtype = TSR_F16;

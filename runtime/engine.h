@@ -13,7 +13,7 @@
 #include "runtime/forward.h"
 
 typedef struct tsr_engine_opts {
-    int max_tokens;       /* tokens per forward call (default 512) */
+    int max_tokens;       /* tokens per forward call (default TSR_STEP_TOKENS_DEFAULT) */
     int page_size;        /* tokens per KV page (default 16) */
     long kv_tokens;       /* KV pool size in tokens; 0: kv_fraction of the backend's free memory after the weights and
                              workspace when the backend reports it (GPU), else max_position_embeddings */

@@ -21,6 +21,13 @@
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 
+/* Tokens per forward call unless a command says otherwise (--step-tokens). A prompt's prefill runs in chunks of
+ * this many tokens, and every chunk dequantizes each EXL2 matrix again for its GEMMs: on the H200, a 2048-token prompt
+ * of the 8B shape prefills at 24k tok/s in 512-token chunks, 30k in 1024, 35k in one (NOTES.md, stop 27). A step
+ * that carries a long chunk also delays the decode rows beside it by that long (about 60 ms for 2048 tokens of the
+ * 8B shape there), and the workspace grows with it (about 230 KB per token for the 8B shape, 460 KB for 70B). */
+#define TSR_STEP_TOKENS_DEFAULT 2048
+
 typedef enum tsr_logits_mode { TSR_LOGITS_NONE, TSR_LOGITS_LAST, TSR_LOGITS_ALL } tsr_logits_mode;
 
 typedef struct tsr_seq_input {
