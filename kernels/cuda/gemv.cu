@@ -1075,11 +1075,12 @@ bool tsr_cuda_gemv_bulk(int M)
     return M >= 2 && M <= most;
 }
 
-/* From 9 rows, groups of at most TSR_CUDA_GEMV_FRAG_N columns in all (default 4096; 0: none) take frag_gemv_kernel
- * instead of the bulk kernel: o and down at 8B, whose 4096 columns the 2- and 4-tile bulk kernels cut into 8 or 9
- * column blocks, so that K is split into many pieces and the partial sums are megabytes per call, where
- * frag_gemv_kernel's 128-column blocks split K four ways inside the block. At 70B (8192 columns) the bulk kernel
- * stays faster (NOTES.md, stop 27). */
+/* At 9-16 rows, groups of at most TSR_CUDA_GEMV_FRAG_N columns in all (default 4096; 0: none) take
+ * frag_gemv_kernel instead of the 2-tile bulk kernel: o and down at 8B, whose 4096 columns the bulk kernel cuts into 8
+ * column blocks of 512, so that K is split into many pieces and the partial sums are megabytes per call, where
+ * frag_gemv_kernel's 128-column blocks split K four ways inside the block. 8B 4.0 bpw: +3-4 % at 12 and 16 rows;
+ * from 17 rows neutral to -1 %, and at 70B (8192 columns, TSR_CUDA_GEMV_FRAG_N=8192) -3 to -4 % (NOTES.md, stop
+ * 27). */
 static int fg_frag_n(void)
 {
     static int n = -1;
@@ -1152,7 +1153,7 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
     unsigned blocks = 0;
     int all_cols = 0;
     for (int i = 0; i < n; i++) all_cols += Ls[i]->Npad;
-    const bool bulk = tsr_cuda_gemv_bulk(M) && !(M > 8 && all_cols <= fg_frag_n());
+    const bool bulk = tsr_cuda_gemv_bulk(M) && !(M > 8 && M <= 16 && all_cols <= fg_frag_n());
     const int cols = bulk ? ft_cols(M) : FG_COLS;
     int all_col_blocks = 0; /* the plan is the group's */
     for (int i = 0; i < n; i++) all_col_blocks += (int)tsr_div_up(Ls[i]->Npad, cols);

@@ -34,7 +34,7 @@ variant_bin() {
   case ",$1," in *,BIN=*) local b=${1#*BIN=}; echo "/tmp/tessera-${b%%,*}" ;; *) echo "$bin" ;; esac
 }
 # run_test_cuda OUT "name:ENV=V,... ...": test_cuda into OUT/test_cuda.log, then once more with the GEMV's per-block
-# gather (TSR_CUDA_GEMV_PRESTAGE=0), once with the bulk GEMV for every group of 9-32 rows (TSR_CUDA_GEMV_FRAG_N=0)
+# gather (TSR_CUDA_GEMV_PRESTAGE=0), once with the bulk GEMV for every group of 9-16 rows (TSR_CUDA_GEMV_FRAG_N=0)
 # and once per variant under its settings (OUT/test_cuda-NAME.log), each with a summary line; the fixtures are this
 # checkout's, unpacked into $fx
 run_test_cuda() {
