@@ -109,6 +109,29 @@ for l in open(sys.argv[1]):
 gen=$("$bin" generate --model "$model" --prompt "Once upon a time" --max-tokens 8) || fail "generate"
 [ "Once upon a time$text" = "$gen" ] || fail "batch text '$text' differs from generate '$gen'"
 
+# steps of 4 tokens (prompts prefilled over several steps, beside other requests' decode rows) give the same greedy
+# completions, in more steps
+"$bin" batch --model "$model" --input "$tmp/in.jsonl" --output "$tmp/out4.jsonl" --kv-tokens 8192 --step-tokens 4 \
+    2> "$tmp/err4" || fail "batch --step-tokens 4 exited $? ($(cat "$tmp/err4"))"
+python3 - "$tmp/out.jsonl" "$tmp/out4.jsonl" "$tmp/err" "$tmp/err4" <<'EOF' || fail "--step-tokens 4"
+import json, re, sys
+def greedy(path):
+    out = {}
+    for l in open(path):
+        l = json.loads(l)
+        if l["custom_id"] in ("c1", "c2", "c15") and l["response"]:
+            c = l["response"]["body"]["choices"][0]
+            out[l["custom_id"]] = c["text"] if "text" in c else c["message"]["content"]
+    return out
+a, b = greedy(sys.argv[1]), greedy(sys.argv[2])
+assert len(a) == 3 and a == b, (a, b)
+steps = [int(re.search(r" steps=(\d+)", open(p).read()).group(1)) for p in sys.argv[3:5]]
+assert steps[1] > steps[0], steps
+print("step-tokens ok", steps)
+EOF
+"$bin" batch --model "$model" --input "$tmp/in.jsonl" --output "$tmp/o0.jsonl" --step-tokens 0 2> /dev/null
+[ $? -eq 2 ] || fail "--step-tokens 0 should exit 2"
+
 # rerunning on a complete output does nothing
 "$bin" batch --model "$model" --input "$tmp/in.jsonl" --output "$tmp/out.jsonl" 2> "$tmp/err" || fail "rerun"
 [ "$(wc -l < "$tmp/out.jsonl")" -eq 15 ] || fail "rerun added lines"
