@@ -11,8 +11,9 @@
  * the hi and lo halves take the 8 B-columns of one mma, 5 to 8 rows two mma's). Warps of a block add up in shared
  * memory; when K is split over blocks to fill the chip, a second kernel adds the blocks' partial sums and the bias
  * (deterministic). Up to three matrices with the same input (q/k/v, gate/up) run as one launch. On sm_90, 2 to 32
- * rows take frag_gemv_bulk_kernel instead: the same products from 448- or 512-column blocks whose units arrive by
- * bulk copies (bulk.cuh) issued by one producer warp, with hi + lo halves only up to 4 rows (fg_exact). */
+ * rows take frag_gemv_bulk_kernel instead (except narrow groups of 9-16 rows, fg_frag_n): the same products from
+ * 448- or 512-column blocks whose units arrive by bulk copies (bulk.cuh) issued by one producer warp, with hi + lo
+ * halves only up to 4 rows (fg_exact), in 1 to 4 token tiles of 8. */
 #include "kernels/cuda/bulk.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
@@ -752,15 +753,17 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
 #define FT_MIN_UNITS 8   /* split K no further than this many units per block */
 static_assert(FT_RING * FT_STEP_WORDS >= FG_MAX_M * FT_COLS, "the ring holds the block's results at the end");
 
-/* Consumer warps of the NT-tile kernel. With 8 (9 warps with the producer) one scheduler holds three, whose
- * registers share its quarter of the register file (16384 / (3 x 32): 168 per thread), and the 4-tile kernel
+/* Consumer warps of the NT-tile kernel (NT = 1 to 4). With 8 (9 warps with the producer) one scheduler holds three,
+ * whose registers share its quarter of the register file (16384 / (3 x 32): 168 per thread), and the 4-tile kernel
  * spilled in its run loop; with 7 it takes 203 registers without spills (+2-3 % at 32-64 rows). The 2-tile kernel
- * lost 14 % at 16 rows with 7 (NOTES.md, stop 26): 448-column blocks cut 4096 columns into 9 1/7 blocks. */
+ * lost 14 % at 16 rows with 7 (NOTES.md, stop 26): 448-column blocks cut 4096 columns into 9 1/7 blocks; the
+ * 3-tile kernel fits 8 (166 registers). */
 __host__ __device__ constexpr int ft_consumers(int NT)
 {
     return NT == 4 ? 7 : 8;
 }
-static_assert(ft_consumers(1) <= FT_CONSUMERS && ft_consumers(2) <= FT_CONSUMERS && ft_consumers(4) <= FT_CONSUMERS,
+static_assert(ft_consumers(1) <= FT_CONSUMERS && ft_consumers(2) <= FT_CONSUMERS && ft_consumers(3) <= FT_CONSUMERS &&
+                  ft_consumers(4) <= FT_CONSUMERS,
               "the slot layout holds every instance's column blocks");
 
 /* Shared memory after the staged activations. */
@@ -940,10 +943,11 @@ static bool fg_prestage_exact(void)
     return on;
 }
 
-/* Token tiles of 8 rows in the kernels for M rows (1, 2 or 4), and the bulk kernel's columns per block. */
+/* Token tiles of 8 rows in the kernels for M rows (1, 2, 3 or 4; frag_gemv_kernel has no 3-tile instance and takes
+17-24 rows with 4, fg_kernel), and the bulk kernel's columns per block. */
 static int fg_tiles(int M)
 {
-    return M <= 8 ? 1 : M <= 16 ? 2 : 4;
+    return M <= 8 ? 1 : M <= 16 ? 2 : M <= 24 ? 3 : 4;
 }
 static int ft_cols(int M)
 {
@@ -955,13 +959,15 @@ static int ft_threads(int M)
 }
 
 /* The bulk kernel for M rows (from 2: one row stays on frag_gemv_kernel, tsr_cuda_gemv_bulk): hi and lo in one mma
- * up to 4 rows, or 1, 2 or 4 token tiles of 8. */
+ * up to 4 rows, or 1 to 4 token tiles of 8. The 3-tile instance (166 registers with 8 consumers, no spills) took
+ * 8B 4.0 bpw decode at 17-24 rows 9-10 % higher than 17-24 rows in the 4-tile one (NOTES.md, stop 27). */
 template <bool GPTQ> static void (*ft_kernel(int M))(const fg_group, const float *, int, int)
 {
     if (M <= 4 && fg_pack()) return frag_gemv_bulk_kernel<false, true, GPTQ, 1>;
     if (M <= 8) return fg_exact(M, true) ? frag_gemv_bulk_kernel<false, false, GPTQ, 1>
                                          : frag_gemv_bulk_kernel<false, false, GPTQ, 1, true>;
     if (M <= 16) return frag_gemv_bulk_kernel<false, false, GPTQ, 2>;
+    if (M <= 24) return frag_gemv_bulk_kernel<false, false, GPTQ, 3>;
     return frag_gemv_bulk_kernel<false, false, GPTQ, 4>;
 }
 
@@ -1092,7 +1098,7 @@ static int fg_frag_n(void)
 }
 
 /* Lets kernel use up to `bytes` of dynamic shared memory, once per kernel: the table has room for every GEMV
- * instance of this file (20: 12 of frag_gemv_kernel, 8 of the bulk kernel), and were it ever full, the attribute
+ * instance of this file (24: 12 of frag_gemv_kernel, 12 of the bulk kernel), and were it ever full, the attribute
  * would be set on every call rather than skipped. */
 #define FG_KERNELS 32
 typedef void (*fg_kernel_t)(const fg_group, const float *, int, int);
