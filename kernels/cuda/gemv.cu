@@ -10,7 +10,7 @@
  * then per 16 × 16 tile one mma per 8-token tile into fp32 accumulators that are scaled once per group (up to 4 rows
  * the hi and lo halves take the 8 B-columns of one mma, 5 to 8 rows two mma's). Warps of a block add up in shared
  * memory; when K is split over blocks to fill the chip, a second kernel adds the blocks' partial sums and the bias
- * (deterministic). Up to three matrices with the same input (q/k/v, gate/up) run as one launch. On sm_90, 2 to 32
+ * (deterministic). Up to three matrices with the same input (q/k/v, gate/up) run as one launch. On sm_90, 3 to 32
  * rows take frag_gemv_bulk_kernel instead (except narrow groups of 9-16 rows, fg_frag_n): the same products from
  * 448- or 512-column blocks whose units arrive by bulk copies (bulk.cuh) issued by one producer warp, with hi + lo
  * halves only up to 4 rows (fg_exact), in 1 to 4 token tiles of 8. */
@@ -958,9 +958,9 @@ static int ft_threads(int M)
     return (ft_consumers(fg_tiles(M)) + 1) * 32; /* the consumers and the producer warp */
 }
 
-/* The bulk kernel for M rows (from 2: one row stays on frag_gemv_kernel, tsr_cuda_gemv_bulk): hi and lo in one mma
- * up to 4 rows, or 1 to 4 token tiles of 8. The 3-tile instance (166 registers with 8 consumers, no spills) took
- * 8B 4.0 bpw decode at 17-24 rows 9-10 % higher than 17-24 rows in the 4-tile one (NOTES.md, stop 27). */
+/* The bulk kernel for M rows (from 3 by default: one and two rows stay on frag_gemv_kernel, tsr_cuda_gemv_bulk): hi
+ * and lo in one mma up to 4 rows, or 1 to 4 token tiles of 8. The 3-tile instance (166 registers with 8 consumers, no
+ * spills) took 8B 4.0 bpw decode at 17-24 rows 9-10 % higher than 17-24 rows in the 4-tile one (NOTES.md, stop 27). */
 template <bool GPTQ> static void (*ft_kernel(int M))(const fg_group, const float *, int, int)
 {
     if (M <= 4 && fg_pack()) return frag_gemv_bulk_kernel<false, true, GPTQ, 1>;
@@ -1067,18 +1067,22 @@ static int ft_plan(int col_blocks, int n_units, int M, int target, int sms)
     return gemv_plan(col_blocks, n_units, n_units / FT_MIN_UNITS, ub_max, target, sms);
 }
 
-/* Whether M rows take frag_gemv_bulk_kernel: on sm_90 and later, from 2 up to TSR_CUDA_GEMV_BULK rows (default
- * FG_MAX_M, all the GEMV's rows; 0 keeps frag_gemv_kernel for all). One row stays with frag_gemv_kernel, which
- * measured 2-4 % faster there (NOTES.md, stop 18). */
+/* Whether M rows take frag_gemv_bulk_kernel: on sm_90 and later, from TSR_CUDA_GEMV_BULK_MIN (default 3, at least
+ * 2) up to TSR_CUDA_GEMV_BULK rows (default FG_MAX_M, all the GEMV's rows; 0 keeps frag_gemv_kernel for all). One
+ * and two rows stay with frag_gemv_kernel: 2-4 % faster at one row when the bulk kernel came (NOTES.md, stop 18),
+ * 7-9 % at two rows since the one-row kernel's later gains; from 3 rows the bulk kernel is as fast or faster (stop
+ * 27). */
 bool tsr_cuda_gemv_bulk(int M)
 {
-    static int most = -1;
+    static int most = -1, least = 3;
     if (most < 0) {
         const char *e = getenv("TSR_CUDA_GEMV_BULK");
         most = tsr_cuda_device_attr(cudaDevAttrComputeCapabilityMajor, 0) < 9 ? 0 : e ? atoi(e) : FG_MAX_M;
         if (most < 0) most = 0;
+        const char *l = getenv("TSR_CUDA_GEMV_BULK_MIN");
+        if (l && atoi(l) >= 2) least = atoi(l);
     }
-    return M >= 2 && M <= most;
+    return M >= least && M <= most;
 }
 
 /* At 9-16 rows, groups of at most TSR_CUDA_GEMV_FRAG_N columns in all (default 4096; 0: none) take
