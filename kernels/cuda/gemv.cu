@@ -943,8 +943,8 @@ static bool fg_prestage_exact(void)
     return on;
 }
 
-/* Token tiles of 8 rows in the kernels for M rows (1, 2, 3 or 4; frag_gemv_kernel has no 3-tile instance and takes
-17-24 rows with 4, fg_kernel), and the bulk kernel's columns per block. */
+/* Token tiles of 8 rows in the bulk kernel for M rows (1, 2, 3 or 4; frag_gemv_kernel has no 3-tile instance and
+ * takes 17-24 rows with 4, fg_kernel), and its columns per block. */
 static int fg_tiles(int M)
 {
     return M <= 8 ? 1 : M <= 16 ? 2 : M <= 24 ? 3 : 4;
