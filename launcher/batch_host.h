@@ -24,6 +24,7 @@ typedef struct tsr_host_opts {
     const char *served_name; /* the model name requests must use; default: the directory's last component */
     long kv_tokens;          /* KV pool size in tokens; 0: as much as fits (the engine's default) */
     int step_tokens;         /* tokens per step and forward call; 0: TSR_STEP_TOKENS_DEFAULT */
+    int prefill_chunk;       /* prompt tokens in a step that also decodes (0: as many as the step leaves) */
     int max_running;         /* ceiling on running sequences; 0: the scheduler's default */
     int threads;             /* CPU threads; 0: default */
     int no_prefix_cache;     /* 1: do not share or keep prompt pages */

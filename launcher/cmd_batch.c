@@ -33,6 +33,8 @@ static void usage(FILE *f)
                "  --max-inflight N       choices submitted but not finished, at most (default 4 x max-running)\n"
                "  --kv-tokens N          KV cache size in tokens (default: the engine's)\n"
                "  --step-tokens N        tokens per step: decode rows plus prompt chunks (default 2048)\n"
+               "  --prefill-chunk N      prompt tokens in a step that also decodes running requests (default 0:\n"
+               "                         as many as the step leaves)\n"
                "  --served-model-name S  the model name request bodies may give (default: DIR's last component)\n"
                "  --threads N            CPU threads (default: all cores)\n"
                "  --no-prefix-cache      do not share prompt pages between requests\n"
@@ -343,7 +345,7 @@ int tsr_cmd_batch(int argc, char **argv)
     const char *input = NULL, *output = NULL;
     tsr_host_opts ho = {.cmd = "batch", .device = "cpu"};
     tsr_par_opts_init(&ho.par);
-    long max_running = 64, max_inflight = 0, kv_tokens = 0, step_tokens = 0, threads = 0;
+    long max_running = 64, max_inflight = 0, kv_tokens = 0, step_tokens = 0, prefill_chunk = 0, threads = 0;
     int quiet = 0, progress_on = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -385,6 +387,8 @@ int tsr_cmd_batch(int argc, char **argv)
             if (tsr_cli_int("batch", a, v, 16, 1L << 30, &kv_tokens)) return 2;
         } else if (!strcmp(a, "--step-tokens")) {
             if (tsr_cli_int("batch", a, v, 1, 1 << 20, &step_tokens)) return 2;
+        } else if (!strcmp(a, "--prefill-chunk")) {
+            if (tsr_cli_int("batch", a, v, 0, 1 << 20, &prefill_chunk)) return 2;
         } else if (!strcmp(a, "--threads")) {
             if (tsr_cli_int("batch", a, v, 1, 1024, &threads)) return 2;
         } else {
@@ -400,6 +404,7 @@ int tsr_cmd_batch(int argc, char **argv)
     ho.max_running = (int)max_running;
     ho.kv_tokens = kv_tokens;
     ho.step_tokens = (int)step_tokens;
+    ho.prefill_chunk = (int)prefill_chunk;
     ho.threads = (int)threads;
     if (!max_inflight) max_inflight = 4 * max_running;
     if (tsr_rank_is_worker()) return tsr_host_run_worker(&ho); /* under mpirun: serve rank 0's steps */

@@ -20,6 +20,8 @@ static void usage(FILE *f)
                "  --max-running N        sequences running at once (default 64)\n"
                "  --kv-tokens N          KV cache size in tokens (default: the engine's)\n"
                "  --step-tokens N        tokens per step: decode rows plus prompt chunks (default 2048)\n"
+               "  --prefill-chunk N      prompt tokens in a step that also decodes running requests (default 512;\n"
+               "                         0: as many as the step leaves)\n"
                "  --served-model-name S  the model name request bodies may give (default: DIR's last component)\n"
                "  --threads N            CPU threads (default: all cores)\n"
                "  --client-timeout S     seconds of silence after which a client with requests is gone (default 15)\n"
@@ -41,7 +43,7 @@ int tsr_cmd_intake(int argc, char **argv)
     tsr_par_opts_init(&ho.par);
     tsr_intake_opts io = {0};
     const char *listen = NULL;
-    long max_running = 64, kv_tokens = 0, step_tokens = 0, threads = 0;
+    long max_running = 64, kv_tokens = 0, step_tokens = 0, prefill_chunk = 512, threads = 0;
     double client_timeout = 15, send_timeout = 5;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -71,6 +73,8 @@ int tsr_cmd_intake(int argc, char **argv)
             if (tsr_cli_int("intake", a, v, 16, 1L << 30, &kv_tokens)) return 2;
         } else if (!strcmp(a, "--step-tokens")) {
             if (tsr_cli_int("intake", a, v, 1, 1 << 20, &step_tokens)) return 2;
+        } else if (!strcmp(a, "--prefill-chunk")) {
+            if (tsr_cli_int("intake", a, v, 0, 1 << 20, &prefill_chunk)) return 2;
         } else if (!strcmp(a, "--threads")) {
             if (tsr_cli_int("intake", a, v, 1, 1024, &threads)) return 2;
         } else if (!strcmp(a, "--client-timeout")) {
@@ -90,6 +94,7 @@ int tsr_cmd_intake(int argc, char **argv)
     ho.max_running = (int)max_running;
     ho.kv_tokens = kv_tokens;
     ho.step_tokens = (int)step_tokens;
+    ho.prefill_chunk = (int)prefill_chunk;
     ho.threads = (int)threads;
     io.client_timeout_s = client_timeout;
     io.send_timeout_s = send_timeout;

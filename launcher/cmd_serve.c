@@ -53,8 +53,9 @@ static void usage(FILE *f)
             "  --max-running N         sequences decoding at once (default 64)\n"
             "  --max-waiting N         queued requests before 429 (default 1024)\n"
             "  --kv-tokens N           KV cache size in tokens (default: one full context, or GPU memory)\n"
-            "  --step-tokens N         tokens per step: decode rows plus prompt chunks (default 2048; smaller\n"
-            "                          steps delay running streams less while a long prompt prefills)\n"
+            "  --step-tokens N         tokens per step: decode rows plus prompt chunks (default 2048)\n"
+            "  --prefill-chunk N       prompt tokens in a step that also decodes running streams, which wait for\n"
+            "                          the whole step (default 512; 0: as many as --step-tokens leaves)\n"
             "  --max-body BYTES        largest request body (default 8388608)\n"
             "  --max-header BYTES      memory per connection for the request line and headers (default 65536)\n"
             "  --max-connections N     simultaneous connections (default: the open-file limit less 256)\n"
@@ -236,7 +237,8 @@ int tsr_cmd_serve(int argc, char **argv)
     const char *model_dir = NULL, *device = "cpu", *tpl_path = NULL, *served = NULL, *keys[MAX_KEYS];
     int n_keys = 0;
     long port = 8000, threads = 0, max_running = 64, max_waiting = 1024, kv_tokens = 0, max_body = 8 << 20;
-    long step_tokens = 0, max_conns = 0, per_ip = 0, timeout = 60, header_timeout = 30, http_threads = 2;
+    long step_tokens = 0, prefill_chunk = 512;
+    long max_conns = 0, per_ip = 0, timeout = 60, header_timeout = 30, http_threads = 2;
     long max_header = 64 << 10, backlog = 1 << 20;
     double grace = 30;
     const char *intake_addr = NULL;
@@ -282,6 +284,8 @@ int tsr_cmd_serve(int argc, char **argv)
             if (tsr_cli_int("serve", a, v, 16, 1L << 30, &kv_tokens)) return 2;
         } else if (!strcmp(a, "--step-tokens")) {
             if (tsr_cli_int("serve", a, v, 1, 1 << 20, &step_tokens)) return 2;
+        } else if (!strcmp(a, "--prefill-chunk")) {
+            if (tsr_cli_int("serve", a, v, 0, 1 << 20, &prefill_chunk)) return 2;
         } else if (!strcmp(a, "--max-body")) {
             if (tsr_cli_int("serve", a, v, 64, 1L << 30, &max_body)) return 2;
         } else if (!strcmp(a, "--max-header")) {
@@ -369,7 +373,9 @@ int tsr_cmd_serve(int argc, char **argv)
         return tsr_cli_error("serve", st);
     }
     s.x = s.session->x;
-    tsr_service_opts so = {.sched = {.max_running = (int)max_running, .max_waiting = (int)max_waiting}};
+    tsr_service_opts so = {.sched = {.max_running = (int)max_running,
+                                     .max_waiting = (int)max_waiting,
+                                     .max_prefill_decoding = (int)prefill_chunk}};
     if ((st = tsr_service_start(s.x, s.tok, &so, &s.svc)) != TSR_OK) {
         close_all(&s);
         return tsr_cli_error("serve", st);

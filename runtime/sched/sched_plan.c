@@ -3,8 +3,9 @@
  * A plan takes, in order: one decode token for every running sequence whose only unprocessed token is its latest
  * one (oldest first); then prefill chunks of running sequences that have more to process, oldest first, each as
  * much as the budget leaves (so a long prompt is prefilled over several steps, between decode steps of the
- * others); then new admissions from the head of the queue (FCFS) while the budget, the max_running ceiling and the
- * pages allow. Admission starts from the longest chain of cached full pages of the sequence's known tokens, never
+ * others; with opts.max_prefill_decoding, a plan with decode tokens takes at most that many prompt tokens besides,
+ * so that a long prompt delays the running streams by a short step at a time); then new admissions from the head
+ * of the queue (FCFS) while the budget, the max_running ceiling and the pages allow. Admission starts from the longest chain of cached full pages of the sequence's known tokens, never
  * including the page of its last known token (that token must be computed to give logits), and takes pages for
  * all its known tokens at once, keeping a small reserve of pages for the running sequences' decode growth. When a
  * running sequence needs a page and none is free or evictable, the newest running sequence is preempted (pages
@@ -212,6 +213,8 @@ tsr_status tsr_sched_plan(tsr_sched *s, double now, tsr_step *step)
             decodes++;
         }
     }
+    if (decodes > 0 && s->o.max_prefill_decoding > 0 && s->budget > s->o.max_prefill_decoding)
+        s->budget = s->o.max_prefill_decoding;
     /* then prefill chunks of running sequences, oldest first */
     for (int i = 0; i < s->running.n && s->budget > 0; i++) {
         sched_seq *q = s->running.v[i];

@@ -22,6 +22,8 @@ typedef struct tsr_sched_opts {
     int page_size;           /* tokens per page (must match the executor's KV pool) */
     int n_pages;             /* pages in the pool */
     int max_step_tokens;     /* token budget of one step (<= the executor's max tokens per call) */
+    int max_prefill_decoding; /* prompt tokens a step may carry when it also carries decode tokens, whose streams
+                                 wait for the whole step (0 = as many as the budget leaves) */
     int max_running;         /* ceiling on sequences holding pages (default 64; at most max_step_tokens) */
     int max_waiting;         /* queue length before submit refuses with TSR_ERR_BUSY (default 1024) */
     int prefix_cache;        /* 1: share and keep full prompt pages (default on; -1 = off) */

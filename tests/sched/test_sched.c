@@ -107,6 +107,47 @@ static void test_chunked_prefill(void **state)
     finish_clean(&d);
 }
 
+/* With max_prefill_decoding, a step that carries a decode token carries at most that many prompt tokens besides;
+ * once no sequence decodes, the prompt takes the whole budget again. */
+static void test_prefill_while_decoding(void **state)
+{
+    (void)state;
+    driver d;
+    tsr_sched_opts o = mkopts(16, 64, 32, 8);
+    o.max_prefill_decoding = 8;
+    setup(&d, &o, 1000);
+    int32_t a[10], b[100];
+    prompt_of(a, 10, 3, 1000);
+    prompt_of(b, 100, 4, 1000);
+    tsr_seq_params pa = drv_params(21, 4), pb = drv_params(22, 3);
+    uint64_t ida = drv_submit(&d, a, 10, &pa, NULL);
+    assert_int_equal(drv_plan(&d), 1);
+    assert_int_equal(d.step.seqs[0].n_tokens, 10); /* no decode token yet: the whole prompt */
+    DRV_OK(&d, drv_run_commit(&d, 0));
+    DRV_OK(&d, drv_drain(&d));
+    uint64_t idb = drv_submit(&d, b, 100, &pb, NULL);
+    for (int k = 0; k < 3; k++) { /* a decodes its tokens 2-4 */
+        assert_int_equal(drv_plan(&d), 2);
+        const tsr_step_seq *q0 = &d.step.seqs[0], *q1 = &d.step.seqs[1];
+        assert_true(q0->id == ida && q0->n_tokens == 1);
+        assert_true(q1->id == idb && q1->pos0 == 8 * k && q1->n_tokens == 8);
+        DRV_OK(&d, drv_run_commit(&d, 0));
+        DRV_OK(&d, drv_drain(&d));
+    }
+    assert_int_equal(d.req[0].finish, TSR_FINISH_LENGTH);
+    int chunks[] = {32, 32, 12};
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(drv_plan(&d), 1);
+        assert_true(d.step.seqs[0].id == idb && d.step.seqs[0].pos0 == 24 + 32 * k);
+        assert_int_equal(d.step.seqs[0].n_tokens, chunks[k]);
+        DRV_OK(&d, drv_run_commit(&d, 0));
+        DRV_OK(&d, drv_drain(&d));
+    }
+    DRV_OK(&d, drv_run_all(&d, 100));
+    assert_int_equal(d.req[1].finish, TSR_FINISH_LENGTH);
+    finish_clean(&d);
+}
+
 /* Tight budget, many requests: no plan exceeds the budget (the driver checks), running decoders come first, and
  * every request completes. */
 static void test_budget(void **state)
@@ -727,7 +768,7 @@ static void test_step_fields(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_chunked_prefill),     cmocka_unit_test(test_budget),
+        cmocka_unit_test(test_chunked_prefill), cmocka_unit_test(test_prefill_while_decoding),     cmocka_unit_test(test_budget),
         cmocka_unit_test(test_admission_ceiling),   cmocka_unit_test(test_preemption_same_streams),
         cmocka_unit_test(test_forced_preemption),   cmocka_unit_test(test_cancel_every_stage),
         cmocka_unit_test(test_deadlines),           cmocka_unit_test(test_stop_rules),

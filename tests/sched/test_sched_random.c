@@ -52,6 +52,7 @@ static void run_scenario(int sc, counts *c)
     o.n_pages = 4 + (int)rnd(60);
     o.max_step_tokens = 1 + (int)rnd(48);
     o.max_running = 1 + (int)rnd(10);
+    o.max_prefill_decoding = rnd(3) == 0 ? 1 + (int)rnd(8) : 0; /* short prompt chunks beside decode tokens */
     o.prefix_cache = rnd(3) == 0 ? -1 : 1;
     o.max_context = rnd(4) == 0 ? 20 + (int)rnd(60) : 100000;
     int vocab = 6 + (int)rnd(40);

@@ -132,6 +132,29 @@ EOF
 "$bin" batch --model "$model" --input "$tmp/in.jsonl" --output "$tmp/o0.jsonl" --step-tokens 0 2> /dev/null
 [ $? -eq 2 ] || fail "--step-tokens 0 should exit 2"
 
+# two requests at a time (greedy, fixed lengths), prompts admitted beside a decoding request in chunks of at most 2
+# tokens: the same completions (the scheduler's own test checks the chunks; here, when a request is admitted beside
+# a decoding one depends on how fast the lines are read, so the step counts are only printed)
+for i in 1 2 3 4; do
+  printf '{"custom_id": "g%d", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time there was a little dog who lived in a small house by the sea, number %d", "max_tokens": %d, "temperature": 0, "ignore_eos": true}}\n' \
+    $i $i $((4 * i))
+done > "$tmp/greedy.jsonl"
+for pc in 0 2; do
+  "$bin" batch --model "$model" --input "$tmp/greedy.jsonl" --output "$tmp/out-pc$pc.jsonl" --kv-tokens 8192 \
+      --max-running 2 --prefill-chunk $pc 2> "$tmp/err-pc$pc" || fail "batch --prefill-chunk $pc exited $?"
+done
+python3 - "$tmp/out-pc0.jsonl" "$tmp/out-pc2.jsonl" "$tmp/err-pc0" "$tmp/err-pc2" <<'EOF' || fail "--prefill-chunk 2"
+import json, re, sys
+def texts(path):
+    return {l["custom_id"]: l["response"]["body"]["choices"][0]["text"] for l in map(json.loads, open(path))}
+a, b = texts(sys.argv[1]), texts(sys.argv[2])
+assert len(a) == 4 and a == b, (a, b)
+steps = [int(re.search(r" steps=(\d+)", open(p).read()).group(1)) for p in sys.argv[3:5]]
+print("prefill-chunk ok, steps", steps)
+EOF
+"$bin" batch --model "$model" --input "$tmp/in.jsonl" --output "$tmp/o1.jsonl" --prefill-chunk -1 2> /dev/null
+[ $? -eq 2 ] || fail "--prefill-chunk -1 should exit 2"
+
 # rerunning on a complete output does nothing
 "$bin" batch --model "$model" --input "$tmp/in.jsonl" --output "$tmp/out.jsonl" 2> "$tmp/err" || fail "rerun"
 [ "$(wc -l < "$tmp/out.jsonl")" -eq 15 ] || fail "rerun added lines"
