@@ -4,9 +4,11 @@
  * thread submits the next, until `requests` (default 4 x C, at least 8) have finished. Prompts are random ids
  * from a fixed seed; with --shared-prefix N the first N tokens are the same for every prompt (a system prompt),
  * so the prefix cache can serve them. Every request decodes exactly --gen tokens (greedy, EOS ignored). Reported:
- * generated tokens per second of wall time, requests per second, time to first token (mean and p50/p99), prefill
- * tokens actually computed versus submitted (what the prefix cache saved), prefix hits, and the scheduler's share
- * of the loop time (planning + committing over planning + committing + executing). The engine is opened once;
+ * generated tokens per second of wall time, requests per second, time to first token (mean and p50/p99), the
+ * time between a request's consecutive tokens (p50/p99: what a long prompt's steps cost the running streams, which
+ * --prefill-chunk bounds as in `tessera serve`), prefill tokens actually computed versus submitted (what the prefix
+ * cache saved), prefix hits, and the scheduler's share of the loop time (planning + committing over planning +
+ * committing + executing). The engine is opened once;
  * each level gets a fresh service (an empty prefix cache). */
 #include "launcher/bench_service.h"
 
@@ -27,14 +29,41 @@ typedef struct level_state {
     int finished, failed, pending_done; /* pending_done: finished since the main thread last looked */
     double *ttft;
     int n_ttft;
+    /* the gaps between a request's consecutive tokens: each request's last token time in an open-addressing table
+     * keyed by id (2 x requests slots; the callback may run before tsr_service_submit hands the id back) */
+    uint64_t *ids;
+    double *last;
+    int slots;
+    double *itl;
+    long n_itl, cap_itl;
     char error[256];
 } level_state;
+
+/* The gap since the request's previous token, or a negative value for its first. Under ls->mu. */
+static double token_gap(level_state *ls, uint64_t id, double now)
+{
+    int i = (int)(id % (uint64_t)ls->slots);
+    while (ls->ids[i] && ls->ids[i] != id)
+        i = (i + 1) % ls->slots;
+    double gap = ls->ids[i] ? now - ls->last[i] : -1.0;
+    ls->ids[i] = id;
+    ls->last[i] = now;
+    return gap;
+}
 
 static void on_event(const tsr_gen_event *ev, void *user)
 {
     level_state *ls = user;
-    if (ev->finish == TSR_FINISH_NONE) return;
+    const double now = tsr_service_now();
     pthread_mutex_lock(&ls->mu);
+    if (ev->token >= 0) {
+        const double gap = token_gap(ls, ev->id, now);
+        if (gap >= 0 && ls->n_itl < ls->cap_itl) ls->itl[ls->n_itl++] = gap;
+    }
+    if (ev->finish == TSR_FINISH_NONE) {
+        pthread_mutex_unlock(&ls->mu);
+        return;
+    }
     ls->finished++;
     ls->pending_done++;
     if (ev->finish == TSR_FINISH_ERROR) {
@@ -62,7 +91,7 @@ static uint64_t mix(uint64_t *s)
 
 typedef struct level_result {
     int concurrency, requests, failed;
-    double wall_s, tok_s, req_s, ttft_mean, ttft_p50, ttft_p99, sched_fraction, step_ms;
+    double wall_s, tok_s, req_s, ttft_mean, ttft_p50, ttft_p99, itl_p50, itl_p99, sched_fraction, step_ms;
     uint64_t prefill_submitted, prefill_computed, prefix_hits, steps;
 } level_result;
 
@@ -75,14 +104,22 @@ static tsr_status run_level(tsr_executor *x, const tsr_tokenizer *tok, const ben
     int32_t *prompt = malloc((size_t)plen * sizeof *prompt);
     level_state ls = {0};
     ls.ttft = calloc((size_t)n_req, sizeof *ls.ttft);
-    if (!prompt || !ls.ttft) {
+    ls.slots = 2 * n_req;
+    ls.ids = calloc((size_t)ls.slots, sizeof *ls.ids);
+    ls.last = calloc((size_t)ls.slots, sizeof *ls.last);
+    ls.cap_itl = (long)n_req * (a->gen > 1 ? a->gen - 1 : 1);
+    ls.itl = malloc((size_t)ls.cap_itl * sizeof *ls.itl);
+    if (!prompt || !ls.ttft || !ls.ids || !ls.last || !ls.itl) {
         free(prompt);
-        free(ls.ttft);
+        free(ls.ttft), free(ls.ids), free(ls.last), free(ls.itl);
         return tsr_fail(TSR_ERR_NOMEM, "out of memory");
     }
     pthread_mutex_init(&ls.mu, NULL);
     pthread_cond_init(&ls.done_cv, NULL);
-    tsr_service_opts so = {.sched = {.max_running = conc, .max_waiting = n_req + 1, .max_step_tokens = a->step_tokens,
+    tsr_service_opts so = {.sched = {.max_running = conc,
+                                     .max_waiting = n_req + 1,
+                                     .max_step_tokens = a->step_tokens,
+                                     .max_prefill_decoding = a->prefill_chunk,
                                      .prefix_cache = a->shared_prefix > 0 ? 1 : -1}};
     tsr_service *svc = NULL;
     tsr_status st = tsr_service_start(x, tok, &so, &svc);
@@ -121,6 +158,7 @@ static tsr_status run_level(tsr_executor *x, const tsr_tokenizer *tok, const ben
         tsr_service_get_stats(svc, &ss);
         tsr_service_stop(svc, 0);
         qsort(ls.ttft, (size_t)ls.n_ttft, sizeof *ls.ttft, cmp_double);
+        qsort(ls.itl, (size_t)ls.n_itl, sizeof *ls.itl, cmp_double);
         double sum = 0;
         for (int i = 0; i < ls.n_ttft; i++) sum += ls.ttft[i];
         *out = (level_result){
@@ -132,7 +170,10 @@ static tsr_status run_level(tsr_executor *x, const tsr_tokenizer *tok, const ben
             .req_s = (double)n_req / wall,
             .ttft_mean = ls.n_ttft ? sum / ls.n_ttft : 0,
             .ttft_p50 = ls.n_ttft ? ls.ttft[ls.n_ttft / 2] : 0,
-            .ttft_p99 = ls.n_ttft ? ls.ttft[(ls.n_ttft * 99) / 100 < ls.n_ttft ? (ls.n_ttft * 99) / 100 : ls.n_ttft - 1] : 0,
+            .ttft_p99 =
+                ls.n_ttft ? ls.ttft[(ls.n_ttft * 99) / 100 < ls.n_ttft ? (ls.n_ttft * 99) / 100 : ls.n_ttft - 1] : 0,
+            .itl_p50 = ls.n_itl ? ls.itl[ls.n_itl / 2] : 0,
+            .itl_p99 = ls.n_itl ? ls.itl[(ls.n_itl * 99) / 100] : 0,
             .sched_fraction = ss.busy_s + ss.sched_s > 0 ? ss.sched_s / (ss.busy_s + ss.sched_s) : 0,
             .step_ms = ss.sched.steps ? 1e3 * (ss.busy_s + ss.sched_s) / (double)ss.sched.steps : 0,
             .prefill_submitted = (uint64_t)n_req * (uint64_t)plen,
@@ -145,7 +186,7 @@ static tsr_status run_level(tsr_executor *x, const tsr_tokenizer *tok, const ben
     pthread_mutex_destroy(&ls.mu);
     pthread_cond_destroy(&ls.done_cv);
     free(prompt);
-    free(ls.ttft);
+    free(ls.ttft), free(ls.ids), free(ls.last), free(ls.itl);
     return st;
 }
 
@@ -176,18 +217,20 @@ int tsr_bench_service(const bench_service_args *a)
     if (st == TSR_OK) {
         const tsr_model_config *c = &e->model->cfg;
         printf("model    %s: %d layers, hidden %d, vocab %d\n", a->model, c->n_layers, c->hidden, c->vocab_size);
-        printf("setup    %s, prompt %d (shared prefix %d), gen %d, step budget %d tokens, page %d, KV pool %ld tokens\n",
-               desc, a->prompt_len, a->shared_prefix, a->gen, tsr_forward_max_tokens(e->fwd), page, e->kv_pool_tokens);
-        printf("%5s %6s %10s %8s %9s %9s %9s %9s %10s %8s %8s\n", "conc", "reqs", "gen tok/s", "req/s", "ttft ms",
-               "p50 ms", "p99 ms", "ms/step", "prefill %", "hits", "sched %");
+        printf("setup    %s, prompt %d (shared prefix %d), gen %d, step budget %d tokens (prompt tokens beside decode "
+               "tokens: %d), page %d, KV pool %ld tokens\n",
+               desc, a->prompt_len, a->shared_prefix, a->gen, tsr_forward_max_tokens(e->fwd), a->prefill_chunk, page,
+               e->kv_pool_tokens);
+        printf("%5s %6s %10s %8s %9s %9s %9s %9s %9s %9s %10s %8s %8s\n", "conc", "reqs", "gen tok/s", "req/s",
+               "ttft ms", "p50 ms", "p99 ms", "itl p50", "itl p99", "ms/step", "prefill %", "hits", "sched %");
     }
     for (int i = 0; st == TSR_OK && i < a->n_levels; i++) {
         level_result r = {0};
         if ((st = run_level(x, tok, a, a->levels[i], &r)) != TSR_OK) break;
-        printf("%5d %6d %10.1f %8.2f %9.1f %9.1f %9.1f %9.2f %9.1f%% %8llu %7.2f%%\n", r.concurrency, r.requests,
-               r.tok_s, r.req_s, 1e3 * r.ttft_mean, 1e3 * r.ttft_p50, 1e3 * r.ttft_p99, r.step_ms,
-               100.0 * (double)r.prefill_computed / (double)r.prefill_submitted, (unsigned long long)r.prefix_hits,
-               100.0 * r.sched_fraction);
+        printf("%5d %6d %10.1f %8.2f %9.1f %9.1f %9.1f %9.2f %9.2f %9.2f %9.1f%% %8llu %7.2f%%\n", r.concurrency,
+               r.requests, r.tok_s, r.req_s, 1e3 * r.ttft_mean, 1e3 * r.ttft_p50, 1e3 * r.ttft_p99, 1e3 * r.itl_p50,
+               1e3 * r.itl_p99, r.step_ms, 100.0 * (double)r.prefill_computed / (double)r.prefill_submitted,
+               (unsigned long long)r.prefix_hits, 100.0 * r.sched_fraction);
         fflush(stdout);
     }
     int rc = st == TSR_OK ? 0 : tsr_cli_error("bench", st);

@@ -10,7 +10,7 @@ typedef struct bench_service_args {
     const char *model, *device;
     const int32_t *levels; /* concurrency levels */
     int n_levels;
-    int prompt_len, gen, shared_prefix, requests, step_tokens, page_size;
+    int prompt_len, gen, shared_prefix, requests, step_tokens, prefill_chunk, page_size;
     long kv_tokens;
     long seed;
     tsr_dtype kv_dtype;

@@ -31,12 +31,14 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: tessera bench --model DIR [--device cpu|cuda[:N]] [--batch 1,8] [--prompt-len 128] [--gen 32]\n"
-               "                     [--threads N] [--kv-dtype f16|f32|q4|q6|q8] [--max-tokens 2048] [--seed S] [--json FILE]\n"
-               "       tessera bench --model DIR --concurrency 1,8,64 [--shared-prefix N] [--requests N]\n"
-               "                     [--page-size 16] [--kv-tokens N] (and --device, --prompt-len, --gen, ...)\n"
-               "Prefills `batch` random prompts, then decodes `gen` tokens per sequence (greedy), for each batch size.\n"
-               "With --concurrency: closed-loop clients through the scheduler and service loop, per level.\n");
+    fprintf(f,
+            "usage: tessera bench --model DIR [--device cpu|cuda[:N]] [--batch 1,8] [--prompt-len 128] [--gen 32]\n"
+            "                     [--threads N] [--kv-dtype f16|f32|q4|q6|q8] [--max-tokens 2048] [--seed S] [--json "
+            "FILE]\n"
+            "       tessera bench --model DIR --concurrency 1,8,64 [--shared-prefix N] [--requests N]\n"
+            "                     [--page-size 16] [--kv-tokens N] [--prefill-chunk 512] (and --device, --gen, ...)\n"
+            "Prefills `batch` random prompts, then decodes `gen` tokens per sequence (greedy), for each batch size.\n"
+            "With --concurrency: closed-loop clients through the scheduler and service loop, per level.\n");
 }
 
 static double now_s(void)
@@ -242,7 +244,7 @@ int tsr_cmd_bench(int argc, char **argv)
     const char *model = NULL, *json_path = NULL, *device = "cpu";
     int32_t *batches = NULL, *levels = NULL;
     int n_batches = 0, n_levels = 0;
-    long shared_prefix = 0, requests = 0, page_size = 16, kv_tokens = 0;
+    long shared_prefix = 0, requests = 0, page_size = 16, kv_tokens = 0, prefill_chunk = 512;
     long prompt_len = 128, gen = 32, threads = 0, max_tokens = TSR_STEP_TOKENS_DEFAULT, seed = 1234;
     tsr_dtype kv_dtype = TSR_F16;
     for (int i = 1; i < argc; i++) {
@@ -279,6 +281,9 @@ int tsr_cmd_bench(int argc, char **argv)
                 }
         } else if (!strcmp(a, "--shared-prefix")) {
             if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 0, 1 << 20, &shared_prefix)) return 2;
+        } else if (!strcmp(a, "--prefill-chunk")) {
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 0, 1 << 20, &prefill_chunk))
+                return 2;
         } else if (!strcmp(a, "--requests")) {
             if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 1, 1 << 24, &requests)) return 2;
         } else if (!strcmp(a, "--page-size")) {
@@ -315,8 +320,20 @@ int tsr_cmd_bench(int argc, char **argv)
     }
     if (levels) {
         if (threads > 0) tsr_threads_set((int)threads);
-        bench_service_args sa = {model, device, levels, n_levels, (int)prompt_len, (int)gen, (int)shared_prefix,
-                                 (int)requests, (int)max_tokens, (int)page_size, kv_tokens, seed, kv_dtype};
+        bench_service_args sa = {.model = model,
+                                 .device = device,
+                                 .levels = levels,
+                                 .n_levels = n_levels,
+                                 .prompt_len = (int)prompt_len,
+                                 .gen = (int)gen,
+                                 .shared_prefix = (int)shared_prefix,
+                                 .requests = (int)requests,
+                                 .step_tokens = (int)max_tokens,
+                                 .prefill_chunk = (int)prefill_chunk,
+                                 .page_size = (int)page_size,
+                                 .kv_tokens = kv_tokens,
+                                 .seed = seed,
+                                 .kv_dtype = kv_dtype};
         int rc = tsr_bench_service(&sa);
         free(levels);
         free(batches);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The tessera command end to end on the bundled model: generate (ids and text, greedy equal to ExLlamaV2's first
-# tokens), logits, inspect, and the exit codes and messages for bad input (usage 2, runtime 1, never a crash).
+# tokens), logits, inspect, bench through the scheduler, and the exit codes and messages for bad input (usage 2, runtime 1, never a crash).
 . "$(dirname "$0")/../common/prelude.sh"
 
 # greedy ids after prompt 0 match the first ExLlamaV2 greedy tokens of the fixture
@@ -17,6 +17,15 @@ echo '{"ids": [[0, 1392, 1329], [0, 5, 9, 11]]}' > "$tmp/p.json"
 "$bin" logits --model "$model" --prompts "$tmp/p.json" --out "$tmp/l.safetensors" || fail "logits"
 [ -s "$tmp/l.safetensors" ] || fail "logits output empty"
 "$bin" inspect --model "$model" --context 1024 --batch 2 | grep -q "format         exl2" || fail "inspect"
+
+# bench through the scheduler: one row per level, with the gaps between tokens (p50, p99) after the TTFTs
+"$bin" bench --model "$model" --concurrency 2 --prompt-len 40 --gen 6 --requests 8 --prefill-chunk 8 > "$tmp/conc" \
+    || fail "bench --concurrency"
+grep -q "itl p50 *itl p99" "$tmp/conc" || fail "bench --concurrency header: $(cat "$tmp/conc")"
+grep -q "prompt tokens beside decode tokens: 8" "$tmp/conc" || fail "bench --concurrency setup: $(cat "$tmp/conc")"
+awk '$1 == 2 && $2 == 8 && NF == 13 && $8 > 0 && $9 >= $8 {ok = 1} END {exit !ok}' "$tmp/conc" \
+    || fail "bench --concurrency row: $(cat "$tmp/conc")"
+"$bin" bench --model "$model" --concurrency 2 --prefill-chunk -1 2> /dev/null; [ $? -eq 2 ] || fail "bad --prefill-chunk"
 
 # usage errors exit 2, runtime errors 1, each with a message
 "$bin" generate --model "$model" 2> "$tmp/err"; [ $? -eq 2 ] || fail "missing prompt should exit 2"
