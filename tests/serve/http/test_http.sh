@@ -34,7 +34,10 @@ req() {
 }
 json_get() { python3 -c "import json,sys; d=json.load(open('$tmp/body')); print($1)"; }
 
-start_server "$tmp/server.log" --api-key "$key" --max-body 65536 --kv-tokens 8192 --grace 5 \
+# small steps, and at most 8 prompt tokens beside decode tokens: prompts prefill over many steps, between others'
+# decode tokens, in everything below
+start_server "$tmp/server.log" --api-key "$key" --max-body 65536 --kv-tokens 8192 --grace 5 --step-tokens 64 \
+  --prefill-chunk 8 \
   --intake "ipc://$tmp/intake.ipc"
 base="http://127.0.0.1:$port"
 echo "server on port $port"
