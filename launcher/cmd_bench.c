@@ -33,8 +33,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: tessera bench --model DIR [--device cpu|cuda[:N]] [--batch 1,8] [--prompt-len 128] [--gen 32]\n"
-            "                     [--threads N] [--kv-dtype f16|f32|q4|q6|q8] [--max-tokens 2048] [--seed S] [--json "
-            "FILE]\n"
+            "                     [--threads N] [--kv-dtype f16|f32|q4|q6|q8] [--max-tokens 2048] [--seed S]\n"
+            "                     [--json FILE]\n"
             "       tessera bench --model DIR --concurrency 1,8,64 [--shared-prefix N] [--requests N]\n"
             "                     [--page-size 16] [--kv-tokens N] [--prefill-chunk 512] (and --device, --gen, ...)\n"
             "Prefills `batch` random prompts, then decodes `gen` tokens per sequence (greedy), for each batch size.\n"
