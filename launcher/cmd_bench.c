@@ -252,71 +252,78 @@ int tsr_cmd_bench(int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             free(batches);
+            free(levels);
             return 0;
         } else if (!strcmp(a, "--model")) {
-            if (!(model = tsr_cli_value("bench", argc, argv, &i))) return 2;
+            if (!(model = tsr_cli_value("bench", argc, argv, &i))) goto usage_error;
         } else if (!strcmp(a, "--device")) {
-            if (!(device = tsr_cli_value("bench", argc, argv, &i))) return 2;
+            if (!(device = tsr_cli_value("bench", argc, argv, &i))) goto usage_error;
         } else if (!strcmp(a, "--json")) {
-            if (!(json_path = tsr_cli_value("bench", argc, argv, &i))) return 2;
+            if (!(json_path = tsr_cli_value("bench", argc, argv, &i))) goto usage_error;
         } else if (!strcmp(a, "--batch")) {
             free(batches);
             batches = NULL;
-            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_ids("bench", v, &batches, &n_batches)) return 2;
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_ids("bench", v, &batches, &n_batches))
+                goto usage_error;
             for (int b = 0; b < n_batches; b++)
                 if (batches[b] < 1 || batches[b] > 4096) {
                     fprintf(stderr, "tessera bench: --batch sizes must be in 1..4096\n");
-                    free(batches);
-                    return 2;
+                    goto usage_error;
                 }
         } else if (!strcmp(a, "--concurrency")) {
             free(levels);
             levels = NULL;
-            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_ids("bench", v, &levels, &n_levels)) return 2;
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_ids("bench", v, &levels, &n_levels))
+                goto usage_error;
             for (int b = 0; b < n_levels; b++)
                 if (levels[b] < 1 || levels[b] > 4096) {
                     fprintf(stderr, "tessera bench: --concurrency levels must be in 1..4096\n");
-                    free(levels);
-                    return 2;
+                    goto usage_error;
                 }
         } else if (!strcmp(a, "--shared-prefix")) {
-            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 0, 1 << 20, &shared_prefix)) return 2;
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 0, 1 << 20, &shared_prefix))
+                goto usage_error;
         } else if (!strcmp(a, "--prefill-chunk")) {
             if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 0, 1 << 20, &prefill_chunk))
-                return 2;
+                goto usage_error;
         } else if (!strcmp(a, "--requests")) {
-            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 1, 1 << 24, &requests)) return 2;
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 1, 1 << 24, &requests))
+                goto usage_error;
         } else if (!strcmp(a, "--page-size")) {
-            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 1, 4096, &page_size)) return 2;
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 1, 4096, &page_size))
+                goto usage_error;
         } else if (!strcmp(a, "--kv-tokens")) {
-            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 16, 1L << 30, &kv_tokens)) return 2;
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 16, 1L << 30, &kv_tokens))
+                goto usage_error;
         } else if (!strcmp(a, "--prompt-len")) {
-            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 1, 1 << 20, &prompt_len)) return 2;
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 1, 1 << 20, &prompt_len))
+                goto usage_error;
         } else if (!strcmp(a, "--gen")) {
-            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 0, 1 << 20, &gen)) return 2;
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 0, 1 << 20, &gen))
+                goto usage_error;
         } else if (!strcmp(a, "--threads")) {
-            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 1, 4096, &threads)) return 2;
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 1, 4096, &threads))
+                goto usage_error;
         } else if (!strcmp(a, "--max-tokens")) {
-            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 1, 1 << 20, &max_tokens)) return 2;
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 1, 1 << 20, &max_tokens))
+                goto usage_error;
         } else if (!strcmp(a, "--seed")) {
-            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 0, 0x7fffffffL, &seed)) return 2;
+            if (!(v = tsr_cli_value("bench", argc, argv, &i)) || tsr_cli_int("bench", a, v, 0, 0x7fffffffL, &seed))
+                goto usage_error;
         } else if (!strcmp(a, "--kv-dtype")) {
-            if (!(v = tsr_cli_value("bench", argc, argv, &i))) return 2;
+            if (!(v = tsr_cli_value("bench", argc, argv, &i))) goto usage_error;
             if (tsr_cli_kv_dtype("bench", v, &kv_dtype)) {
-                return 2;
+                goto usage_error;
             }
         } else {
             fprintf(stderr, "tessera bench: unknown option '%s'\n", a);
             usage(stderr);
-            free(batches);
-            return 2;
+            goto usage_error;
         }
     }
     if (!model) {
         usage(stderr);
-        free(batches);
-        free(levels);
-        return 2;
+        goto usage_error;
     }
     if (levels) {
         if (threads > 0) tsr_threads_set((int)threads);
@@ -431,4 +438,9 @@ int tsr_cmd_bench(int argc, char **argv)
     free(rows);
     free(batches);
     return rc;
+
+usage_error: /* a bad or missing option: nothing ran */
+    free(batches);
+    free(levels);
+    return 2;
 }
