@@ -81,6 +81,12 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The p-th percentile (0 <= p < 100) of n sorted values, 0 for none. */
+static double percentile(const double *sorted, long n, int p)
+{
+    return n ? sorted[n * p / 100] : 0;
+}
+
 static uint64_t mix(uint64_t *s)
 {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -169,11 +175,10 @@ static tsr_status run_level(tsr_executor *x, const tsr_tokenizer *tok, const ben
             .tok_s = (double)ss.tokens_out / wall,
             .req_s = (double)n_req / wall,
             .ttft_mean = ls.n_ttft ? sum / ls.n_ttft : 0,
-            .ttft_p50 = ls.n_ttft ? ls.ttft[ls.n_ttft / 2] : 0,
-            .ttft_p99 =
-                ls.n_ttft ? ls.ttft[(ls.n_ttft * 99) / 100 < ls.n_ttft ? (ls.n_ttft * 99) / 100 : ls.n_ttft - 1] : 0,
-            .itl_p50 = ls.n_itl ? ls.itl[ls.n_itl / 2] : 0,
-            .itl_p99 = ls.n_itl ? ls.itl[(ls.n_itl * 99) / 100] : 0,
+            .ttft_p50 = percentile(ls.ttft, ls.n_ttft, 50),
+            .ttft_p99 = percentile(ls.ttft, ls.n_ttft, 99),
+            .itl_p50 = percentile(ls.itl, ls.n_itl, 50),
+            .itl_p99 = percentile(ls.itl, ls.n_itl, 99),
             .sched_fraction = ss.busy_s + ss.sched_s > 0 ? ss.sched_s / (ss.busy_s + ss.sched_s) : 0,
             .step_ms = ss.sched.steps ? 1e3 * (ss.busy_s + ss.sched_s) / (double)ss.sched.steps : 0,
             .prefill_submitted = (uint64_t)n_req * (uint64_t)plen,

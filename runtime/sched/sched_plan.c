@@ -5,11 +5,12 @@
  * much as the budget leaves (so a long prompt is prefilled over several steps, between decode steps of the
  * others; with opts.max_prefill_decoding, a plan with decode tokens takes at most that many prompt tokens besides,
  * so that a long prompt delays the running streams by a short step at a time); then new admissions from the head
- * of the queue (FCFS) while the budget, the max_running ceiling and the pages allow. Admission starts from the longest chain of cached full pages of the sequence's known tokens, never
- * including the page of its last known token (that token must be computed to give logits), and takes pages for
- * all its known tokens at once, keeping a small reserve of pages for the running sequences' decode growth. When a
- * running sequence needs a page and none is free or evictable, the newest running sequence is preempted (pages
- * released, back to the queue with all its tokens); if that is the sequence itself, it waits for its turn.
+ * of the queue (FCFS) while the budget, the max_running ceiling and the pages allow. Admission starts from the
+ * longest chain of cached full pages of the sequence's known tokens, never including the page of its last known
+ * token (that token must be computed to give logits), and takes pages for all its known tokens at once, keeping a
+ * small reserve of pages for the running sequences' decode growth. When a running sequence needs a page and none is
+ * free or evictable, the newest running sequence is preempted (pages released, back to the queue with all its
+ * tokens); if that is the sequence itself, it waits for its turn.
  *
  * A sequence samples only in the step that reaches its last known token, with sample_index = tokens generated so
  * far: a sequence re-prefilled after preemption draws exactly the token it would have drawn. Until min_tokens

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The tessera command end to end on the bundled model: generate (ids and text, greedy equal to ExLlamaV2's first
-# tokens), logits, inspect, bench through the scheduler, and the exit codes and messages for bad input (usage 2, runtime 1, never a crash).
+# tokens), logits, inspect, bench through the scheduler, and the exit codes and messages for bad input (usage 2,
+# runtime 1, never a crash).
 . "$(dirname "$0")/../common/prelude.sh"
 
 # greedy ids after prompt 0 match the first ExLlamaV2 greedy tokens of the fixture

@@ -768,7 +768,8 @@ static void test_step_fields(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_chunked_prefill), cmocka_unit_test(test_prefill_while_decoding),     cmocka_unit_test(test_budget),
+        cmocka_unit_test(test_chunked_prefill),     cmocka_unit_test(test_prefill_while_decoding),
+        cmocka_unit_test(test_budget),
         cmocka_unit_test(test_admission_ceiling),   cmocka_unit_test(test_preemption_same_streams),
         cmocka_unit_test(test_forced_preemption),   cmocka_unit_test(test_cancel_every_stage),
         cmocka_unit_test(test_deadlines),           cmocka_unit_test(test_stop_rules),
