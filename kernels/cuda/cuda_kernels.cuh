@@ -16,10 +16,10 @@ void tsr_cuda_add_parts(float *x, const float *parts, int n_parts, size_t part_s
                         const tsr_dense *w, float eps, int rows, int dim, float *out);
 void tsr_cuda_linear(const tsr_linear *L, const float *x, int M, float *y);
 /* The decode GEMV (gemv.cu) of n EXL2/GPTQ matrices sharing x and K: y[i] = x · W_i + bias_i, in one launch (plus a
- * reduction or staging launch) per TSR_GEMV_MAX_M rows. With parts (one matrix, at most TSR_GEMV_MAX_M rows), the
+ * reduction or staging launch) per tsr_cuda_gemv_rows() rows. With parts (one matrix, at most that many rows), the
  * K-split partial sums (without the bias) are left to the caller instead: `splits` parts of [M][Npad] floats from
  * `partial`, or splits = 0 when y was written. */
-#define TSR_GEMV_MAX_M 32
+#define TSR_GEMV_MAX_M     32 /* rows of one launch on every GPU (sm_90's bulk kernel: up to 64) */
 #define TSR_GEMV_MAX_PARTS 3
 struct tsr_linear_dev;
 struct tsr_gemv_parts {
@@ -34,6 +34,8 @@ bool tsr_cuda_env_off(const char *name);
 int tsr_cuda_device_attr(cudaDeviceAttr attr, int fallback);
 /* Whether M rows run the sm_90 bulk-copy GEMV (TSR_CUDA_GEMV_BULK; gemv.cu). */
 bool tsr_cuda_gemv_bulk(int M);
+/* Rows one GEMV launch takes: 64 where the bulk kernel runs 33-64 rows, else TSR_GEMV_MAX_M (gemv.cu). */
+int tsr_cuda_gemv_rows(void);
 /* ops.h linear_add_norm: the decode GEMV's K-split parts are added in the residual pass; on the dequantize path
  * cuBLAS adds the product to x (beta 1) and a norm pass follows. */
 void tsr_cuda_linear_add_norm(const tsr_linear *L, const float *a, int M, float *x, const tsr_dense *w, float eps,

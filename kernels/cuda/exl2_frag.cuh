@@ -72,10 +72,12 @@ template <uint32_t MASK> __device__ __forceinline__ uint32_t and_exp(uint32_t a)
 
 /* Scales and zero points of one column block for a lane: s[j] for columns 32 cb + 8 j + g (j = 2 ct + h); GPTQ
  * also keeps, per column, the two fp16 constants that subtract its zero point from a code masked at bit 0 or 4:
- * zc[j][0] = −(1024 + zero), zc[j][1] = −(64 + zero). */
+ * zc[j][0] = −(1024 + zero), zc[j][1] = −(64 + zero). h[j]: s[j] in both fp16 halves, where a kernel multiplies
+ * the scales into its A operands (the GEMV's FOLD) instead of into fp32 sums per group. */
 struct frag_scales {
     float s[4];
     __half2 zc[4][2];
+    __half2 h[4];
 };
 
 /* Where register p of FB-bit fields sits (FB = 2, 4, 8, and 3 or 5 for p < 15): word p / (16 / FB), and bit

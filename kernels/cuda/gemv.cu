@@ -10,10 +10,12 @@
  * then per 16 × 16 tile one mma per 8-token tile into fp32 accumulators that are scaled once per group (up to 4 rows
  * the hi and lo halves take the 8 B-columns of one mma, 5 to 8 rows two mma's). Warps of a block add up in shared
  * memory; when K is split over blocks to fill the chip, a second kernel adds the blocks' partial sums and the bias
- * (deterministic). Up to three matrices with the same input (q/k/v, gate/up) run as one launch. On sm_90, 3 to 32
+ * (deterministic). Up to three matrices with the same input (q/k/v, gate/up) run as one launch. On sm_90, 3 to 64
  * rows take frag_gemv_bulk_kernel instead (except narrow groups of 9-16 rows, fg_frag_n): the same products from
  * 448- or 512-column blocks whose units arrive by bulk copies (bulk.cuh) issued by one producer warp, with hi + lo
- * halves only up to 4 rows (fg_exact), in 1 to 4 token tiles of 8. */
+ * halves only up to 4 rows (fg_exact), in 1 to 4 or 8 token tiles of 8; from 9 rows the group scales are multiplied
+ * into the fp16 A operands (fg_fold) rather than into fp32 sums per group, and from 33 rows each unit's activations
+ * travel through the ring beside its weights (ft_xring) instead of being staged for the block's K range. */
 #include "kernels/cuda/bulk.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
@@ -119,24 +121,24 @@ template <bool ONE> __device__ __forceinline__ void fg_unpack(float (&tot)[4][4]
             if (!ONE || !(i & 1)) tot[t][i] += __shfl_xor_sync(0xffffffffu, tot[t][i], 2);
 }
 
-/* A warp's totals (its 2 column blocks × 2 column tiles, NT token tiles) into red[token][column], rows ld floats
- * apart, the warp's first column at col0: lane and fragment index give token 8 nt + 2 (lane % 4) + i % 2 and column
- * 32 (t / 2) + 16 (t % 2) + lane / 4 + 8 (i / 2) of mma.m16n8k16's C layout; tokens past M are skipped (ONE: only
- * token 0's even entries are live). */
-template <bool ONE, int NT>
+/* A warp's totals (its 2 column blocks × 2 column tiles, token tiles T0 .. T0 + TN - 1 of NT) into
+ * red[token - 8 T0][column], rows ld floats apart, the warp's first column at col0: lane and fragment index give
+ * token 8 nt + 2 (lane % 4) + i % 2 and column 32 (t / 2) + 16 (t % 2) + lane / 4 + 8 (i / 2) of mma.m16n8k16's C
+ * layout; tokens past M are skipped (ONE: only token 0's even entries are live). */
+template <bool ONE, int NT, int T0 = 0, int TN = NT>
 __device__ __forceinline__ void fg_totals_to_smem(const float (&tot)[NT][4][4], float *red, int ld, int col0, int M,
                                                   int lane)
 {
     const int g = lane >> 2;
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++)
+    for (int nt = T0; nt < T0 + TN; nt++)
 #pragma unroll
         for (int t = 0; t < 4; t++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int m = 8 * nt + 2 * (lane & 3) + (i & 1);
                 const int c = col0 + 32 * (t >> 1) + 16 * (t & 1) + g + 8 * (i >> 1);
-                if ((!ONE || !(i & 1)) && m < M) red[m * ld + c] = tot[nt][t][i];
+                if ((!ONE || !(i & 1)) && m < M) red[(m - 8 * T0) * ld + c] = tot[nt][t][i];
             }
 }
 
@@ -310,12 +312,21 @@ __device__ __forceinline__ void fg_group_from_hdr(const uint32_t *hdr, int zero_
     }
 }
 
+/* FOLD: the A operand of column tile ct times its columns' scales (rows g and g + 8: sc.h[2 ct], sc.h[2 ct + 1]),
+ * one HMUL2 per register, rounded once to fp16 as the dequantize path's weights are. */
+__device__ __forceinline__ void fg_fold(uint32_t (&a)[4], const frag_scales &sc, int ct)
+{
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+        a[r] = h2_bits(__hmul2(bits_h2(a[r]), sc.h[2 * ct + (r & 1)]));
+}
+
 /* One 16-row step KS of a unit: the four tiles' A operands (column block c, column tile ct: tile 2 c + ct,
  * fragment 2 ct + KS), then their mma's per token tile, interleaved across tiles so that no two adjacent mma's
  * share an accumulator. bf: the staged B operands of each token tile (hi, hi, lo, lo); with one token tile the lo
  * halves make the products exact (a second mma per tile, unless PK: fg_bop), with more the activations are fp16
- * (as on the cuBLAS path). */
-template <int B, bool GPTQ, int KS, int NT, bool PK>
+ * (as on the cuBLAS path). FOLD: the operands carry the group's scales (fg_fold), so the sums need none. */
+template <int B, bool GPTQ, int KS, int NT, bool PK, bool FOLD = false>
 __device__ __forceinline__ void fg_ks(const uint32_t (&w)[2][B], const uint4 (&bf)[NT], const frag_scales (&sc)[2],
                                       float (&acc)[NT][4][4])
 {
@@ -324,6 +335,12 @@ __device__ __forceinline__ void fg_ks(const uint32_t (&w)[2][B], const uint4 (&b
     frag_a<B, GPTQ, 2 + KS>(w[0], sc[0], a[1]);
     frag_a<B, GPTQ, KS>(w[1], sc[1], a[2]);
     frag_a<B, GPTQ, 2 + KS>(w[1], sc[1], a[3]);
+    if constexpr (FOLD) {
+        fg_fold(a[0], sc[0], 0);
+        fg_fold(a[1], sc[0], 1);
+        fg_fold(a[2], sc[1], 0);
+        fg_fold(a[3], sc[1], 1);
+    }
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -357,7 +374,7 @@ __device__ __forceinline__ void fg_bop(const fg_bsrc &bs, int uk, int M, int lan
 
 /* Decodes one unit of width B from its slot: the lane's words, then per 16-row step the staged B operands and
  * fg_ks (the four tiles' A operands and their mma's). */
-template <int B, bool GPTQ, int NT, bool PK>
+template <int B, bool GPTQ, int NT, bool PK, bool FOLD = false>
 __device__ __forceinline__ void fg_unit(const uint32_t *words, const fg_bsrc &bs, int ul, int M, int lane,
                                         const frag_scales (&sc)[2], float (&acc)[NT][4][4])
 {
@@ -385,9 +402,9 @@ __device__ __forceinline__ void fg_unit(const uint32_t *words, const fg_bsrc &bs
     }
     uint4 bf[NT];
     fg_bop<NT, PK>(bs, ul * 2, M, lane, bf);
-    fg_ks<B, GPTQ, 0, NT, PK>(w, bf, sc, acc);
+    fg_ks<B, GPTQ, 0, NT, PK, FOLD>(w, bf, sc, acc);
     fg_bop<NT, PK>(bs, ul * 2 + 1, M, lane, bf);
-    fg_ks<B, GPTQ, 1, NT, PK>(w, bf, sc, acc);
+    fg_ks<B, GPTQ, 1, NT, PK, FOLD>(w, bf, sc, acc);
 }
 
 /* The first FG_RING - 1 steps of the run [ra, rb) of width B, into slots 0, 1, ... (see fg_run). */
@@ -751,19 +768,22 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
 #define FT_STEP_WORDS (FT_SLOT_WORDS + FT_HDR_WORDS)
 #define FT_MAX_UNITS 256 /* per block (FG_STAGE_MAX / 128 bytes per unit at M = 1) */
 #define FT_MIN_UNITS 8   /* split K no further than this many units per block */
-static_assert(FT_RING * FT_STEP_WORDS >= FG_MAX_M * FT_COLS, "the ring holds the block's results at the end");
+#define FT_MAX_M      64  /* rows per launch: up to 8 token tiles (frag_gemv_kernel: FG_MAX_M) */
+#define FT_RED_ROWS   32  /* rows of results per pass through the ring at the end */
+static_assert(FT_RING * FT_STEP_WORDS >= FT_RED_ROWS * FT_COLS, "the ring holds 32 rows of the block's results");
 
-/* Consumer warps of the NT-tile kernel (NT = 1 to 4). With 8 (9 warps with the producer) one scheduler holds three,
- * whose registers share its quarter of the register file (16384 / (3 x 32): 168 per thread), and the 4-tile kernel
- * spilled in its run loop; with 7 it takes 203 registers without spills (+2-3 % at 32-64 rows). The 2-tile kernel
- * lost 14 % at 16 rows with 7 (NOTES.md, stop 26): 448-column blocks cut 4096 columns into 9 1/7 blocks; the
- * 3-tile kernel fits 8 (166 registers). */
+/* Consumer warps of the NT-tile kernel (NT = 1 to 4, or 8). With 8 (9 warps with the producer) one scheduler holds
+ * three, whose registers share its quarter of the register file (16384 / (3 x 32): 168 per thread), and the 4-tile
+ * kernel spilled in its run loop; with 7 it takes 203 registers without spills (+2-3 % at 32-64 rows). The 2-tile
+ * kernel lost 14 % at 16 rows with 7 (NOTES.md, stop 26): 448-column blocks cut 4096 columns into 9 1/7 blocks;
+ * the 3-tile kernel fits 8 (166 registers). (Those counts predate fg_fold, which dropped the per-group sums: the
+ * 4-tile kernel now takes 145 registers, the 8-tile one 225 with 7.) */
 __host__ __device__ constexpr int ft_consumers(int NT)
 {
-    return NT == 4 ? 7 : 8;
+    return NT >= 4 ? 7 : 8;
 }
 static_assert(ft_consumers(1) <= FT_CONSUMERS && ft_consumers(2) <= FT_CONSUMERS && ft_consumers(3) <= FT_CONSUMERS &&
-                  ft_consumers(4) <= FT_CONSUMERS,
+                  ft_consumers(4) <= FT_CONSUMERS && ft_consumers(8) <= FT_CONSUMERS,
               "the slot layout holds every instance's column blocks");
 
 /* Shared memory after the staged activations. */
@@ -773,10 +793,27 @@ struct ft_shared {
     float scales[FT_CONSUMERS][FG_SCALE_WORDS]; /* fg_exl2_scales' exchange, per consumer warp */
     uint32_t ring[FT_RING][FT_STEP_WORDS];
 };
+static_assert(sizeof(ft_shared) % 16 == 0, "XR's activation slots follow ft_shared, 16-byte aligned");
 
-/* Producer: unit i of the block (record m) into its ring slot, arming the slot's full barrier. */
-template <bool GPTQ>
-__device__ __forceinline__ void ft_issue(const tsr_linear_dev &L, ft_shared &F, int i, int cbf, int live)
+/* XR (activations through the ring): after ft_shared, each slot's staged activations of its unit, 2 × M × 4
+ * entries of 8 bytes (fp16; fg_prestage_kernel's layout), so that no block stages its whole K range. */
+#define FT_X_WORDS (FT_MAX_M * 16)
+
+/* XR: the activations of block unit i (block units start at unit u0 of the part) into slot i % FT_RING's
+ * activation area; its full barrier already expects them (ft_issue). */
+__device__ __forceinline__ void ft_issue_x(const fg_part &P, ft_shared &F, int u0, int i, int M)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int s = i % FT_RING;
+    uint32_t *xr = (uint32_t *)(&F + 1) + s * FT_X_WORDS;
+    bulk_copy(xr, P.xs + (size_t)(u0 + i) * 2 * M * 4, (unsigned)M * 64u, &F.full[s]);
+#endif
+}
+
+/* Producer: unit i of the block (record m) into its ring slot, arming the slot's full barrier (XR: also for the
+ * unit's activations, which ft_issue_x copies, after the PDL wait for the first slots). */
+template <bool GPTQ, bool XR = false>
+__device__ __forceinline__ void ft_issue(const tsr_linear_dev &L, ft_shared &F, int i, int cbf, int live, int M = 0)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const uint2 m = F.meta[i];
@@ -784,7 +821,7 @@ __device__ __forceinline__ void ft_issue(const tsr_linear_dev &L, ft_shared &F, 
     uint32_t *slot = F.ring[s];
     const unsigned wbytes = (unsigned)live * 128u * (unsigned)bits, cbytes = (unsigned)live * 16u;
     const unsigned tbytes = GPTQ ? (unsigned)live * 64u : 64u;
-    mbar_expect_tx(&F.full[s], wbytes + cbytes + tbytes);
+    mbar_expect_tx(&F.full[s], wbytes + cbytes + tbytes + (XR ? (unsigned)M * 64u : 0u));
     bulk_copy(slot, L.fw + m.x + (size_t)cbf * 32 * bits, wbytes, &F.full[s]);
     const uint32_t *codes = (GPTQ ? L.g_zeros : L.q_scale) + (size_t)grp * (L.Npad / 8) + 4 * cbf;
     bulk_copy(slot + FT_SLOT_WORDS, codes, cbytes, &F.full[s]);
@@ -794,11 +831,40 @@ __device__ __forceinline__ void ft_issue(const tsr_linear_dev &L, ft_shared &F, 
 #endif
 }
 
+/* FOLD: a group's scales as fp16 pairs for fg_fold, from the fp32 ones just decoded. */
+__device__ __forceinline__ void fg_fold_scales(frag_scales (&sc)[2])
+{
+#pragma unroll
+    for (int c = 0; c < 2; c++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            sc[c].h[j] = __float2half2_rn(sc[c].s[j]);
+}
+
+/* The end of the bulk kernel for token tiles T0 .. T0 + FT_RED_ROWS / 8 - 1 (at most NT) of a consumer warp: its
+ * totals into red (in the ring, FT_COLS floats per row; the warp's own 64 columns), then coalesced stores. */
+template <bool ONE, int NT, int T0>
+__device__ __forceinline__ void ft_store_rows(const fg_part &P, const float (&tot)[NT][4][4], float *red, int split,
+                                              int M, int warp, int lane, int cbf, int live)
+{
+    constexpr int TN = NT - T0 < FT_RED_ROWS / 8 ? NT - T0 : FT_RED_ROWS / 8;
+    fg_totals_to_smem<ONE, NT, T0, TN>(tot, red, FT_COLS, 64 * warp, M, lane);
+    __syncwarp();
+    const int live_cols = 32 * live, m0 = 8 * T0, rows = min(M - m0, 8 * TN);
+    for (int e = lane; e < rows * 64; e += 32) {
+        const int m = e >> 6, c = 64 * warp + (e & 63);
+        if (c >= live_cols) continue;
+        fg_store(P, split, M, m0 + m, 32 * cbf + c, red[m * FT_COLS + c]);
+    }
+    __syncwarp();
+}
+
 /* Consumer warp w: units [ra, rb) of the block, all of width B, from their slots; a warp whose column blocks are
- * both past the matrix (`idle`) only takes part in the ring's barriers. */
-template <int B, bool GPTQ, bool ONE, bool PK, int NT>
-__device__ __forceinline__ void ft_run(const tsr_linear_dev &L, ft_shared &F, const fg_bsrc &bs, int ra, int rb,
-                                       int w, bool idle, int lane, int M, int &cur, frag_scales (&sc)[2],
+ * both past the matrix (`idle`) only takes part in the ring's barriers. FOLD: the scales go into the A operands
+ * (fg_fold), so a new group only decodes them; else the group's sums are scaled into tot (fg_flush). */
+template <int B, bool GPTQ, bool ONE, bool PK, int NT, bool FOLD, bool XR>
+__device__ __forceinline__ void ft_run(const tsr_linear_dev &L, ft_shared &F, const fg_bsrc &bs, int ra, int rb, int w,
+                                       bool idle, int lane, int M, int &cur, frag_scales (&sc)[2],
                                        float (&acc)[NT][4][4], float (&tot)[NT][4][4])
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -810,7 +876,7 @@ __device__ __forceinline__ void ft_run(const tsr_linear_dev &L, ft_shared &F, co
             const uint32_t *slot = F.ring[s];
             const int grp = (int)(F.meta[i].y & 0xffffffu);
             if (grp != cur) {
-                if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
+                if (!FOLD && cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
                 const uint32_t *hdr = slot + FT_SLOT_WORDS;
                 if (GPTQ) {
 #pragma unroll
@@ -821,9 +887,16 @@ __device__ __forceinline__ void ft_run(const tsr_linear_dev &L, ft_shared &F, co
                 } else {
                     fg_exl2_scales(hdr + 8 * w, (const float *)(hdr + 4 * FT_CB), F.scales[w], lane, sc);
                 }
+                if (FOLD) fg_fold_scales(sc);
                 cur = grp;
             }
-            fg_unit<B, GPTQ, NT, PK>(slot + 2 * w * 32 * B, bs, i, M, lane, sc, acc);
+            if (XR) { /* the unit's activations sit in its slot's activation area */
+                fg_bsrc xb = bs;
+                xb.p = (const uint2 *)((const uint32_t *)(&F + 1) + s * FT_X_WORDS);
+                fg_unit<B, GPTQ, NT, PK, FOLD>(slot + 2 * w * 32 * B, xb, 0, M, lane, sc, acc);
+            } else {
+                fg_unit<B, GPTQ, NT, PK, FOLD>(slot + 2 * w * 32 * B, bs, i, M, lane, sc, acc);
+            }
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(&F.empty[s]);
@@ -831,7 +904,7 @@ __device__ __forceinline__ void ft_run(const tsr_linear_dev &L, ft_shared &F, co
 #endif
 }
 
-template <bool ONE, bool PK, bool GPTQ, int NT, bool HALF = false>
+template <bool ONE, bool PK, bool GPTQ, int NT, bool HALF = false, bool FOLD = false, bool XR = false>
 __global__ void __launch_bounds__((ft_consumers(NT) + 1) * 32, NT == 1 ? 2 : 1)
     frag_gemv_bulk_kernel(const __grid_constant__ fg_group G, const float *x, int M, int stage_words)
 {
@@ -859,14 +932,23 @@ __global__ void __launch_bounds__((ft_consumers(NT) + 1) * 32, NT == 1 ? 2 : 1)
      * block stages x */
     const bool producer = warp == NC && lane == 0;
     if (producer)
-        for (int i = 0; i < min(nu, FT_RING); i++) ft_issue<GPTQ>(L, F, i, cbf, live);
-    fg_stage_block<NT == 1 && !HALF>(P, x, M, u0, nu, fg_smem, S0);
-    __syncthreads();
+        for (int i = 0; i < min(nu, FT_RING); i++)
+            ft_issue<GPTQ, XR>(L, F, i, cbf, live, M);
+    if (XR) { /* no staging: the activations follow the weights through the ring once the kernel writing them is done */
+        tsr_pdl_wait();
+        if (producer)
+            for (int i = 0; i < min(nu, FT_RING); i++)
+                ft_issue_x(P, F, u0, i, M);
+    } else {
+        fg_stage_block<NT == 1 && !HALF>(P, x, M, u0, nu, fg_smem, S0);
+        __syncthreads();
+    }
     if (warp == NC) {
         if (producer)
             for (int i = FT_RING; i < nu; i++) {
                 mbar_wait(&F.empty[i % FT_RING], (unsigned)(i / FT_RING - 1) & 1u);
-                ft_issue<GPTQ>(L, F, i, cbf, live);
+                ft_issue<GPTQ, XR>(L, F, i, cbf, live, M);
+                if (XR) ft_issue_x(P, F, u0, i, M);
             }
         tsr_pdl_trigger();
         return;
@@ -882,30 +964,27 @@ __global__ void __launch_bounds__((ft_consumers(NT) + 1) * 32, NT == 1 ? 2 : 1)
     for (int ra = 0; ra < nu;) {
         const int rb = fg_run_end(F.meta, ra + 1, nu, ra);
         if (GPTQ) {
-            ft_run<4, true, ONE, PK || HALF, NT>(L, F, bs, ra, rb, warp, idle, lane, M, cur, sc, acc, tot);
+            ft_run<4, true, ONE, PK || HALF, NT, FOLD, XR>(L, F, bs, ra, rb, warp, idle, lane, M, cur, sc, acc, tot);
         } else {
             frag_with_width((int)(F.meta[ra].y >> 24), [&](auto wd) {
                 constexpr int B = decltype(wd)::value;
-                ft_run<B, false, ONE, PK || HALF, NT>(L, F, bs, ra, rb, warp, idle, lane, M, cur, sc, acc, tot);
+                ft_run<B, false, ONE, PK || HALF, NT, FOLD, XR>(L, F, bs, ra, rb, warp, idle, lane, M, cur, sc, acc,
+                                                                tot);
             });
         }
         ra = rb;
     }
     tsr_pdl_trigger(); /* late, unlike the small kernels (launch.cuh) */
-    if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
+    if (!FOLD && cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
     if (PK) fg_unpack<ONE>(tot[0]);
     /* each warp's columns go through the ring (free once every consumer is past its last unit) as red[token][column
-     * of the block], and the warp stores them coalesced (as frag_gemv_kernel's end) */
+     * of the block], FT_RED_ROWS rows at a time, and the warp stores them coalesced (as frag_gemv_kernel's end) */
     asm volatile("bar.sync 1, %0;\n" ::"n"(NC * 32) : "memory");
     float *red = (float *)F.ring;
-    fg_totals_to_smem<ONE, NT>(tot, red, FT_COLS, 64 * warp, M, lane);
-    __syncwarp();
-    const int live_cols = 32 * live;
-    for (int e = lane; e < M * 64; e += 32) {
-        const int m = e >> 6, c = 64 * warp + (e & 63);
-        if (c >= live_cols) continue;
-        fg_store(P, split, M, m, 32 * cbf + c, red[m * FT_COLS + c]);
-    }
+    const float(&res)[NT][4][4] = FOLD ? acc : tot;
+    ft_store_rows<ONE, NT, 0>(P, res, red, split, M, warp, lane, cbf, live);
+    if constexpr (NT * 8 > FT_RED_ROWS)
+        ft_store_rows<ONE, NT, FT_RED_ROWS / 8>(P, res, red, split, M, warp, lane, cbf, live);
 #endif
 }
 
@@ -943,11 +1022,11 @@ static bool fg_prestage_exact(void)
     return on;
 }
 
-/* Token tiles of 8 rows in the bulk kernel for M rows (1, 2, 3 or 4; frag_gemv_kernel has no 3-tile instance and
- * takes 17-24 rows with 4, fg_kernel), and its columns per block. */
+/* Token tiles of 8 rows in the bulk kernel for M rows (1, 2, 3, 4 or 8; frag_gemv_kernel has no 3-tile instance
+ * and takes 17-24 rows with 4, fg_kernel, and at most FG_MAX_M rows), and its columns per block. */
 static int fg_tiles(int M)
 {
-    return M <= 8 ? 1 : M <= 16 ? 2 : M <= 24 ? 3 : 4;
+    return M <= 8 ? 1 : M <= 16 ? 2 : M <= 24 ? 3 : M <= 32 ? 4 : 8;
 }
 static int ft_cols(int M)
 {
@@ -958,19 +1037,45 @@ static int ft_threads(int M)
     return (ft_consumers(fg_tiles(M)) + 1) * 32; /* the consumers and the producer warp */
 }
 
+/* Whether M rows in the bulk kernel take their activations through the ring with the weights (XR) instead of
+ * staging the block's whole K range first: from TSR_CUDA_GEMV_XRING_MIN rows (default 33, at least 9: exact rows
+ * stage 16-byte entries); TSR_CUDA_GEMV_XRING=0 never. Staged, 64 rows fit 32 units per block in 128 KB, so K was
+ * split into many pieces and the partial sums grew to a quarter of the weight bytes (70B gate/up); through the ring
+ * K is split only to fill the chip: 8B 4.0 bpw at 64 rows +16 %, 70B +48 % (NOTES.md, stop 28). */
+static bool ft_xring(int M)
+{
+    static int least = -1;
+    if (least < 0) {
+        const char *e = getenv("TSR_CUDA_GEMV_XRING_MIN");
+        least = tsr_cuda_env_off("TSR_CUDA_GEMV_XRING") ? FT_MAX_M + 1 : e && atoi(e) >= 9 ? atoi(e) : FG_MAX_M + 1;
+    }
+    return M >= least;
+}
+
 /* The bulk kernel for M rows (from 3 by default: one and two rows stay on frag_gemv_kernel, tsr_cuda_gemv_bulk): hi
- * and lo in one mma up to 4 rows, or 1 to 4 token tiles of 8. The 3-tile instance (166 registers with 8 consumers, no
- * spills) took 8B 4.0 bpw decode at 17-24 rows 9-10 % higher than 17-24 rows in the 4-tile one (NOTES.md, stop 27). */
+ * and lo in one mma up to 4 rows, or 1 to 4 token tiles of 8, or 8 tiles for 33-64 rows. The 3-tile instance took
+ * 8B 4.0 bpw decode at 17-24 rows 9-10 % higher than 17-24 rows in the 4-tile one (NOTES.md, stop 27). From 9 rows
+ * (fp16 activations, as on the dequantize path) the scales are folded into the A operands (fg_fold): the 8-tile
+ * kernel's 128 accumulators leave no room for a second set of per-group sums, and at 24-32 rows folding measured
+ * 3-6 % faster than the sums (neutral at 16; NOTES.md, stop 28). */
 template <bool GPTQ> static void (*ft_kernel(int M))(const fg_group, const float *, int, int)
 {
     if (M <= 4 && fg_pack()) return frag_gemv_bulk_kernel<false, true, GPTQ, 1>;
     if (M <= 8) return fg_exact(M, true) ? frag_gemv_bulk_kernel<false, false, GPTQ, 1>
                                          : frag_gemv_bulk_kernel<false, false, GPTQ, 1, true>;
-    if (M <= 16) return frag_gemv_bulk_kernel<false, false, GPTQ, 2>;
-    if (M <= 24) return frag_gemv_bulk_kernel<false, false, GPTQ, 3>;
-    return frag_gemv_bulk_kernel<false, false, GPTQ, 4>;
+    const bool xr = ft_xring(M);
+    if (M <= 16)
+        return xr ? frag_gemv_bulk_kernel<false, false, GPTQ, 2, false, true, true>
+                  : frag_gemv_bulk_kernel<false, false, GPTQ, 2, false, true>;
+    if (M <= 24)
+        return xr ? frag_gemv_bulk_kernel<false, false, GPTQ, 3, false, true, true>
+                  : frag_gemv_bulk_kernel<false, false, GPTQ, 3, false, true>;
+    if (M <= 32)
+        return xr ? frag_gemv_bulk_kernel<false, false, GPTQ, 4, false, true, true>
+                  : frag_gemv_bulk_kernel<false, false, GPTQ, 4, false, true>;
+    return xr ? frag_gemv_bulk_kernel<false, false, GPTQ, 8, false, true, true>
+              : frag_gemv_bulk_kernel<false, false, GPTQ, 8, false, true>;
 }
-
 /* Sums the K-split partials of each part (those with splits > 1) plus bias into y, all parts in one launch. */
 struct red_part {
     const float *partial;
@@ -1063,12 +1168,12 @@ static int fg_target(void)
  * units of k's and v's and set the launch's time. */
 static int ft_plan(int col_blocks, int n_units, int M, int target, int sms)
 {
-    const int ub_max = min(fg_stage_max(M) / fg_unit_bytes(M, true), FT_MAX_UNITS);
+    const int ub_max = ft_xring(M) ? FT_MAX_UNITS : min(fg_stage_max(M) / fg_unit_bytes(M, true), FT_MAX_UNITS);
     return gemv_plan(col_blocks, n_units, n_units / FT_MIN_UNITS, ub_max, target, sms);
 }
 
 /* Whether M rows take frag_gemv_bulk_kernel: on sm_90 and later, from TSR_CUDA_GEMV_BULK_MIN (default 3, at least
- * 2) up to TSR_CUDA_GEMV_BULK rows (default FG_MAX_M, all the GEMV's rows; 0 keeps frag_gemv_kernel for all). One
+ * 2) up to TSR_CUDA_GEMV_BULK rows (default and most FT_MAX_M; 0 keeps frag_gemv_kernel for all). One
  * and two rows stay with frag_gemv_kernel: 2-4 % faster at one row when the bulk kernel came (NOTES.md, stop 18),
  * 7-9 % at two rows since the one-row kernel's later gains; from 3 rows the bulk kernel is as fast or faster (stop
  * 27). */
@@ -1077,7 +1182,9 @@ bool tsr_cuda_gemv_bulk(int M)
     static int most = -1, least = 3;
     if (most < 0) {
         const char *e = getenv("TSR_CUDA_GEMV_BULK");
-        most = tsr_cuda_device_attr(cudaDevAttrComputeCapabilityMajor, 0) < 9 ? 0 : e ? atoi(e) : FG_MAX_M;
+        most = tsr_cuda_device_attr(cudaDevAttrComputeCapabilityMajor, 0) < 9 ? 0
+               : e                                                            ? min(atoi(e), FT_MAX_M)
+                                                                              : FT_MAX_M;
         if (most < 0) most = 0;
         const char *l = getenv("TSR_CUDA_GEMV_BULK_MIN");
         if (l && atoi(l) >= 2) least = atoi(l);
@@ -1102,9 +1209,9 @@ static int fg_frag_n(void)
 }
 
 /* Lets kernel use up to `bytes` of dynamic shared memory, once per kernel: the table has room for every GEMV
- * instance of this file (24: 12 of frag_gemv_kernel, 12 of the bulk kernel), and were it ever full, the attribute
+ * instance of this file (34: 12 of frag_gemv_kernel, 22 of the bulk kernel), and were it ever full, the attribute
  * would be set on every call rather than skipped. */
-#define FG_KERNELS 32
+#define FG_KERNELS 40
 typedef void (*fg_kernel_t)(const fg_group, const float *, int, int);
 static void fg_allow_smem(fg_kernel_t kern, size_t bytes)
 {
@@ -1144,15 +1251,21 @@ static void fg_launch_warps(const fg_group &G, bool gptq, const float *x, int M,
  * reduction launch when any of them splits K over blocks, unless `parts` takes them over, and for M > 8 one staging
  * launch before it). Each part's partial sums take their own stretch of scratch slot 3, its pre-staged activations
  * their own stretch of slot 0. */
+int tsr_cuda_gemv_rows(void)
+{
+    return tsr_cuda_gemv_bulk(FG_MAX_M + 1) && tsr_cuda_gemv_bulk(FT_MAX_M) ? FT_MAX_M : FG_MAX_M;
+}
+
 void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M, float *const *ys,
                    tsr_gemv_parts *parts)
 {
-    if (M > FG_MAX_M) { /* chunks of FG_MAX_M rows (from TSR_CUDA_DQ_MIN_M above 33); linear_add_norm cuts its own */
-        if (parts) tsr_cuda_fatal(__FILE__, __LINE__, "GEMV partial sums asked for more than 32 rows");
-        for (int r0 = 0; r0 < M; r0 += FG_MAX_M) {
+    const int most = tsr_cuda_gemv_rows();
+    if (M > most) { /* chunks of `most` rows (below TSR_CUDA_DQ_MIN_M); linear_add_norm cuts its own */
+        if (parts) tsr_cuda_fatal(__FILE__, __LINE__, "GEMV partial sums asked for more rows than one launch takes");
+        for (int r0 = 0; r0 < M; r0 += most) {
             float *yc[FG_MAX_PARTS];
             for (int i = 0; i < n; i++) yc[i] = ys[i] + (size_t)r0 * Ls[i]->N;
-            tsr_cuda_gemv(Ls, n, x + (size_t)r0 * Ls[0]->K, min(FG_MAX_M, M - r0), yc, NULL);
+            tsr_cuda_gemv(Ls, n, x + (size_t)r0 * Ls[0]->K, min(most, M - r0), yc, NULL);
         }
         return;
     }
@@ -1208,11 +1321,14 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
         }
         tsr_launch(fg_prestage_kernel, dim3(pre_blocks), dim3(256), S, x, M, Ls[0]->K, (int)exact);
     }
-    const int stage_words = ub * fg_unit_bytes(M, bulk) / 4;
-    if (bulk) { /* shared memory: the staged activations, the ring's barriers, the unit records, the ring */
-        const size_t smem = (size_t)stage_words * 4 + sizeof(ft_shared);
+    const bool xr = bulk && ft_xring(M);
+    const int stage_words = xr ? 0 : ub * fg_unit_bytes(M, bulk) / 4;
+    if (bulk) { /* shared memory: the staged activations (XR: none), the ring's barriers, the unit records, the ring
+                 * (XR: then the activation slots) */
+        const size_t xr_bytes = xr ? (size_t)FT_RING * FT_X_WORDS * 4 : 0;
+        const size_t smem = (size_t)stage_words * 4 + sizeof(ft_shared) + xr_bytes;
         fg_kernel_t kern = Ls[0]->gptq ? ft_kernel<true>(M) : ft_kernel<false>(M);
-        fg_allow_smem(kern, (size_t)fg_stage_max(M) + sizeof(ft_shared));
+        fg_allow_smem(kern, (xr ? 0 : (size_t)fg_stage_max(M)) + sizeof(ft_shared) + xr_bytes);
         tsr_launch_smem(kern, dim3(blocks), dim3(ft_threads(M)), smem, G, x, M, stage_words);
     } else {
         fg_launch_warps(G, Ls[0]->gptq != 0, x, M, blocks, stage_words);

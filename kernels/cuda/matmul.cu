@@ -463,10 +463,11 @@ void tsr_cuda_linear_add_norm(const tsr_linear *Lh, const float *a, int M, float
     const tsr_linear_dev *L = (const tsr_linear_dev *)Lh->dev;
     if (M <= 0) return;
     if (!L) tsr_cuda_fatal(__FILE__, __LINE__, "linear layer used before prepare_model");
-    if (L->kind == TSR_LINEAR_EXL2 && !dq_path(M) && M > TSR_GEMV_MAX_M) { /* the GEMV's row chunks, one by one */
-        for (int r0 = 0; r0 < M; r0 += TSR_GEMV_MAX_M)
-            tsr_cuda_linear_add_norm(Lh, a + (size_t)r0 * L->K, min(TSR_GEMV_MAX_M, M - r0), x + (size_t)r0 * L->N, w,
-                                     eps, out + (size_t)r0 * L->N);
+    const int rows = tsr_cuda_gemv_rows();
+    if (L->kind == TSR_LINEAR_EXL2 && !dq_path(M) && M > rows) { /* the GEMV's row chunks, one by one */
+        for (int r0 = 0; r0 < M; r0 += rows)
+            tsr_cuda_linear_add_norm(Lh, a + (size_t)r0 * L->K, min(rows, M - r0), x + (size_t)r0 * L->N, w, eps,
+                                     out + (size_t)r0 * L->N);
         return;
     }
     if (L->kind == TSR_LINEAR_EXL2 && dq_path(M)) { /* x += a · W in the GEMM, then the norm alone */
