@@ -1038,44 +1038,49 @@ static int ft_threads(int M)
 }
 
 /* Whether M rows in the bulk kernel take their activations through the ring with the weights (XR) instead of
- * staging the block's whole K range first: from TSR_CUDA_GEMV_XRING_MIN rows (default 33, at least 9: exact rows
- * stage 16-byte entries); TSR_CUDA_GEMV_XRING=0 never. Staged, 64 rows fit 32 units per block in 128 KB, so K was
- * split into many pieces and the partial sums grew to a quarter of the weight bytes (70B gate/up); through the ring
- * K is split only to fill the chip: 8B 4.0 bpw at 64 rows +16 %, 70B +48 % (NOTES.md, stop 28). */
-static bool ft_xring(int M)
+ * staging the block's whole K range first: from TSR_CUDA_GEMV_XRING_MIN rows (at least 9: exact rows stage 16-byte
+ * entries; default 17 for EXL2, 33 for GPTQ); TSR_CUDA_GEMV_XRING=0 never. Staged, 64 rows fit 32 units per block in
+ * 128 KB, so K was split into many pieces and the partial sums grew to a quarter of the weight bytes (70B gate/up);
+ * through the ring K is split only to fill the chip: at 64 rows 8B 4.0 bpw +16 %, 70B +48 %; at 24-32 rows 70B
+ * +10-12 %, 8B +0.5 %; at 9-16 rows 15-28 % slower (small slots, and more units per block), and GPTQ 8B at 32 rows
+ * 19 % slower (not explained; NOTES.md, stop 28). */
+static bool ft_xring(int M, bool gptq)
 {
     static int least = -1;
     if (least < 0) {
         const char *e = getenv("TSR_CUDA_GEMV_XRING_MIN");
-        least = tsr_cuda_env_off("TSR_CUDA_GEMV_XRING") ? FT_MAX_M + 1 : e && atoi(e) >= 9 ? atoi(e) : FG_MAX_M + 1;
+        least = tsr_cuda_env_off("TSR_CUDA_GEMV_XRING") ? FT_MAX_M + 1 : e && atoi(e) >= 9 ? atoi(e) : 0;
     }
-    return M >= least;
+    return M >= (least ? least : gptq ? FG_MAX_M + 1 : 17);
 }
 
 /* The bulk kernel for M rows (from 3 by default: one and two rows stay on frag_gemv_kernel, tsr_cuda_gemv_bulk): hi
  * and lo in one mma up to 4 rows, or 1 to 4 token tiles of 8, or 8 tiles for 33-64 rows. The 3-tile instance took
- * 8B 4.0 bpw decode at 17-24 rows 9-10 % higher than 17-24 rows in the 4-tile one (NOTES.md, stop 27). From 9 rows
- * (fp16 activations, as on the dequantize path) the scales are folded into the A operands (fg_fold): the 8-tile
- * kernel's 128 accumulators leave no room for a second set of per-group sums, and at 24-32 rows folding measured
- * 3-6 % faster than the sums (neutral at 16; NOTES.md, stop 28). */
+ * 8B 4.0 bpw decode at 17-24 rows 9-10 % higher than 17-24 rows in the 4-tile one (NOTES.md, stop 27). The 8-tile
+ * kernel folds the group scales into its A operands (fg_fold): its 128 accumulators leave no room for a second set
+ * of per-group sums. So do EXL2's 2- to 4-tile kernels (fp16 activations, as on the dequantize path): 3-6 % faster
+ * at 24-32 rows than per-group sums, neutral at 16; GPTQ's groups of 128 rows change four times less often than the
+ * converter's EXL2 groups, and folding lost 8 % there at 32 rows (NOTES.md, stop 28). */
 template <bool GPTQ> static void (*ft_kernel(int M))(const fg_group, const float *, int, int)
 {
     if (M <= 4 && fg_pack()) return frag_gemv_bulk_kernel<false, true, GPTQ, 1>;
     if (M <= 8) return fg_exact(M, true) ? frag_gemv_bulk_kernel<false, false, GPTQ, 1>
                                          : frag_gemv_bulk_kernel<false, false, GPTQ, 1, true>;
-    const bool xr = ft_xring(M);
+    constexpr bool F = !GPTQ;
+    const bool xr = ft_xring(M, GPTQ);
     if (M <= 16)
-        return xr ? frag_gemv_bulk_kernel<false, false, GPTQ, 2, false, true, true>
-                  : frag_gemv_bulk_kernel<false, false, GPTQ, 2, false, true>;
+        return xr ? frag_gemv_bulk_kernel<false, false, GPTQ, 2, false, F, true>
+                  : frag_gemv_bulk_kernel<false, false, GPTQ, 2, false, F>;
     if (M <= 24)
-        return xr ? frag_gemv_bulk_kernel<false, false, GPTQ, 3, false, true, true>
-                  : frag_gemv_bulk_kernel<false, false, GPTQ, 3, false, true>;
+        return xr ? frag_gemv_bulk_kernel<false, false, GPTQ, 3, false, F, true>
+                  : frag_gemv_bulk_kernel<false, false, GPTQ, 3, false, F>;
     if (M <= 32)
-        return xr ? frag_gemv_bulk_kernel<false, false, GPTQ, 4, false, true, true>
-                  : frag_gemv_bulk_kernel<false, false, GPTQ, 4, false, true>;
+        return xr ? frag_gemv_bulk_kernel<false, false, GPTQ, 4, false, F, true>
+                  : frag_gemv_bulk_kernel<false, false, GPTQ, 4, false, F>;
     return xr ? frag_gemv_bulk_kernel<false, false, GPTQ, 8, false, true, true>
               : frag_gemv_bulk_kernel<false, false, GPTQ, 8, false, true>;
 }
+
 /* Sums the K-split partials of each part (those with splits > 1) plus bias into y, all parts in one launch. */
 struct red_part {
     const float *partial;
@@ -1166,9 +1171,9 @@ static int fg_target(void)
  * only one (two per SM there measured 5-9 % slower at 16-48 rows: NOTES.md, stop 18). Until stop 23 each matrix
  * had its own share of the target, so q's blocks (8 column blocks of 512 at 8B, 16 at 70B) took 1.5-6 times the
  * units of k's and v's and set the launch's time. */
-static int ft_plan(int col_blocks, int n_units, int M, int target, int sms)
+static int ft_plan(int col_blocks, int n_units, int M, bool gptq, int target, int sms)
 {
-    const int ub_max = ft_xring(M) ? FT_MAX_UNITS : min(fg_stage_max(M) / fg_unit_bytes(M, true), FT_MAX_UNITS);
+    const int ub_max = ft_xring(M, gptq) ? FT_MAX_UNITS : min(fg_stage_max(M) / fg_unit_bytes(M, true), FT_MAX_UNITS);
     return gemv_plan(col_blocks, n_units, n_units / FT_MIN_UNITS, ub_max, target, sms);
 }
 
@@ -1281,7 +1286,7 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
     int all_col_blocks = 0; /* the plan is the group's */
     for (int i = 0; i < n; i++) all_col_blocks += (int)tsr_div_up(Ls[i]->Npad, cols);
     const int target = (M <= 8 ? 2 : 1) * fg_target();
-    const int ub = bulk ? ft_plan(all_col_blocks, Ls[0]->n_units, M, target, fg_target())
+    const int ub = bulk ? ft_plan(all_col_blocks, Ls[0]->n_units, M, Ls[0]->gptq != 0, target, fg_target())
                         : fg_plan(all_col_blocks, Ls[0]->n_units, M, target, fg_target());
     G.n = n;
     for (int i = 0; i < n; i++) {
@@ -1321,7 +1326,7 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
         }
         tsr_launch(fg_prestage_kernel, dim3(pre_blocks), dim3(256), S, x, M, Ls[0]->K, (int)exact);
     }
-    const bool xr = bulk && ft_xring(M);
+    const bool xr = bulk && ft_xring(M, Ls[0]->gptq != 0);
     const int stage_words = xr ? 0 : ub * fg_unit_bytes(M, bulk) / 4;
     if (bulk) { /* shared memory: the staged activations (XR: none), the ring's barriers, the unit records, the ring
                  * (XR: then the activation slots) */

@@ -173,19 +173,22 @@ __global__ void __launch_bounds__(128) frag_dequant_kernel(tsr_linear_dev L, int
     for (int k = 0; k < 32; k++) dq[((size_t)u * 32 + k) * ldw + (size_t)j * 32 + lane] = tile[warp][k][lane];
 }
 
-/* The smallest M that takes this path: TSR_CUDA_DQ_MIN_M (1 to 65) for every matrix when set; else
- * 33 (below it the GEMV), and 65 (never, up to 64 rows) with the bulk GEMV (sm_90), whose chunks of 32 rows stream
- * the weights once per chunk. Measured (NOTES.md, stops 19 and 23): 70B geometry, 64 rows as two chunks +9 % at 4.0
- * and 2.5 bpw; 8B geometry, +6 % at 64 rows since stop 21's run loops (stop 18's kernels lost 5 % there). */
+/* The smallest M that takes this path: TSR_CUDA_DQ_MIN_M (1 to 129) for every matrix when set; else 33 (below it
+ * the GEMV), and 97 with the bulk GEMV (sm_90), which runs up to 64 rows in one launch streaming the weights once
+ * (tsr_cuda_gemv_rows; 65 where it is held to 32 rows, TSR_CUDA_GEMV_BULK). Measured (NOTES.md, stops 19, 23 and 28):
+ * 64 rows as two chunks of 32 beat this path already (70B geometry +9 %, 8B +6 %); as one launch of 64, 8B +36 % and
+ * 70B +71 % over two chunks; at 80 and 96 rows (a launch of 64 and one of the rest) 8B +25 % / +5 %, 70B +37 % / +26 %
+ * over this path; at 128 rows 8B -9 %. */
 static int dq_min_m(void)
 {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("TSR_CUDA_DQ_MIN_M");
         v = e ? atoi(e) : 0;
-        if (v < 1 || v > 2 * TSR_GEMV_MAX_M + 1) v = 0; /* 0: the default */
+        if (v < 1 || v > 4 * TSR_GEMV_MAX_M + 1) v = 0; /* 0: the default */
     }
     if (v) return v;
+    if (tsr_cuda_gemv_rows() > TSR_GEMV_MAX_M) return 3 * TSR_GEMV_MAX_M + 1;
     return tsr_cuda_gemv_bulk(TSR_GEMV_MAX_M) ? 2 * TSR_GEMV_MAX_M + 1 : TSR_GEMV_MAX_M + 1;
 }
 
