@@ -36,7 +36,7 @@ static void usage(FILE *f)
             "                     [--threads N] [--kv-dtype f16|f32|q4|q6|q8] [--max-tokens 2048] [--seed S]\n"
             "                     [--json FILE]\n"
             "       tessera bench --model DIR --concurrency 1,8,64 [--shared-prefix N] [--requests N]\n"
-            "                     [--page-size 16] [--kv-tokens N] [--prefill-chunk 512] (and --device, --gen, ...)\n"
+            "                     [--page-size 16] [--kv-tokens N] [--prefill-chunk 1024] (and --device, --gen, ...)\n"
             "Prefills `batch` random prompts, then decodes `gen` tokens per sequence (greedy), for each batch size.\n"
             "With --concurrency: closed-loop clients through the scheduler and service loop, per level.\n");
 }
@@ -244,7 +244,7 @@ int tsr_cmd_bench(int argc, char **argv)
     const char *model = NULL, *json_path = NULL, *device = "cpu";
     int32_t *batches = NULL, *levels = NULL;
     int n_batches = 0, n_levels = 0;
-    long shared_prefix = 0, requests = 0, page_size = 16, kv_tokens = 0, prefill_chunk = 512;
+    long shared_prefix = 0, requests = 0, page_size = 16, kv_tokens = 0, prefill_chunk = 1024;
     long prompt_len = 128, gen = 32, threads = 0, max_tokens = TSR_STEP_TOKENS_DEFAULT, seed = 1234;
     tsr_dtype kv_dtype = TSR_F16;
     for (int i = 1; i < argc; i++) {

@@ -20,7 +20,7 @@ static void usage(FILE *f)
                "  --max-running N        sequences running at once (default 64)\n"
                "  --kv-tokens N          KV cache size in tokens (default: the engine's)\n"
                "  --step-tokens N        tokens per step: decode rows plus prompt chunks (default 2048)\n"
-               "  --prefill-chunk N      prompt tokens in a step that also decodes running requests (default 512;\n"
+               "  --prefill-chunk N      prompt tokens in a step that also decodes running requests (default 1024;\n"
                "                         0: as many as the step leaves)\n"
                "  --served-model-name S  the model name request bodies may give (default: DIR's last component)\n"
                "  --threads N            CPU threads (default: all cores)\n"
@@ -43,7 +43,7 @@ int tsr_cmd_intake(int argc, char **argv)
     tsr_par_opts_init(&ho.par);
     tsr_intake_opts io = {0};
     const char *listen = NULL;
-    long max_running = 64, kv_tokens = 0, step_tokens = 0, prefill_chunk = 512, threads = 0;
+    long max_running = 64, kv_tokens = 0, step_tokens = 0, prefill_chunk = 1024, threads = 0;
     double client_timeout = 15, send_timeout = 5;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;

@@ -55,7 +55,7 @@ static void usage(FILE *f)
             "  --kv-tokens N           KV cache size in tokens (default: one full context, or GPU memory)\n"
             "  --step-tokens N         tokens per step: decode rows plus prompt chunks (default 2048)\n"
             "  --prefill-chunk N       prompt tokens in a step that also decodes running streams, which wait for\n"
-            "                          the whole step (default 512; 0: as many as --step-tokens leaves)\n"
+            "                          the whole step (default 1024; 0: as many as --step-tokens leaves)\n"
             "  --max-body BYTES        largest request body (default 8388608)\n"
             "  --max-header BYTES      memory per connection for the request line and headers (default 65536)\n"
             "  --max-connections N     simultaneous connections (default: the open-file limit less 256)\n"
@@ -237,7 +237,7 @@ int tsr_cmd_serve(int argc, char **argv)
     const char *model_dir = NULL, *device = "cpu", *tpl_path = NULL, *served = NULL, *keys[MAX_KEYS];
     int n_keys = 0;
     long port = 8000, threads = 0, max_running = 64, max_waiting = 1024, kv_tokens = 0, max_body = 8 << 20;
-    long step_tokens = 0, prefill_chunk = 512;
+    long step_tokens = 0, prefill_chunk = 1024;
     long max_conns = 0, per_ip = 0, timeout = 60, header_timeout = 30, http_threads = 2;
     long max_header = 64 << 10, backlog = 1 << 20;
     double grace = 30;
