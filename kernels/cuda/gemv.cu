@@ -13,9 +13,10 @@
  * (deterministic). Up to three matrices with the same input (q/k/v, gate/up) run as one launch. On sm_90, 3 to 64
  * rows take frag_gemv_bulk_kernel instead (except narrow groups of 9-16 rows, fg_frag_n): the same products from
  * 448- or 512-column blocks whose units arrive by bulk copies (bulk.cuh) issued by one producer warp, with hi + lo
- * halves only up to 4 rows (fg_exact), in 1 to 4 or 8 token tiles of 8; from 9 rows the group scales are multiplied
- * into the fp16 A operands (fg_fold) rather than into fp32 sums per group, and from 33 rows each unit's activations
- * travel through the ring beside its weights (ft_xring) instead of being staged for the block's K range. */
+ * halves only up to 4 rows (fg_exact), in 1 to 4 or 8 token tiles of 8; from 9 rows (GPTQ: 33) the group scales
+ * are multiplied into the fp16 A operands (fg_fold) rather than into fp32 sums per group, and from 17 rows (GPTQ:
+ * 33) each unit's activations travel through the ring beside its weights (ft_xring) instead of being staged for the
+ * block's K range. */
 #include "kernels/cuda/bulk.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
@@ -1040,10 +1041,10 @@ static int ft_threads(int M)
 /* Whether M rows in the bulk kernel take their activations through the ring with the weights (XR) instead of
  * staging the block's whole K range first: from TSR_CUDA_GEMV_XRING_MIN rows (at least 9: exact rows stage 16-byte
  * entries; default 17 for EXL2, 33 for GPTQ); TSR_CUDA_GEMV_XRING=0 never. Staged, 64 rows fit 32 units per block in
- * 128 KB, so K was split into many pieces and the partial sums grew to a quarter of the weight bytes (70B gate/up);
- * through the ring K is split only to fill the chip: at 64 rows 8B 4.0 bpw +16 %, 70B +48 %; at 24-32 rows 70B
- * +10-12 %, 8B +0.5 %; at 9-16 rows 15-28 % slower (small slots, and more units per block), and GPTQ 8B at 32 rows
- * 19 % slower (not explained; NOTES.md, stop 28). */
+ * 128 KB, so K was split into 4 to 8 pieces and the partial sums grew to half the weight bytes (70B gate/up),
+ * written and read again; through the ring K is split only to fill the chip: at 64 rows 8B 4.0 bpw +16 %, 70B
+ * +48 %; at 24-32 rows 70B +10-12 %, 8B +0.5 %; but at 9-16 rows 15-28 % slower, and GPTQ 8B at 32 rows 19 % slower
+ * (neither explained yet; NOTES.md, stop 28). */
 static bool ft_xring(int M, bool gptq)
 {
     static int least = -1;
