@@ -800,21 +800,26 @@ static_assert(sizeof(ft_shared) % 16 == 0, "XR's activation slots follow ft_shar
  * entries of 8 bytes (fp16; fg_prestage_kernel's layout), so that no block stages its whole K range. */
 #define FT_X_WORDS (FT_MAX_M * 16)
 
+/* XR: slot s's activation area, after ft_shared. */
+__device__ __forceinline__ uint32_t *ft_xslot(ft_shared &F, int s)
+{
+    return (uint32_t *)(&F + 1) + s * FT_X_WORDS;
+}
+
 /* XR: the activations of block unit i (block units start at unit u0 of the part) into slot i % FT_RING's
  * activation area; its full barrier already expects them (ft_issue). */
 __device__ __forceinline__ void ft_issue_x(const fg_part &P, ft_shared &F, int u0, int i, int M)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const int s = i % FT_RING;
-    uint32_t *xr = (uint32_t *)(&F + 1) + s * FT_X_WORDS;
-    bulk_copy(xr, P.xs + (size_t)(u0 + i) * 2 * M * 4, (unsigned)M * 64u, &F.full[s]);
+    bulk_copy(ft_xslot(F, s), P.xs + (size_t)(u0 + i) * 2 * M * 4, (unsigned)M * 64u, &F.full[s]);
 #endif
 }
 
 /* Producer: unit i of the block (record m) into its ring slot, arming the slot's full barrier (XR: also for the
  * unit's activations, which ft_issue_x copies, after the PDL wait for the first slots). */
-template <bool GPTQ, bool XR = false>
-__device__ __forceinline__ void ft_issue(const tsr_linear_dev &L, ft_shared &F, int i, int cbf, int live, int M = 0)
+template <bool GPTQ, bool XR>
+__device__ __forceinline__ void ft_issue(const tsr_linear_dev &L, ft_shared &F, int i, int cbf, int live, int M)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const uint2 m = F.meta[i];
@@ -893,7 +898,7 @@ __device__ __forceinline__ void ft_run(const tsr_linear_dev &L, ft_shared &F, co
             }
             if (XR) { /* the unit's activations sit in its slot's activation area */
                 fg_bsrc xb = bs;
-                xb.p = (const uint2 *)((const uint32_t *)(&F + 1) + s * FT_X_WORDS);
+                xb.p = (const uint2 *)ft_xslot(F, s);
                 fg_unit<B, GPTQ, NT, PK, FOLD>(slot + 2 * w * 32 * B, xb, 0, M, lane, sc, acc);
             } else {
                 fg_unit<B, GPTQ, NT, PK, FOLD>(slot + 2 * w * 32 * B, bs, i, M, lane, sc, acc);
@@ -1253,15 +1258,16 @@ static void fg_launch_warps(const fg_group &G, bool gptq, const float *x, int M,
     tsr_launch_smem(kern, dim3(blocks), dim3(FG_WARPS * 32), smem, G, x, M, stage_words);
 }
 
-/* The decode GEMV of n matrices with the same input and K (cuda_kernels.cuh): per FG_MAX_M rows one launch (plus one
- * reduction launch when any of them splits K over blocks, unless `parts` takes them over, and for M > 8 one staging
- * launch before it). Each part's partial sums take their own stretch of scratch slot 3, its pre-staged activations
- * their own stretch of slot 0. */
+/* Rows per launch (cuda_kernels.cuh): FT_MAX_M where the bulk kernel takes 33 to 64 rows. */
 int tsr_cuda_gemv_rows(void)
 {
     return tsr_cuda_gemv_bulk(FG_MAX_M + 1) && tsr_cuda_gemv_bulk(FT_MAX_M) ? FT_MAX_M : FG_MAX_M;
 }
 
+/* The decode GEMV of n matrices with the same input and K (cuda_kernels.cuh): per tsr_cuda_gemv_rows() rows one
+ * launch (plus one reduction launch when any of them splits K over blocks, unless `parts` takes them over, and for
+ * M > 8 one staging launch before it). Each part's partial sums take their own stretch of scratch slot 3, its
+ * pre-staged activations their own stretch of slot 0. */
 void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M, float *const *ys,
                    tsr_gemv_parts *parts)
 {
