@@ -19,6 +19,7 @@
 #include "launcher/commands.h"
 #include "runtime/engine.h"
 #include "runtime/kv_cache.h"
+#include "runtime/sched/scheduler.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -244,7 +245,7 @@ int tsr_cmd_bench(int argc, char **argv)
     const char *model = NULL, *json_path = NULL, *device = "cpu";
     int32_t *batches = NULL, *levels = NULL;
     int n_batches = 0, n_levels = 0;
-    long shared_prefix = 0, requests = 0, page_size = 16, kv_tokens = 0, prefill_chunk = 1024;
+    long shared_prefix = 0, requests = 0, page_size = 16, kv_tokens = 0, prefill_chunk = TSR_PREFILL_CHUNK_DEFAULT;
     long prompt_len = 128, gen = 32, threads = 0, max_tokens = TSR_STEP_TOKENS_DEFAULT, seed = 1234;
     tsr_dtype kv_dtype = TSR_F16;
     for (int i = 1; i < argc; i++) {

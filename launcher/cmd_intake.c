@@ -6,6 +6,7 @@
 #include "launcher/commands.h"
 #include "parallel/rank.h"
 #include "launcher/intake_nn.h"
+#include "runtime/sched/scheduler.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -43,7 +44,7 @@ int tsr_cmd_intake(int argc, char **argv)
     tsr_par_opts_init(&ho.par);
     tsr_intake_opts io = {0};
     const char *listen = NULL;
-    long max_running = 64, kv_tokens = 0, step_tokens = 0, prefill_chunk = 1024, threads = 0;
+    long max_running = 64, kv_tokens = 0, step_tokens = 0, prefill_chunk = TSR_PREFILL_CHUNK_DEFAULT, threads = 0;
     double client_timeout = 15, send_timeout = 5;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;

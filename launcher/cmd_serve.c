@@ -21,6 +21,7 @@
 #include "parallel/rank.h"
 #include "parallel/session.h"
 #include "runtime/executor.h"
+#include "runtime/sched/scheduler.h"
 #include "runtime/service.h"
 #include "runtime/text/chat_template.h"
 #include "runtime/text/tokenizer.h"
@@ -237,7 +238,7 @@ int tsr_cmd_serve(int argc, char **argv)
     const char *model_dir = NULL, *device = "cpu", *tpl_path = NULL, *served = NULL, *keys[MAX_KEYS];
     int n_keys = 0;
     long port = 8000, threads = 0, max_running = 64, max_waiting = 1024, kv_tokens = 0, max_body = 8 << 20;
-    long step_tokens = 0, prefill_chunk = 1024;
+    long step_tokens = 0, prefill_chunk = TSR_PREFILL_CHUNK_DEFAULT;
     long max_conns = 0, per_ip = 0, timeout = 60, header_timeout = 30, http_threads = 2;
     long max_header = 64 << 10, backlog = 1 << 20;
     double grace = 30;

@@ -18,6 +18,11 @@
 
 #include "runtime/step.h"
 
+/* The front doors' max_prefill_decoding (serve, intake, bench --concurrency): on an H200 with 8-32 clients sending
+ * 2048-token prompts, 1024 cut the worst inter-token gaps by 40 % against no limit for 6-10 % of the throughput,
+ * where 512 cost 20-27 % (BENCHMARKS.md, stop 28). */
+#define TSR_PREFILL_CHUNK_DEFAULT 1024
+
 typedef struct tsr_sched_opts {
     int page_size;           /* tokens per page (must match the executor's KV pool) */
     int n_pages;             /* pages in the pool */
