@@ -348,12 +348,15 @@ static void forward_body(void *arg)
         ops->attention(b, &args, c->kv, c->q, c->attn);
         linear_then_add(j, &ly->o, c->attn, &ly->mlp_norm);
 
-        const tsr_linear *gate_up[2] = {&ly->gate, &ly->up};
-        float *const gate_up_out[2] = {c->gate, c->up};
-        linear_shared_input(ops, gate_up, 2, c->h, T, gate_up_out);
         /* within the part, the next layer's attention norm rides on this add when the backend fuses them */
         normed = l + 1 < m->part.layer1 && (ops->add_rmsnorm || ops->linear_add_norm);
         const tsr_dense *next_norm = normed ? &m->layers[l + 1].attn_norm : NULL;
+        if (ops->mlp_add_norm && m->part.tp_size <= 1 &&
+            ops->mlp_add_norm(&ly->gate, &ly->up, &ly->down, c->h, T, c->x, next_norm, cfg->norm_eps, c->h))
+            continue; /* the whole MLP in one backend call */
+        const tsr_linear *gate_up[2] = {&ly->gate, &ly->up};
+        float *const gate_up_out[2] = {c->gate, c->up};
+        linear_shared_input(ops, gate_up, 2, c->h, T, gate_up_out);
         if (ops->silu_linear_add_norm && m->part.tp_size <= 1) {
             ops->silu_linear_add_norm(&ly->down, c->gate, c->up, T, c->x, next_norm, cfg->norm_eps, c->h);
         } else if (ops->silu_linear_add_norm) { /* a tensor shard: the product alone, then the group's sum */

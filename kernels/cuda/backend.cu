@@ -31,7 +31,7 @@ static cublasHandle_t g_blas;
 static size_t g_allocated, g_peak;
 static std::unordered_map<void *, size_t> g_sizes;
 static void *g_scratch[8]; /* by slot: 0 GEMV activations, 1-2 attention partials, 3 GEMV parts / fp16 slab,
-                              4 argmax partials */
+                              4 argmax partials, 5-6 the fused MLP's staged input of down and partial sums */
 static size_t g_scratch_size[8];
 
 extern "C" void tsr_cuda_fatal(const char *file, int line, const char *what)
@@ -550,6 +550,7 @@ static const tsr_ops cuda_ops = {
     tsr_cuda_argmax_rows,
     tsr_cuda_top_rows,
     tsr_cuda_silu_linear_add_norm,
+    tsr_cuda_mlp_add_norm,
 };
 
 /* ---- optional per-op profile (TSR_CUDA_PROFILE, see the top of this file). Mode 1 synchronizes around each op
@@ -608,14 +609,14 @@ static void p_init_classes(void)
     for (int i = 0; i < P_COUNT; i++) g_pc.push_back(p_class{p_names[i], {0, 0}, {0, 0}});
 }
 
-/* The class of a linear op of kind `kind` (0 linear, 1 linear_many, 2 linear_add_norm, 3 silu_linear_add_norm) over
- * n layers with input width K. */
+/* The class of a linear op of kind `kind` (0 linear, 1 linear_many, 2 linear_add_norm, 3 silu_linear_add_norm, 4
+ * mlp_add_norm) over n layers with input width K. */
 static int linear_class(const tsr_linear *const *L, int n, int kind)
 {
     p_init_classes();
-    uint64_t key = (uint64_t)kind << 62 | (uint64_t)(uint32_t)L[0]->K << 32;
+    uint64_t key = (uint64_t)kind << 61 | (uint64_t)(uint32_t)L[0]->K << 32;
     char name[96];
-    static const char *kinds[] = {"linear", "linear_many", "linear+add", "silu+linear+add"};
+    static const char *kinds[] = {"linear", "linear_many", "linear+add", "silu+linear+add", "mlp"};
     int len = snprintf(name, sizeof name, "%s %dx", kinds[kind], L[0]->K);
     for (int i = 0; i < n; i++) {
         key = key * 1000003u + (uint32_t)L[i]->N;
@@ -766,6 +767,14 @@ static void pf_silu_linear_add_norm(const tsr_linear *L, float *gate, const floa
     p_scope s(P_LINEAR, profile_mode() == 2 ? linear_class(&L, 1, 3) : -1);
     tsr_cuda_silu_linear_add_norm(L, gate, up, M, x, w, eps, out);
 }
+static int pf_mlp_add_norm(const tsr_linear *gate, const tsr_linear *up, const tsr_linear *down, const float *h, int M,
+                           float *x, const tsr_dense *w, float eps, float *out)
+{
+    if (M > g_win_maxM) g_win_maxM = M;
+    const tsr_linear *three[3] = {gate, up, down};
+    p_scope s(P_LINEAR, profile_mode() == 2 ? linear_class(three, 3, 4) : -1);
+    return tsr_cuda_mlp_add_norm(gate, up, down, h, M, x, w, eps, out);
+}
 static void pf_rope(const tsr_batch_layout *b, float *x, int nh, int hd, int rd)
 {
     p_scope s(P_ROPE);
@@ -819,10 +828,32 @@ static void pf_top(const float *x, int rows, int n, int k, const float *inv_temp
 }
 
 static const tsr_ops cuda_ops_profiled = {
-    "cuda",   cuda_alloc, cuda_release, cuda_to_device, cuda_to_host,   cuda_run_cached, cuda_memory_free,
-    cuda_prepare_model, cuda_release_model, pf_embed, pf_norm, pf_linear, pf_rope, pf_kv, pf_attn, pf_silu, pf_add,
-    pf_gather, pf_linear_many, pf_add_norm, pf_linear_add_norm, pf_rope_store, pf_argmax, pf_top,
+    "cuda",
+    cuda_alloc,
+    cuda_release,
+    cuda_to_device,
+    cuda_to_host,
+    cuda_run_cached,
+    cuda_memory_free,
+    cuda_prepare_model,
+    cuda_release_model,
+    pf_embed,
+    pf_norm,
+    pf_linear,
+    pf_rope,
+    pf_kv,
+    pf_attn,
+    pf_silu,
+    pf_add,
+    pf_gather,
+    pf_linear_many,
+    pf_add_norm,
+    pf_linear_add_norm,
+    pf_rope_store,
+    pf_argmax,
+    pf_top,
     pf_silu_linear_add_norm,
+    pf_mlp_add_norm,
 };
 
 int tsr_cuda_device_attr(cudaDeviceAttr attr, int fallback)
@@ -853,7 +884,8 @@ extern "C" const tsr_ops *tsr_ops_cuda(void)
      * reduction and the residual pass as separate launches), TSR_CUDA_SILU_FOLD=0 silu_linear_add_norm (silu_mul
      * as a launch of its own before the down projection), TSR_CUDA_ROPE_STORE=0 rope_store (rope of q, of k and the K/V
      * store as three launches), TSR_CUDA_ARGMAX=0 argmax_rows (greedy rows copied whole to the host and picked there),
-     * TSR_CUDA_TOP=0 top_rows (sampled rows copied whole to the host) */
+     * TSR_CUDA_TOP=0 top_rows (sampled rows copied whole to the host), TSR_CUDA_MLP_FUSE=0 mlp_add_norm (a decode
+     * row's MLP as the GEMV launches, silu_mul and the residual pass) */
     static tsr_ops chosen;
     static int ready;
     if (!ready) {
@@ -863,6 +895,7 @@ extern "C" const tsr_ops *tsr_ops_cuda(void)
         if (tsr_cuda_env_off("TSR_CUDA_ROPE_STORE")) chosen.rope_store = NULL;
         if (tsr_cuda_env_off("TSR_CUDA_ARGMAX")) chosen.argmax_rows = NULL;
         if (tsr_cuda_env_off("TSR_CUDA_TOP")) chosen.top_rows = NULL;
+        if (!chosen.linear_add_norm || tsr_cuda_env_off("TSR_CUDA_MLP_FUSE")) chosen.mlp_add_norm = NULL;
         ready = 1;
     }
     return &chosen;

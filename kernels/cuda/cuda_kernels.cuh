@@ -28,6 +28,14 @@ struct tsr_gemv_parts {
 };
 void tsr_cuda_gemv(const tsr_linear_dev *const *L, int n, const float *x, int M, float *const *y,
                    tsr_gemv_parts *parts = NULL);
+/* The activations of n EXL2/GPTQ matrices sharing x (M rows of K), staged once in the GEMV's B-operand order (fp16
+ * hi + lo halves when `exact`, else fp16) into scratch slot `slot`: part i's entries start at xs[i] (gemv.cu). */
+void tsr_cuda_gemv_prestage(const tsr_linear_dev *const *L, int n, const float *x, int M, bool exact, int slot,
+                            const uint2 **xs);
+/* The MLP of one decode row as one persistent launch where the shapes allow it (mlp_decode.cu; ops.h mlp_add_norm):
+ * returns 1 after launching it, 0 when the caller must run the steps. */
+int tsr_cuda_mlp_add_norm(const tsr_linear *gate, const tsr_linear *up, const tsr_linear *down, const float *h, int M,
+                          float *x, const tsr_dense *w, float eps, float *out);
 /* Whether the environment variable `name` is set to 0: a switch that is on by default, turned off (backend.cu). */
 bool tsr_cuda_env_off(const char *name);
 /* Attribute attr of the current device, or fallback when it cannot be read (backend.cu). */

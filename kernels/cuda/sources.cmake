@@ -8,6 +8,7 @@ add_library(tessera_cuda STATIC
   ${PROJECT_SOURCE_DIR}/kernels/cuda/attention_decode.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/matmul.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/gemv.cu
+  ${PROJECT_SOURCE_DIR}/kernels/cuda/mlp_decode.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/exl2_pack.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/argmax.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/top.cu

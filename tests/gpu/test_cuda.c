@@ -908,6 +908,54 @@ static void test_linear_waves(void **state)
     gpu_head_close(&h);
 }
 
+typedef struct {
+    const tsr_linear *gate, *up, *down;
+    const float *dh;
+} mlp_ctx;
+
+static void run_mlp_add_norm(const void *ctx, float *dx, const tsr_dense *w, float *dout)
+{
+    const mlp_ctx *c = ctx;
+    assert_int_equal(gpu->mlp_add_norm(c->gate, c->up, c->down, c->dh, 1, dx, w, 1e-5f, dout), 1);
+}
+
+/* mlp_add_norm at one row (the fused decode MLP, mlp_decode.cu) against the CPU's linear, silu_mul, linear, add and
+ * rmsnorm. Gate and up differ in their groups' widths, every matrix has a bias, down has padded units (groups of 1072
+ * and 656 rows) and 70 units (more than a warp's 64 records, with TSR_CUDA_MLP_BLOCKS=1 as test_cuda_mlp_grid runs it),
+ * and the 480 columns of down and 2208 of gate and up end in half a column pair. main() asks for the fused launch at
+ * every shape (TSR_CUDA_MLP_FUSE=1, so that test_models decodes through it too); with TSR_CUDA_MLP_FUSE=0 the backend
+ * leaves the op out and there is nothing to check here. */
+static void test_mlp_fused(void **state)
+{
+    (void)state;
+    const int H = 480, I = 2208;
+    const int gate_bits[] = {6, 5, 4, 4, 3, 2}, gate_rows[] = {64, 96, 128, 96, 64, 32};
+    const int up_bits[] = {8, 4, 4, 3}, up_rows[] = {32, 160, 224, 64};
+    const int down_bits[] = {6, 5, 4, 3, 2}, down_rows[] = {96, 288, 1072, 96, 656};
+    gpu_head g, u, d;
+    gpu_head_open(&g, I, I, 6, gate_bits, gate_rows);
+    gpu_head_open(&u, I, I, 4, up_bits, up_rows);
+    gpu_head_open(&d, H, H, 5, down_bits, down_rows);
+    assert_int_equal(g.L.K, H);
+    assert_int_equal(d.L.K, I);
+    float *h = rand_host(H, 1.0f), *gv = malloc(I * 4), *uv = malloc(I * 4), *prod = malloc(H * 4);
+    cpu->linear(&g.L, h, 1, gv);
+    cpu->linear(&u.L, h, 1, uv);
+    cpu->silu_mul(gv, uv, I, gv);
+    cpu->linear(&d.L, gv, 1, prod);
+    float *dh = dev_copy(h, H * 4);
+    if (gpu->mlp_add_norm) {
+        const mlp_ctx c = {&g.shell.head, &u.shell.head, &d.shell.head, dh};
+        const residual_op op = {run_mlp_add_norm, &c};
+        check_residual(&op, prod, 1, H, "mlp_add_norm M=1");
+    } else {
+        printf("mlp_add_norm left out (TSR_CUDA_MLP_FUSE=0)\n");
+    }
+    gpu->release(dh);
+    free(h), free(gv), free(uv), free(prod);
+    gpu_head_close(&d), gpu_head_close(&u), gpu_head_close(&g);
+}
+
 static void test_linear_dense(void **state)
 {
     (void)state;
@@ -1304,20 +1352,30 @@ int main(void)
     }
     /* several 128-column slabs of the dequantize-and-cuBLAS path even on the small test matrices */
     setenv("TSR_CUDA_DQ_SLAB_COLS", "128", 0);
+    /* the fused decode MLP for every shape (by default only where a warp's share of gate and up is long) */
+    setenv("TSR_CUDA_MLP_FUSE", "1", 0);
     cpu = tsr_ops_cpu();
     gpu = tsr_ops_cuda();
     char desc[256];
     tsr_cuda_describe(desc, sizeof desc);
     printf("device: %s\n", desc);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_elementwise),  cmocka_unit_test(test_attention), cmocka_unit_test(test_linear_exl2),
-        cmocka_unit_test(test_linear_add_norm_splits), cmocka_unit_test(test_linear_waves),
+        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_linear_exl2),
+        cmocka_unit_test(test_linear_add_norm_splits),
+        cmocka_unit_test(test_linear_waves),
+        cmocka_unit_test(test_mlp_fused),
         cmocka_unit_test(test_peer_sum),
         cmocka_unit_test(test_linear_dense),
-        cmocka_unit_test(test_models),       cmocka_unit_test(test_kv_pool_from_free_memory),
-        cmocka_unit_test(test_attention_kv_quant), cmocka_unit_test(test_models_kv_quant),
-        cmocka_unit_test(test_argmax_rows), cmocka_unit_test(test_rope_store),
-        cmocka_unit_test(test_top_rows),    cmocka_unit_test(test_step_top),
+        cmocka_unit_test(test_models),
+        cmocka_unit_test(test_kv_pool_from_free_memory),
+        cmocka_unit_test(test_attention_kv_quant),
+        cmocka_unit_test(test_models_kv_quant),
+        cmocka_unit_test(test_argmax_rows),
+        cmocka_unit_test(test_rope_store),
+        cmocka_unit_test(test_top_rows),
+        cmocka_unit_test(test_step_top),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -36,7 +36,8 @@ variant_bin() {
 # run_test_cuda OUT "name:ENV=V,... ...": test_cuda into OUT/test_cuda.log, then once more with the GEMV's per-block
 # gather (TSR_CUDA_GEMV_PRESTAGE=0), once with the bulk GEMV for every group of 9-16 rows (TSR_CUDA_GEMV_FRAG_N=0),
 # once with its activations through the copy ring from 9 rows and once staged at every row count (as the CTest
-# entries test_cuda_ring and test_cuda_stage) and once per variant under its settings (OUT/test_cuda-NAME.log),
+# entries test_cuda_ring and test_cuda_stage), the fused decode MLP in a grid of one block (test_cuda_mlp_grid) and
+# left out, and once per variant under its settings (OUT/test_cuda-NAME.log),
 # each with a summary line; the fixtures are this checkout's, unpacked into $fx
 run_test_cuda() {
   local out=$1 v name envs
@@ -45,7 +46,8 @@ run_test_cuda() {
   echo "test_cuda exit $? (at $SECONDS s)"; grep -E "PASSED|FAILED|ERROR|mismatch|max " "$out/test_cuda.log" | head -30
   # paths no longer taken by default, then the caller's variants
   for v in gather:TSR_CUDA_GEMV_PRESTAGE=0 bulk:TSR_CUDA_GEMV_FRAG_N=0 \
-    ring:TSR_CUDA_GEMV_FRAG_N=0,TSR_CUDA_GEMV_XRING_MIN=9 stage:TSR_CUDA_GEMV_XRING=0 $2; do
+    ring:TSR_CUDA_GEMV_FRAG_N=0,TSR_CUDA_GEMV_XRING_MIN=9 stage:TSR_CUDA_GEMV_XRING=0 \
+    mlpgrid:TSR_CUDA_MLP_BLOCKS=1 mlpoff:TSR_CUDA_MLP_FUSE=0 $2; do
     name=${v%%:*}; envs=${v#*:}
     env ${envs//,/ } timeout 200 "$P/bin/test_cuda" > "$out/test_cuda-$name.log" 2>&1
     echo "test_cuda ($name: $envs) exit $? (at $SECONDS s)"
