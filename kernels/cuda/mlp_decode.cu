@@ -17,8 +17,9 @@
  *   the residual pass (tsr_cuda_add_parts, the only launch after this one) adds to x before the next norm.
  *
  * Measured on the H200 (kernels/cuda/NOTES.md, stop 29): each phase streams at ~2.9 TB/s, the run loops' rate, and
- * the barriers and the staging cost ~8 us per launch, so the launch wins where the phases are long (70B: +3 % at
- * batch 1) and loses where they are short (8B: -8 %); by default it runs only for the former (mlp_fuse_always).
+ * the barriers and the staging cost ~8 us per launch, so the launch wins where the phases are long (70B 4.0 bpw: +3 %
+ * at batch 1) and loses where they are short (70B 2.5 bpw: -1 %, 8B: -8 %); by default it runs only for the former
+ * (MLP_AUTO_BYTES).
  *
  * The grid never exceeds what the occupancy API says is resident at once, so the barriers cannot wait for a block
  * that is not running (dependent launches under PDL start only once every block of this grid has started). The
@@ -451,12 +452,12 @@ __global__ void __launch_bounds__(MLP_WARPS * 32, 2) mlp_decode_kernel(const __g
     if (A.trace) __syncthreads(), mlp_mark(A, 6);
 }
 
-/* TSR_CUDA_MLP_FUSE=1: the fused MLP wherever the shapes allow it; unset: only where phase 1 gives every warp at
- * least MLP_AUTO_UNITS units, so that the fixed costs of the launch (two grid barriers, 1-2 us each, and the staging
- * of down's input, up to 5 us) are small beside its products. On the H200 at batch 1 the 70B shape (108 units per
- * warp) decodes 3 % faster fused, the 8B shape (27) 8 % slower (kernels/cuda/NOTES.md, stop 29). =0: never (backend.cu
- * leaves the op out). */
-#define MLP_AUTO_UNITS 64
+/* TSR_CUDA_MLP_FUSE=1: the fused MLP wherever the shapes allow it; unset: only where gate and up give every warp at
+ * least MLP_AUTO_BYTES of weights, so that the fixed costs of the launch (two grid barriers, 1-2 us each, and the
+ * staging of down's input, up to 5 us) are small beside its products. On the H200 at batch 1 (2112 warps): 70B 4.0
+ * bpw (111 KB per warp) decodes 3 % faster fused, 70B 2.5 bpw (70 KB) 1 % slower, 8B 4.0 bpw (28 KB) 8 % slower
+ * (kernels/cuda/NOTES.md, stop 29). =0: never (backend.cu leaves the op out). */
+#define MLP_AUTO_BYTES (96 * 1024)
 static bool mlp_fuse_always(void)
 {
     static int always = -1;
@@ -554,7 +555,8 @@ int tsr_cuda_mlp_add_norm(const tsr_linear *gate, const tsr_linear *up, const ts
     if (T1 * (unsigned long long)(A.warps + 1) >= (1ull << 32)) return 0; /* the stretches' 32-bit arithmetic */
     A.T1 = (unsigned)T1;
     const long long stretch = ((long long)A.T1 + A.warps - 1) / A.warps;
-    if (!mlp_fuse_always() && stretch < MLP_AUTO_UNITS) return 0;
+    const double phase1_bytes = 4.0 * ((double)gate->q.Q * gate->q.N + (double)up->q.Q * up->q.N);
+    if (!mlp_fuse_always() && phase1_bytes < (double)MLP_AUTO_BYTES * A.warps) return 0;
     A.slots = 1 + (int)((stretch - 1 + A.U1 - 1) / A.U1); /* column pairs a stretch can touch */
     A.U2 = D->n_units;
     A.P2 = (int)tsr_div_up(D->Npad, MLP_PAIR_COLS);
