@@ -177,7 +177,9 @@ __device__ __forceinline__ void mlp_issue_x(const fg_warp &W, const fg_span &R, 
 }
 
 /* fg_run for one row with the activations in the ring: units [ra, rb) of width B. `issued`: the weights of the
- * first FG_RING - 1 steps are in flight already (fg_prologue before a wait), so only their activations go out. */
+ * first FG_RING - 1 steps are in flight already (fg_prologue before a wait), so only their activations go out. The
+ * group change and decode of a unit repeat fg_run's lines: a shared helper changed the one-row GEMV's SASS (register
+ * allocation, ~1 % more instructions in some instances), so fg_run stays as measured until that is timed. */
 template <int B, bool GPTQ>
 __device__ __forceinline__ void mlp_run(const tsr_linear_dev &L, const fg_warp &W, int ra, int rb, bool issued,
                                         const uint2 *xs, uint32_t *xring, int &cur, frag_scales (&sc)[2],
