@@ -2,7 +2,7 @@
  *
  * At batch 1 the MLP ran as six launches (the staging of h, the gate/up GEMV, silu_mul, the staging of its result
  * through down's permutation, the down GEMV, the residual pass), and each GEMV's weight stream stopped at its own
- * end: its blocks came in one uneven wave (8B gate/up: 224 blocks of 128 columns for 264 places, so two fifths of
+ * end: its blocks came in one uneven wave (8B gate/up: 224 blocks of 128 columns for 264 places, so almost a third of
  * the SMs ran half the work), drained, and the next GEMV started its stream only once its predecessor was done
  * (kernels/cuda/NOTES.md, "A persistent decode step"). Here one grid of the blocks that fit on the chip at once runs
  * both products; every warp streams the units of its work through its own cp.async ring with the one-row GEMV's
@@ -10,16 +10,17 @@
  *
  * - phase 1, gate and up: their (column pair of 64, unit) work is one line of units, cut into equal stretches, one
  *   per warp of the grid; a warp sums each column pair its stretch touches into its own slot of partial sums;
- * - the warps issue the first ring steps of their phase-2 weights (constant) and meet at a grid barrier;
- * - every block then stages down's input: silu(gate) · up, summed from the slots in a fixed order (deterministic),
- *   gathered through down's permutation into fp16 hi + lo B operands; a second grid barrier;
- * - phase 2, down: each column pair of 64 split into S slices of K, one per warp; the slices are the K-split parts
- *   the residual pass (tsr_cuda_add_parts, the only launch after this one) adds to x before the next norm.
+ * - a grid barrier (requesting phase 2's first weights before it measured no gain);
+ * - the grid stages down's input, a thread per row: silu(gate) · up, summed from the slots in a fixed order
+ *   (deterministic), gathered through down's permutation into fp16 hi + lo B operands; a second grid barrier;
+ * - phase 2, down: each column pair of 64 split into S slices of K, one per warp, the 8 warps of a block adding
+ *   theirs; the sums are the K-split parts the residual pass (tsr_cuda_add_parts, the only launch after this one)
+ *   adds to x before the next norm.
  *
- * Measured on the H200 (kernels/cuda/NOTES.md, stop 29): each phase streams at ~2.9 TB/s, the run loops' rate, and
- * the barriers and the staging cost ~8 us per launch, so the launch wins where the phases are long (70B 4.0 bpw: +3 %
- * at batch 1) and loses where they are short (70B 2.5 bpw: -1 %, 8B: -8 %); by default it runs only for the former
- * (MLP_AUTO_BYTES).
+ * Measured on the H200 (kernels/cuda/NOTES.md, stop 29): each phase streams at the run loops' rate (2.9-3.0 TB/s at
+ * 8B, 3.5-3.6 at 70B), and the barriers and the staging cost 8-18 us per launch, so the launch wins where the phases
+ * are long (70B 4.0 bpw: +3 % at batch 1) and loses where they are short (70B 2.5 bpw: -1 %, 8B: -8 %); by default it
+ * runs only for the former (MLP_AUTO_BYTES).
  *
  * The grid never exceeds what the occupancy API says is resident at once, so the barriers cannot wait for a block
  * that is not running (dependent launches under PDL start only once every block of this grid has started). The
@@ -43,7 +44,7 @@ struct mlp_args {
     const uint2 *xs_gate, *xs_up; /* phase 1's activations: fg_prestage_kernel's hi + lo entries of h */
     uint2 *xs_down;               /* phase 2's: written between the barriers */
     float *part1;                 /* [warps][slots][64]: a warp's sums of each column pair its stretch touches */
-    float *part2;                 /* [S][down.Npad]: the K slices of down */
+    float *part2;                 /* [S / 8 or S][down.Npad]: down's K-split parts (block_parts) */
     unsigned long long *bar;      /* the grid barrier's arrivals (mlp_grid_sync) */
     unsigned T1;                  /* phase 1's units in all: (Pg + Pu) · U1 (warps · T1 < 2^32) */
     int U1, Pg, Pu, slots;        /* units of a gate/up column pair, column pairs of gate and of up, slots per warp */
