@@ -518,9 +518,10 @@ static void mlp_trace_report(void)
 }
 
 /* Blocks of the grid: all that are resident at once (TSR_CUDA_MLP_BLOCKS caps it, for tests of small grids), or 0
- * when none fits. */
+ * when none fits or the device predates sm_80 (cp.async). Asked once per kernel instance: the device is fixed. */
 static int mlp_blocks(void (*kern)(const mlp_args), size_t smem)
 {
+    if (tsr_cuda_device_attr(cudaDevAttrComputeCapabilityMajor, 0) < 8) return 0;
     int occ = 0;
     TSR_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     TSR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, MLP_WARPS * 32, smem));
@@ -533,7 +534,7 @@ static int mlp_blocks(void (*kern)(const mlp_args), size_t smem)
 int tsr_cuda_mlp_add_norm(const tsr_linear *gate, const tsr_linear *up, const tsr_linear *down, const float *h, int M,
                           float *x, const tsr_dense *w, float eps, float *out)
 {
-    if (M != 1 || !x || tsr_cuda_device_attr(cudaDevAttrComputeCapabilityMajor, 0) < 8) return 0;
+    if (M != 1 || !x) return 0;
     const tsr_linear_dev *G = (const tsr_linear_dev *)gate->dev, *U = (const tsr_linear_dev *)up->dev,
                          *D = (const tsr_linear_dev *)down->dev;
     if (!G || !U || !D || G->kind != TSR_LINEAR_EXL2 || U->kind != TSR_LINEAR_EXL2 || D->kind != TSR_LINEAR_EXL2)
