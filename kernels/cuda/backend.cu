@@ -368,7 +368,25 @@ static tsr_status upload_dense(tsr_dense *t)
     return t->dev ? TSR_OK : tsr_fail(TSR_ERR_NOMEM, "out of device memory uploading weights (%zu bytes)", bytes);
 }
 
-static tsr_status upload_linear(tsr_linear *L, tsr_dense *embed)
+/* src's 4-bit fields (8 per word, field n % 8 of word n / 8 in each of G rows of N / 8 words) in the column order
+ * cols (or as they are, cols NULL). */
+static std::vector<uint32_t> nibbles_in_order(const uint32_t *src, int G, int N, const int32_t *cols)
+{
+    const size_t row = (size_t)N / 8;
+    std::vector<uint32_t> out(src, src + (size_t)G * row);
+    if (!cols) return out;
+    std::fill(out.begin(), out.end(), 0u);
+    for (int g = 0; g < G; g++)
+        for (int j = 0; j < N; j++) {
+            const uint32_t v = (src[g * row + (size_t)cols[j] / 8] >> (4 * (cols[j] % 8))) & 15u;
+            out[g * row + (size_t)j / 8] |= v << (4 * (j % 8));
+        }
+    return out;
+}
+
+/* Uploads L. Quantized matrices: cols (or NULL) reorders the output columns (device column j = file column
+ * cols[j]); rows_in_order makes the device read its input in stored-row order (fold_mlp). */
+static tsr_status upload_linear(tsr_linear *L, tsr_dense *embed, const int32_t *cols = NULL, int rows_in_order = 0)
 {
     tsr_linear_dev *d = (tsr_linear_dev *)calloc(1, sizeof *d);
     if (!d) return tsr_fail(TSR_ERR_NOMEM, "out of memory");
@@ -395,7 +413,7 @@ static tsr_status upload_linear(tsr_linear *L, tsr_dense *embed)
     }
     const tsr_qmatrix *q = &L->q;
     d->Npad = q->N;
-    TSR_TRY(tsr_cuda_exl2_pack(q, d, cuda_alloc));
+    TSR_TRY(tsr_cuda_exl2_pack(q, cols, rows_in_order, d, cuda_alloc));
     /* EXL2 column scales take 16 values per group, one per scale code (fp16 values, kept as fp32) */
     std::vector<float> s_table((size_t)q->G * 16);
     if (q->kind == TSR_QMATRIX_EXL2)
@@ -407,21 +425,59 @@ static tsr_status upload_linear(tsr_linear *L, tsr_dense *embed)
         /* GPTQ: fp16 scales per (group, column) (fp32 files rounded to fp16, as on the CPU) and the zero codes */
         std::vector<uint16_t> sc((size_t)q->G * q->N);
         for (int g = 0; g < q->G; g++)
-            for (int n = 0; n < q->N; n++) sc[(size_t)g * q->N + n] = tsr_float_to_half(tsr_qmatrix_scale(q, g, n));
+            for (int n = 0; n < q->N; n++)
+                sc[(size_t)g * q->N + n] = tsr_float_to_half(tsr_qmatrix_scale(q, g, cols ? cols[n] : n));
         d->gptq = 1;
         d->zero_add = q->zero_add;
         d->g_scales = (const __half *)upload(sc.data(), sc.size() * 2);
-        d->g_zeros = (const uint32_t *)upload(q->g_zeros, (size_t)q->G * (q->N / 8) * 4);
+        const std::vector<uint32_t> zeros = nibbles_in_order(q->g_zeros, q->G, q->N, cols);
+        d->g_zeros = (const uint32_t *)upload(zeros.data(), zeros.size() * 4);
         scales_ok = d->g_scales && d->g_zeros;
     } else {
-        d->q_scale = (const uint32_t *)upload(q->q_scale, (size_t)q->G * (q->N / 8) * 4);
+        const std::vector<uint32_t> codes = nibbles_in_order(q->q_scale, q->G, q->N, cols);
+        d->q_scale = (const uint32_t *)upload(codes.data(), codes.size() * 4);
         scales_ok = d->q_scale != NULL;
     }
     d->s_table = (const float *)upload(s_table.data(), s_table.size() * sizeof(float));
-    if (q->bias) d->bias = (const __half *)upload(q->bias, (size_t)q->N * 2);
+    if (q->bias) {
+        std::vector<uint16_t> bias(q->bias, q->bias + q->N);
+        if (cols)
+            for (int n = 0; n < q->N; n++)
+                bias[n] = q->bias[cols[n]];
+        d->bias = (const __half *)upload(bias.data(), bias.size() * 2);
+    }
     if (!scales_ok || !d->s_table || (q->bias && !d->bias))
         return tsr_fail(TSR_ERR_NOMEM, "out of device memory uploading EXL2 weights");
     return TSR_OK;
+}
+
+/* The MLP's intermediate features in down's stored-row order on the device: gate's and up's columns are uploaded in
+ * the order of down's permutation (device column j = file column perm[j]) and down reads its input as it comes, so
+ * silu(gate) · up reaches down in the order down reads it (its uperm is the identity where its groups fill whole
+ * units). Every product stays bit for bit what it was: only the order in which the intermediate features are held
+ * changes, and down is their only reader. Taken where gate and up are quantized matrices of down's kind whose
+ * columns are exactly down's rows (and down's permutation is a permutation of them); TSR_CUDA_MLP_FOLD=0 leaves
+ * every layer in file order. Returns 0 when it did not apply; *st holds the uploads' status when it did. */
+static int fold_mlp(tsr_layer *ly, tsr_dense *embed, tsr_status *st)
+{
+    static int off = -1;
+    if (off < 0) off = tsr_cuda_env_off("TSR_CUDA_MLP_FOLD");
+    const tsr_linear *g = &ly->gate, *u = &ly->up, *d = &ly->down;
+    if (off || g->kind != TSR_LINEAR_EXL2 || u->kind != TSR_LINEAR_EXL2 || d->kind != TSR_LINEAR_EXL2) return 0;
+    const int K = d->q.K;
+    if (g->q.kind != d->q.kind || u->q.kind != d->q.kind || g->q.N != K || u->q.N != K || g->N != K || u->N != K ||
+        d->K != K || !d->q.perm)
+        return 0;
+    std::vector<char> seen((size_t)K, 0);
+    for (int k = 0; k < K; k++) {
+        const int32_t p = d->q.perm[k];
+        if (p < 0 || p >= K || seen[p]) return 0;
+        seen[p] = 1;
+    }
+    *st = upload_linear(&ly->gate, embed, d->q.perm, 0);
+    if (*st == TSR_OK) *st = upload_linear(&ly->up, embed, d->q.perm, 0);
+    if (*st == TSR_OK) *st = upload_linear(&ly->down, embed, NULL, 1);
+    return 1;
 }
 
 static void release_linear(tsr_linear *L)
@@ -495,7 +551,9 @@ static tsr_status cuda_prepare_model(struct tsr_model *m)
         tsr_linear *all[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->up, &ly->down};
         st = upload_dense(&ly->attn_norm);
         if (st == TSR_OK) st = upload_dense(&ly->mlp_norm);
-        for (int i = 0; st == TSR_OK && i < 7; i++) st = upload_linear(all[i], &m->embed);
+        const int folded = fold_mlp(ly, &m->embed, &st);
+        for (int i = 0; st == TSR_OK && i < (folded ? 4 : 7); i++)
+            st = upload_linear(all[i], &m->embed);
     }
     if (st == TSR_OK) st = upload_linear(&m->head, &m->embed);
     if (st == TSR_OK) {

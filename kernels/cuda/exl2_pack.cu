@@ -1,10 +1,11 @@
 /* Uploads an EXL2 or GPTQ matrix in the fragment layout of exl2_frag.cuh.
  *
  * The host cuts the groups into 32-row units and lists, per unit, its first word in the new layout, its group and
- * width, and the original input row of each of its rows (the stored-row permutation, padded with −1). The packed
- * file words go to the device once, into a temporary buffer; a kernel with one thread per (unit, column block,
- * lane) reads that lane's 32 codes from the column bit streams and writes them in fragment order; the temporary
- * buffer is then freed. The scale tables (EXL2 scale codes, GPTQ scales and zero codes) keep their file layout. */
+ * width, and the input row of each of its rows (the stored-row permutation, padded with −1; or, for a matrix whose
+ * input arrives already in stored-row order, the stored row itself). The packed file words go to the device once,
+ * into a temporary buffer; a kernel with one thread per (unit, column block, lane) reads that lane's 32 codes from
+ * the column bit streams (through a column map, where the caller reorders the columns) and writes them in fragment
+ * order; the temporary buffer is then freed. The scale tables are the caller's (backend.cu). */
 #include "kernels/cuda/exl2_frag.cuh"
 #include "kernels/cuda/exl2_pack.cuh"
 
@@ -16,7 +17,8 @@ struct pack_unit {
     int qrow0, jrow, rows, bits;
 };
 
-__global__ void frag_pack_kernel(const uint32_t *qw, int Npad, const pack_unit *pu, const uint2 *units, uint32_t *fw)
+__global__ void frag_pack_kernel(const uint32_t *qw, int Npad, const int32_t *cols, const pack_unit *pu,
+                                 const uint2 *units, uint32_t *fw)
 {
     const int ncb = Npad / 32;
     const int t = blockIdx.x * blockDim.x + threadIdx.x, cb = t / 32, lane = t % 32;
@@ -28,11 +30,12 @@ __global__ void frag_pack_kernel(const uint32_t *qw, int Npad, const pack_unit *
     for (int i = 0; i < 32; i++) {
         const int p = i / 2, e = i % 2, f = p / 4, r = p % 4, ct = f / 2, ks = f % 2;
         const int n = 32 * cb + 16 * ct + g + 8 * (r & 1), k = 16 * ks + c + 8 * (r >> 1) + e;
+        const int src = cols ? cols[n] : n;
         uint32_t code = 0;
         if (k < U.rows) {
             const int bit = (U.jrow + k) * B, row = U.qrow0 + bit / 32, sh = bit % 32;
-            uint32_t v = qw[(size_t)row * Npad + n] >> sh;
-            if (sh + B > 32) v |= qw[(size_t)(row + 1) * Npad + n] << (32 - sh);
+            uint32_t v = qw[(size_t)row * Npad + src] >> sh;
+            if (sh + B > 32) v |= qw[(size_t)(row + 1) * Npad + src] << (32 - sh);
             code = v & ((1u << B) - 1u);
         }
         if (frag_spare15(B) && p == 15) { /* 3 and 5 bits: register 15 spread over bit 15 of the B words */
@@ -57,7 +60,8 @@ __global__ void frag_pack_kernel(const uint32_t *qw, int Npad, const pack_unit *
     for (int j = 0; j < nb; j++) fw[base + 32 * na + (size_t)lane * nb + j] = w[na + j];
 }
 
-tsr_status tsr_cuda_exl2_pack(const tsr_qmatrix *q, tsr_linear_dev *d, void *(*dev_alloc)(size_t))
+tsr_status tsr_cuda_exl2_pack(const tsr_qmatrix *q, const int32_t *cols, int rows_in_order, tsr_linear_dev *d,
+                              void *(*dev_alloc)(size_t))
 {
     const int ncb = q->N / 32;
     std::vector<uint2> units;
@@ -70,7 +74,10 @@ tsr_status tsr_cuda_exl2_pack(const tsr_qmatrix *q, tsr_linear_dev *d, void *(*d
             const int rows = gr->rows - j < 32 ? gr->rows - j : 32;
             units.push_back(make_uint2((unsigned)words, (unsigned)g | (unsigned)gr->bits << 24));
             pu.push_back(pack_unit{gr->qrow0, j, rows, gr->bits});
-            for (int k = 0; k < 32; k++) uperm.push_back(k < rows ? q->perm[gr->row0 + j + k] : -1);
+            for (int k = 0; k < 32; k++) {
+                const int row = gr->row0 + j + k;
+                uperm.push_back(k >= rows ? -1 : rows_in_order ? row : q->perm[row]);
+            }
             words += (size_t)32 * gr->bits * ncb;
         }
     }
@@ -88,21 +95,25 @@ tsr_status tsr_cuda_exl2_pack(const tsr_qmatrix *q, tsr_linear_dev *d, void *(*d
     TSR_CUDA_CHECK(cudaMemcpyAsync((void *)d->units, units.data(), units.size() * sizeof(uint2), cudaMemcpyHostToDevice, s));
     TSR_CUDA_CHECK(cudaMemcpyAsync((void *)d->uperm, uperm.data(), uperm.size() * 4, cudaMemcpyHostToDevice, s));
     /* the file words and the unit list, only while the kernel runs */
-    void *qw = NULL, *pud = NULL;
-    const size_t qbytes = (size_t)q->Q * q->N * 4;
-    if (cudaMalloc(&qw, qbytes) != cudaSuccess || cudaMalloc(&pud, pu.size() * sizeof(pack_unit)) != cudaSuccess) {
+    void *qw = NULL, *pud = NULL, *dcols = NULL;
+    const size_t qbytes = (size_t)q->Q * q->N * 4, cbytes = cols ? (size_t)q->N * 4 : 0;
+    if (cudaMalloc(&qw, qbytes) != cudaSuccess || cudaMalloc(&pud, pu.size() * sizeof(pack_unit)) != cudaSuccess ||
+        (cols && cudaMalloc(&dcols, cbytes) != cudaSuccess)) {
         cudaGetLastError();
         cudaFree(qw);
+        cudaFree(pud);
         return tsr_fail(TSR_ERR_NOMEM, "out of device memory repacking weights (%zu bytes)", qbytes);
     }
     TSR_CUDA_CHECK(cudaMemcpyAsync(qw, q->q_weight, qbytes, cudaMemcpyHostToDevice, s));
     TSR_CUDA_CHECK(cudaMemcpyAsync(pud, pu.data(), pu.size() * sizeof(pack_unit), cudaMemcpyHostToDevice, s));
+    if (cols) TSR_CUDA_CHECK(cudaMemcpyAsync(dcols, cols, cbytes, cudaMemcpyHostToDevice, s));
     dim3 grid(tsr_div_up((size_t)ncb * 32, 128), (unsigned)units.size());
-    frag_pack_kernel<<<grid, 128, 0, s>>>((const uint32_t *)qw, q->N, (const pack_unit *)pud, (const uint2 *)d->units,
-                                          (uint32_t *)d->fw);
+    frag_pack_kernel<<<grid, 128, 0, s>>>((const uint32_t *)qw, q->N, (const int32_t *)dcols, (const pack_unit *)pud,
+                                          (const uint2 *)d->units, (uint32_t *)d->fw);
     TSR_CUDA_LAUNCHED();
     TSR_CUDA_CHECK(cudaStreamSynchronize(s));
     TSR_CUDA_CHECK(cudaFree(qw));
     TSR_CUDA_CHECK(cudaFree(pud));
+    TSR_CUDA_CHECK(cudaFree(dcols));
     return TSR_OK;
 }

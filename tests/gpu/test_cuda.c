@@ -908,52 +908,123 @@ static void test_linear_waves(void **state)
     gpu_head_close(&h);
 }
 
+/* Gate, up and down as layer 0 of a host model shell, so that prepare_model uploads them as a model's MLP: gate's
+ * and up's columns in down's stored-row order (backend.cu, fold_mlp). */
 typedef struct {
-    const tsr_linear *gate, *up, *down;
+    gpu_head g, u, d; /* the matrices (each also uploaded alone as a head, unused) and their host views */
+    tsr_layer layer;
+    tsr_model shell;
+} gpu_mlp;
+
+static void gpu_mlp_open(gpu_mlp *m, int H, int I, int gn, const int *gbits, const int *grows, int un, const int *ubits,
+                         const int *urows, int dn, const int *dbits, const int *drows)
+{
+    static uint16_t one[8];
+    gpu_head_open(&m->g, I, I, gn, gbits, grows);
+    gpu_head_open(&m->u, I, I, un, ubits, urows);
+    gpu_head_open(&m->d, H, H, dn, dbits, drows);
+    assert_int_equal(m->g.L.K, H);
+    assert_int_equal(m->d.L.K, I);
+    memset(&m->layer, 0, sizeof m->layer);
+    m->layer.gate = m->g.L, m->layer.up = m->u.L, m->layer.down = m->d.L;
+    memset(&m->shell, 0, sizeof m->shell);
+    m->shell.cfg.n_layers = 1;
+    m->shell.layers = &m->layer;
+    m->shell.embed = (tsr_dense){TSR_F16, 1, 8, one, NULL};
+    m->shell.final_norm = m->shell.embed;
+    assert_int_equal(gpu->prepare_model(&m->shell), TSR_OK);
+}
+
+static void gpu_mlp_close(gpu_mlp *m)
+{
+    gpu->release_model(&m->shell);
+    gpu_head_close(&m->d), gpu_head_close(&m->u), gpu_head_close(&m->g);
+}
+
+/* The CPU's MLP product of M rows of h: (silu(h · gate) ⊙ (h · up)) · down. */
+static float *mlp_product(const gpu_mlp *m, const float *h, int M)
+{
+    const int I = m->g.L.N;
+    float *gv = malloc((size_t)M * I * 4), *uv = malloc((size_t)M * I * 4), *prod = malloc((size_t)M * m->d.L.N * 4);
+    cpu->linear(&m->g.L, h, M, gv);
+    cpu->linear(&m->u.L, h, M, uv);
+    cpu->silu_mul(gv, uv, (size_t)M * I, gv);
+    cpu->linear(&m->d.L, gv, M, prod);
+    free(gv), free(uv);
+    return prod;
+}
+
+typedef struct {
+    const tsr_layer *ly;
     const float *dh;
+    int M;
 } mlp_ctx;
 
 static void run_mlp_add_norm(const void *ctx, float *dx, const tsr_dense *w, float *dout)
 {
     const mlp_ctx *c = ctx;
-    assert_int_equal(gpu->mlp_add_norm(c->gate, c->up, c->down, c->dh, 1, dx, w, 1e-5f, dout), 1);
+    assert_int_equal(gpu->mlp_add_norm(&c->ly->gate, &c->ly->up, &c->ly->down, c->dh, 1, dx, w, 1e-5f, dout), 1);
 }
 
-/* mlp_add_norm at one row (the fused decode MLP, mlp_decode.cu) against the CPU's linear, silu_mul, linear, add and
- * rmsnorm. Gate and up differ in their groups' widths, every matrix has a bias, down has padded units (groups of 1072
- * and 656 rows) and 70 units (more than a warp's 64 records, with TSR_CUDA_MLP_BLOCKS=1 as test_cuda_mlp_grid runs it),
- * and the 480 columns of down and 2208 of gate and up end in half a column pair. main() asks for the fused launch at
- * every shape (TSR_CUDA_MLP_FUSE=1, so that test_models decodes through it too); with TSR_CUDA_MLP_FUSE=0 the backend
- * leaves the op out and there is nothing to check here. */
+/* The MLP as forward.c runs it without mlp_add_norm: linear_many on gate and up, then silu_linear_add_norm. */
+static void run_mlp_separate(const void *ctx, float *dx, const tsr_dense *w, float *dout)
+{
+    const mlp_ctx *c = ctx;
+    const size_t n = (size_t)c->M * c->ly->gate.N;
+    float *dg = dev_poisoned(n), *du = dev_poisoned(n);
+    const tsr_linear *gu[2] = {&c->ly->gate, &c->ly->up};
+    float *ys[2] = {dg, du};
+    gpu->linear_many(gu, 2, c->dh, c->M, ys);
+    gpu->silu_linear_add_norm(&c->ly->down, dg, du, c->M, dx, w, 1e-5f, dout);
+    gpu->release(dg), gpu->release(du);
+}
+
+/* A folded MLP (gate's and up's columns in down's stored-row order) through the separate launches at 1, 3 and 100
+ * rows (one-row GEMV, bulk GEMV, dequantize path) and, at one row, through mlp_add_norm where the backend has it. */
+static void check_mlp(const gpu_mlp *m, const char *label)
+{
+    const int H = m->g.L.K, Ms[] = {1, 3, 100};
+    for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
+        const int M = Ms[t];
+        float *h = rand_host((size_t)M * H, 1.0f), *prod = mlp_product(m, h, M), *dh = dev_copy(h, (size_t)M * H * 4);
+        const mlp_ctx c = {&m->layer, dh, M};
+        char what[96];
+        snprintf(what, sizeof what, "%s, separate launches M=%d", label, M);
+        const residual_op sep = {run_mlp_separate, &c};
+        check_residual(&sep, prod, M, m->d.L.N, what);
+        if (M == 1 && gpu->mlp_add_norm) {
+            snprintf(what, sizeof what, "%s, mlp_add_norm M=1", label);
+            const residual_op op = {run_mlp_add_norm, &c};
+            check_residual(&op, prod, 1, m->d.L.N, what);
+        }
+        gpu->release(dh);
+        free(h), free(prod);
+    }
+}
+
+/* The MLP of a layer against the CPU's linear, silu_mul, linear, add and rmsnorm. Gate and up differ in their groups'
+ * widths, every matrix has a bias, and the 480 columns of down and 2208 of gate and up end in half a column pair.
+ * First down's groups fill whole units (69 of them: more than a warp's 64 records, with TSR_CUDA_MLP_BLOCKS=1 as
+ * test_cuda_mlp_grid runs it), then down has padded units (groups of 1072 and 656 rows). main() asks for the fused
+ * launch (mlp_add_norm, mlp_decode.cu) at every shape (TSR_CUDA_MLP_FUSE=1, so that test_models decodes through it
+ * too); with TSR_CUDA_MLP_FUSE=0 the backend leaves the op out and only the separate launches are checked; with
+ * TSR_CUDA_MLP_FOLD=0 the layer keeps the file's column order. */
 static void test_mlp_fused(void **state)
 {
     (void)state;
     const int H = 480, I = 2208;
     const int gate_bits[] = {6, 5, 4, 4, 3, 2}, gate_rows[] = {64, 96, 128, 96, 64, 32};
     const int up_bits[] = {8, 4, 4, 3}, up_rows[] = {32, 160, 224, 64};
-    const int down_bits[] = {6, 5, 4, 3, 2}, down_rows[] = {96, 288, 1072, 96, 656};
-    gpu_head g, u, d;
-    gpu_head_open(&g, I, I, 6, gate_bits, gate_rows);
-    gpu_head_open(&u, I, I, 4, up_bits, up_rows);
-    gpu_head_open(&d, H, H, 5, down_bits, down_rows);
-    assert_int_equal(g.L.K, H);
-    assert_int_equal(d.L.K, I);
-    float *h = rand_host(H, 1.0f), *gv = malloc(I * 4), *uv = malloc(I * 4), *prod = malloc(H * 4);
-    cpu->linear(&g.L, h, 1, gv);
-    cpu->linear(&u.L, h, 1, uv);
-    cpu->silu_mul(gv, uv, I, gv);
-    cpu->linear(&d.L, gv, 1, prod);
-    float *dh = dev_copy(h, H * 4);
-    if (gpu->mlp_add_norm) {
-        const mlp_ctx c = {&g.shell.head, &u.shell.head, &d.shell.head, dh};
-        const residual_op op = {run_mlp_add_norm, &c};
-        check_residual(&op, prod, 1, H, "mlp_add_norm M=1");
-    } else {
-        printf("mlp_add_norm left out (TSR_CUDA_MLP_FUSE=0)\n");
-    }
-    gpu->release(dh);
-    free(h), free(gv), free(uv), free(prod);
-    gpu_head_close(&d), gpu_head_close(&u), gpu_head_close(&g);
+    const int down_bits[] = {6, 5, 4, 3, 2}, whole_rows[] = {96, 288, 1056, 96, 672},
+              padded_rows[] = {96, 288, 1072, 96, 656};
+    if (!gpu->mlp_add_norm) printf("mlp_add_norm left out (TSR_CUDA_MLP_FUSE=0)\n");
+    gpu_mlp m;
+    gpu_mlp_open(&m, H, I, 6, gate_bits, gate_rows, 4, up_bits, up_rows, 5, down_bits, whole_rows);
+    check_mlp(&m, "MLP, down in whole units");
+    gpu_mlp_close(&m);
+    gpu_mlp_open(&m, H, I, 6, gate_bits, gate_rows, 4, up_bits, up_rows, 5, down_bits, padded_rows);
+    check_mlp(&m, "MLP, down with padded units");
+    gpu_mlp_close(&m);
 }
 
 static void test_linear_dense(void **state)

@@ -47,7 +47,7 @@ run_test_cuda() {
   # paths no longer taken by default, then the caller's variants
   for v in gather:TSR_CUDA_GEMV_PRESTAGE=0 bulk:TSR_CUDA_GEMV_FRAG_N=0 \
     ring:TSR_CUDA_GEMV_FRAG_N=0,TSR_CUDA_GEMV_XRING_MIN=9 stage:TSR_CUDA_GEMV_XRING=0 \
-    mlpgrid:TSR_CUDA_MLP_BLOCKS=1 mlpoff:TSR_CUDA_MLP_FUSE=0 $2; do
+    mlpgrid:TSR_CUDA_MLP_BLOCKS=1 mlpoff:TSR_CUDA_MLP_FUSE=0 foldoff:TSR_CUDA_MLP_FOLD=0 $2; do
     name=${v%%:*}; envs=${v#*:}
     env ${envs//,/ } timeout 200 "$P/bin/test_cuda" > "$out/test_cuda-$name.log" 2>&1
     echo "test_cuda ($name: $envs) exit $? (at $SECONDS s)"
