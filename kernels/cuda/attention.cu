@@ -135,22 +135,47 @@ __global__ void attn_kernel(tsr_batch_layout b, tsr_attn_args a, const T *kc, co
     store_result<DPL>(acc, mx, sum, item, warp, lane, d, n_splits, out, part_ml, part_acc);
 }
 
+/* One thread per (item, dim). The splits' partials are read MERGE_AT_ONCE at a time, every load of a batch issued
+ * before any is used (a split loop that loaded, tested and added one split at a time waited for one L2 round trip
+ * per split, and a split count sized for the longest context leaves most splits of a short one empty); empty splits
+ * (sum 0) load nothing and add nothing. The sums run in split order, as before. */
+#define MERGE_AT_ONCE 8
 __global__ void attn_merge_kernel(size_t items, int d, int n_splits, const float2 *part_ml, const float *part_acc, float *out)
 {
     tsr_pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= items * d) return;
-    size_t item = i / d;
-    int k = (int)(i % d);
+    const size_t item = i / d;
+    const int k = (int)(i % d);
+    const float2 *ml = part_ml + item * n_splits;
+    const float *acc_k = part_acc + item * n_splits * d + k;
     float M = -INFINITY;
-    for (int s = 0; s < n_splits; s++) M = fmaxf(M, part_ml[item * n_splits + s].x);
+    for (int s0 = 0; s0 < n_splits; s0 += MERGE_AT_ONCE) {
+        float m[MERGE_AT_ONCE];
+#pragma unroll
+        for (int j = 0; j < MERGE_AT_ONCE; j++)
+            m[j] = s0 + j < n_splits ? ml[s0 + j].x : -INFINITY;
+#pragma unroll
+        for (int j = 0; j < MERGE_AT_ONCE; j++)
+            M = fmaxf(M, m[j]);
+    }
     float L = 0.0f, acc = 0.0f;
-    for (int s = 0; s < n_splits; s++) {
-        float2 ml = part_ml[item * n_splits + s];
-        if (ml.y == 0.0f) continue;
-        float f = __expf(ml.x - M);
-        L += ml.y * f;
-        acc += part_acc[(item * n_splits + s) * d + k] * f;
+    for (int s0 = 0; s0 < n_splits; s0 += MERGE_AT_ONCE) {
+        float2 v[MERGE_AT_ONCE];
+        float a[MERGE_AT_ONCE];
+#pragma unroll
+        for (int j = 0; j < MERGE_AT_ONCE; j++)
+            v[j] = s0 + j < n_splits ? ml[s0 + j] : make_float2(-INFINITY, 0.0f);
+#pragma unroll
+        for (int j = 0; j < MERGE_AT_ONCE; j++)
+            a[j] = v[j].y != 0.0f ? acc_k[(size_t)(s0 + j) * d] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < MERGE_AT_ONCE; j++)
+            if (v[j].y != 0.0f) {
+                const float f = __expf(v[j].x - M);
+                L += v[j].y * f;
+                acc += a[j] * f;
+            }
     }
     out[i] = L > 0.0f ? acc / L : 0.0f;
 }
