@@ -13,7 +13,8 @@ and cached (/metrics), and the request counters. At the end it waits for the ser
     reason, the 400 for invalid ones, or an abandoned stream), and the server's request counters add up;
   - no KV page is held by a sequence once idle (used minus cached = 0; cached prefix pages may remain);
   - memory and descriptors are flat: after the first sample (warm-up: the KV pool and caches get touched), RSS
-    grows by less than --rss-slack-mib and open descriptors by less than 16.
+    grows by less than --rss-slack-mib and open descriptors by less than 16 (under sanitizers, TSR_SANITIZED set,
+    the server runs with a 1 MiB AddressSanitizer quarantine, so that freed memory is reused as in a plain build).
 Exits 0 when every check holds, 1 otherwise. Standard library only.
 """
 import argparse
@@ -179,8 +180,13 @@ def main():
     a = ap.parse_args()
 
     log = open(os.environ.get("TSR_SOAK_LOG", "/dev/null"), "w")
+    env = dict(os.environ)
+    if env.get("TSR_SANITIZED"):
+        # AddressSanitizer holds freed blocks in a quarantine (256 MiB by default) before reusing them, so a sanitized
+        # server's RSS climbs with allocation churn alone; a small quarantine makes RSS measure what is retained
+        env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS", ""), "quarantine_size_mb=1"]))
     srv = subprocess.Popen([a.bin, "serve", "--model", a.model, "--port", "0"] + a.serve_arg,
-                           stderr=subprocess.PIPE, stdout=log, text=True)
+                           stderr=subprocess.PIPE, stdout=log, text=True, env=env)
     port = None
     deadline = time.time() + 60
     while time.time() < deadline and port is None:
