@@ -551,7 +551,7 @@ static tsr_status cuda_prepare_model(struct tsr_model *m)
         tsr_linear *all[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->up, &ly->down};
         st = upload_dense(&ly->attn_norm);
         if (st == TSR_OK) st = upload_dense(&ly->mlp_norm);
-        const int folded = fold_mlp(ly, &m->embed, &st);
+        const int folded = st == TSR_OK && fold_mlp(ly, &m->embed, &st); /* keeps a norm's failure */
         for (int i = 0; st == TSR_OK && i < (folded ? 4 : 7); i++)
             st = upload_linear(all[i], &m->embed);
     }
