@@ -369,13 +369,11 @@ static tsr_status upload_dense(tsr_dense *t)
 }
 
 /* src's 4-bit fields (8 per word, field n % 8 of word n / 8 in each of G rows of N / 8 words) in the column order
- * cols (or as they are, cols NULL). */
+ * cols. */
 static std::vector<uint32_t> nibbles_in_order(const uint32_t *src, int G, int N, const int32_t *cols)
 {
     const size_t row = (size_t)N / 8;
-    std::vector<uint32_t> out(src, src + (size_t)G * row);
-    if (!cols) return out;
-    std::fill(out.begin(), out.end(), 0u);
+    std::vector<uint32_t> out((size_t)G * row, 0u);
     for (int g = 0; g < G; g++)
         for (int j = 0; j < N; j++) {
             const uint32_t v = (src[g * row + (size_t)cols[j] / 8] >> (4 * (cols[j] % 8))) & 15u;
@@ -430,21 +428,23 @@ static tsr_status upload_linear(tsr_linear *L, tsr_dense *embed, const int32_t *
         d->gptq = 1;
         d->zero_add = q->zero_add;
         d->g_scales = (const __half *)upload(sc.data(), sc.size() * 2);
-        const std::vector<uint32_t> zeros = nibbles_in_order(q->g_zeros, q->G, q->N, cols);
-        d->g_zeros = (const uint32_t *)upload(zeros.data(), zeros.size() * 4);
+        std::vector<uint32_t> zeros;
+        if (cols) zeros = nibbles_in_order(q->g_zeros, q->G, q->N, cols);
+        d->g_zeros = (const uint32_t *)upload(cols ? zeros.data() : q->g_zeros, (size_t)q->G * (q->N / 8) * 4);
         scales_ok = d->g_scales && d->g_zeros;
     } else {
-        const std::vector<uint32_t> codes = nibbles_in_order(q->q_scale, q->G, q->N, cols);
-        d->q_scale = (const uint32_t *)upload(codes.data(), codes.size() * 4);
+        std::vector<uint32_t> codes;
+        if (cols) codes = nibbles_in_order(q->q_scale, q->G, q->N, cols);
+        d->q_scale = (const uint32_t *)upload(cols ? codes.data() : q->q_scale, (size_t)q->G * (q->N / 8) * 4);
         scales_ok = d->q_scale != NULL;
     }
     d->s_table = (const float *)upload(s_table.data(), s_table.size() * sizeof(float));
     if (q->bias) {
-        std::vector<uint16_t> bias(q->bias, q->bias + q->N);
+        std::vector<uint16_t> bias;
         if (cols)
             for (int n = 0; n < q->N; n++)
-                bias[n] = q->bias[cols[n]];
-        d->bias = (const __half *)upload(bias.data(), bias.size() * 2);
+                bias.push_back(q->bias[cols[n]]);
+        d->bias = (const __half *)upload(cols ? bias.data() : q->bias, (size_t)q->N * 2);
     }
     if (!scales_ok || !d->s_table || (q->bias && !d->bias))
         return tsr_fail(TSR_ERR_NOMEM, "out of device memory uploading EXL2 weights");
