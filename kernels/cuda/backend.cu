@@ -19,6 +19,7 @@ extern "C" {
 }
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <string.h>
 #include <time.h>
@@ -41,6 +42,7 @@ extern "C" void tsr_cuda_fatal(const char *file, int line, const char *what)
 }
 
 extern "C" cudaStream_t tsr_cuda_stream(void) { return g_stream; }
+unsigned long long tsr_cuda_launches;
 extern "C" cublasHandle_t tsr_cuda_blas(void) { return g_blas; }
 
 static int profile_mode(void)
@@ -480,6 +482,31 @@ static int fold_mlp(tsr_layer *ly, tsr_dense *embed, tsr_status *st)
     return 1;
 }
 
+/* The matrices that read each norm's output, by the norm's device weights (tsr_cuda_norm_readers): the residual pass
+ * that ends with that norm stages their activations ahead (stage_ahead.cuh). Registered at model preparation for
+ * quantized q, k, v (attention norm) and gate, up (MLP norm); forgotten when the model is released. */
+static std::map<const void *, std::vector<const tsr_linear_dev *>> g_norm_readers;
+
+static void register_readers(const tsr_dense *norm, const tsr_linear *const *L, int n)
+{
+    std::vector<const tsr_linear_dev *> readers;
+    for (int i = 0; i < n; i++) {
+        const tsr_linear_dev *d = (const tsr_linear_dev *)L[i]->dev;
+        if (!d || d->kind != TSR_LINEAR_EXL2) return;
+        readers.push_back(d);
+    }
+    if (norm->dev) g_norm_readers[norm->dev] = readers;
+}
+
+int tsr_cuda_norm_readers(const tsr_dense *w, const tsr_linear_dev **L)
+{
+    auto it = g_norm_readers.find(w->dev);
+    if (it == g_norm_readers.end() || it->second.size() > TSR_GEMV_MAX_PARTS) return 0;
+    for (size_t i = 0; i < it->second.size(); i++)
+        L[i] = it->second[i];
+    return (int)it->second.size();
+}
+
 static void release_linear(tsr_linear *L)
 {
     tsr_linear_dev *d = (tsr_linear_dev *)L->dev;
@@ -501,6 +528,7 @@ static void release_linear(tsr_linear *L)
 
 static void release_dense(tsr_dense *t)
 {
+    if (t->dev) g_norm_readers.erase(t->dev);
     if (t->dev) cuda_release((void *)t->dev);
     t->dev = NULL;
 }
@@ -554,6 +582,10 @@ static tsr_status cuda_prepare_model(struct tsr_model *m)
         const int folded = st == TSR_OK && fold_mlp(ly, &m->embed, &st); /* keeps a norm's failure */
         for (int i = 0; st == TSR_OK && i < (folded ? 4 : 7); i++)
             st = upload_linear(all[i], &m->embed);
+        if (st == TSR_OK) {
+            register_readers(&ly->attn_norm, all, 3);
+            register_readers(&ly->mlp_norm, all + 4, 2);
+        }
     }
     if (st == TSR_OK) st = upload_linear(&m->head, &m->embed);
     if (st == TSR_OK) {

@@ -16,7 +16,16 @@
         if (tsr_e_ != cudaSuccess) tsr_cuda_fatal(__FILE__, __LINE__, cudaGetErrorString(tsr_e_));                     \
     } while (0)
 
-#define TSR_CUDA_LAUNCHED() TSR_CUDA_CHECK(cudaGetLastError())
+/* After a kernel launch (or a cuBLAS call): counts it (tsr_cuda_launches) and checks the launch. */
+#define TSR_CUDA_LAUNCHED()                                                                                            \
+    do {                                                                                                               \
+        tsr_cuda_launches++;                                                                                           \
+        TSR_CUDA_CHECK(cudaGetLastError());                                                                            \
+    } while (0)
+
+/* Kernels and cuBLAS calls issued so far (tsr_launch and TSR_CUDA_LAUNCHED count them): activations staged ahead
+ * for a GEMV are taken only while no launch came after the one that wrote them (stage_ahead.cuh; backend.cu). */
+extern unsigned long long tsr_cuda_launches;
 
 #ifdef __cplusplus
 extern "C" {

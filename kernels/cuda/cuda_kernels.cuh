@@ -32,6 +32,21 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *L, int n, const float *x, int M,
  * hi + lo halves when `exact`, else fp16) into scratch slot `slot`: part i's entries start at xs[i] (gemv.cu). */
 void tsr_cuda_gemv_prestage(const tsr_linear_dev *const *L, int n, const float *x, int M, bool exact, int slot,
                             const uint2 **xs);
+/* Activations staged ahead (stage_ahead.cuh): plans the entries of x (M rows) for the GEMV of the n matrices L (scratch
+ * slot 0), false where that GEMV would not take pre-staged entries; after the launch that writes them,
+ * tsr_cuda_gemv_stage_done hands them to the next GEMV of the same matrices on x, if no launch comes between. */
+struct tsr_stage_ahead;
+bool tsr_cuda_gemv_stage_plan(const tsr_linear_dev *const *L, int n, int M, tsr_stage_ahead *S);
+void tsr_cuda_gemv_stage_done(const tsr_linear_dev *const *L, int n, const float *x, const tsr_stage_ahead *S);
+/* silu_mul in place on gate (M rows of L's K) that also stages the activations of L's GEMV ahead (elementwise.cu);
+ * false, having done nothing, where that GEMV would not take them. */
+bool tsr_cuda_silu_stage(const tsr_linear_dev *L, float *gate, const float *up, int M);
+/* The matrices that read the output of the norm with weights w (q, k, v for an attention norm; gate, up for an MLP
+ * norm) into L (up to TSR_GEMV_MAX_PARTS); their count, 0 for a norm nobody registered (backend.cu). */
+int tsr_cuda_norm_readers(const tsr_dense *w, const tsr_linear_dev **L);
+/* Whether two quantized matrices read their input rows in the same unit order (matmul.cu; compared once per pair,
+ * outside graph recording: a pair first seen while recording counts as different). */
+bool tsr_cuda_same_unit_order(const tsr_linear_dev *a, const tsr_linear_dev *b);
 /* The MLP of one decode row as one persistent launch where the shapes allow it (mlp_decode.cu; ops.h mlp_add_norm):
  * returns 1 after launching it, 0 when the caller must run the steps. */
 int tsr_cuda_mlp_add_norm(const tsr_linear *gate, const tsr_linear *up, const tsr_linear *down, const float *h, int M,

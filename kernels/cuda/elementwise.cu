@@ -6,6 +6,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/stage_ahead.cuh"
 
 #include <cuda_bf16.h>
 
@@ -122,10 +123,23 @@ void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, i
  * alone on its SM, so it is bound by round trips to L2: each thread requests the loads of several parts before it
  * adds any (in part order, so the sums are those of a plain loop), the weights of the norm before the sum of squares
  * is known, and keeps the row in registers when one pass covers it. */
+#define STAGE_PREFETCH 2 /* entries per thread and unit order whose sources are read before the wait */
 __global__ void residual_kernel(float *x, const float *y, int n_parts, size_t part_stride, int ld, const __half *bias,
-                                const void *w, int dtype, float eps, int dim, float *out)
+                                const void *w, int dtype, float eps, int dim, float *out,
+                                const __grid_constant__ tsr_stage_ahead S)
 {
-    tsr_pdl_start();
+    /* with S.n: the sources of the thread's first entries of each order (constant) travel while the predecessor ends */
+    tsr_pdl_trigger();
+    const int per_row = S.n_units * 8;
+    int4 pre[TSR_STAGE_MAX_ORDERS][STAGE_PREFETCH];
+#pragma unroll
+    for (int o = 0; o < TSR_STAGE_MAX_ORDERS; o++)
+#pragma unroll
+        for (int k = 0; k < STAGE_PREFETCH; k++) {
+            const int e = k * (int)blockDim.x + (int)threadIdx.x;
+            pre[o][k] = o < S.n && e < per_row ? stage_ahead_src(S, o, e) : make_int4(-1, -1, -1, -1);
+        }
+    tsr_pdl_wait();
     float *xr = x + (size_t)blockIdx.x * dim;
     const float *yr = y + (size_t)blockIdx.x * ld;
     const int step = RESIDUAL_PER_THREAD * (int)blockDim.x;
@@ -161,6 +175,7 @@ __global__ void residual_kernel(float *x, const float *y, int n_parts, size_t pa
     }
     if (!w) return;
     float *o = out + (size_t)blockIdx.x * dim;
+    extern __shared__ float hs[]; /* with S.n: the normalized row, [dim] */
     if (dim <= step) { /* the row is still in v: the weights go out before the barrier, which orders y's reads */
         float wv[RESIDUAL_PER_THREAD];
 #pragma unroll
@@ -172,13 +187,34 @@ __global__ void residual_kernel(float *x, const float *y, int n_parts, size_t pa
 #pragma unroll
         for (int r = 0; r < RESIDUAL_PER_THREAD; r++) {
             const int i = r * (int)blockDim.x + (int)threadIdx.x;
-            if (i < dim) o[i] = wv[r] * (v[r] * inv);
+            if (i >= dim) continue;
+            const float h = wv[r] * (v[r] * inv);
+            o[i] = h;
+            if (S.n) hs[i] = h;
         }
-        return;
+    } else {
+        /* block_sum's barrier puts every read of y before the writes of out, which may alias it */
+        const float inv = rsqrtf(block_sum(ss) / dim + eps);
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+            const float h = load_elem(w, dtype, i) * (xr[i] * inv);
+            o[i] = h;
+            if (S.n) hs[i] = h;
+        }
     }
-    /* block_sum's barrier puts every read of y before the writes of out, which may alias it */
-    const float inv = rsqrtf(block_sum(ss) / dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = load_elem(w, dtype, i) * (xr[i] * inv);
+    if (!S.n) return;
+    /* the next GEMV's entries of this row (stage_ahead.cuh) */
+    __syncthreads();
+#pragma unroll
+    for (int ord = 0; ord < TSR_STAGE_MAX_ORDERS; ord++) {
+        if (ord >= S.n) break;
+#pragma unroll
+        for (int k = 0; k < STAGE_PREFETCH; k++) {
+            const int e = k * (int)blockDim.x + (int)threadIdx.x;
+            if (e < per_row) stage_ahead_put(S, ord, e, blockIdx.x, hs, pre[ord][k]);
+        }
+        for (int e = STAGE_PREFETCH * (int)blockDim.x + (int)threadIdx.x; e < per_row; e += blockDim.x)
+            stage_ahead_put(S, ord, e, blockIdx.x, hs, stage_ahead_src(S, ord, e));
+    }
 }
 
 static int residual_threads(int dim) { return dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256; }
@@ -187,9 +223,18 @@ void tsr_cuda_add_parts(float *x, const float *parts, int n_parts, size_t part_s
                         const tsr_dense *w, float eps, int rows, int dim, float *out)
 {
     if (rows <= 0) return;
-    tsr_launch(residual_kernel, dim3(rows), dim3(residual_threads(dim)), x, parts, n_parts, part_stride, ld, bias,
-               w ? w->dev : NULL, w ? w->dtype : 0, eps, dim, out);
+    /* a norm whose output feeds decode GEMVs: their activations staged here (stage_ahead.cuh); the row in shared
+     * memory for that */
+    tsr_stage_ahead S = {};
+    const tsr_linear_dev *R[TSR_GEMV_MAX_PARTS];
+    const int readers = w ? tsr_cuda_norm_readers(w, R) : 0;
+    const bool ahead = readers > 0 && R[0]->K == dim && (size_t)dim * sizeof(float) <= 48 * 1024 &&
+                       tsr_cuda_gemv_stage_plan(R, readers, rows, &S);
+    if (!ahead) S.n = 0;
+    tsr_launch_smem(residual_kernel, dim3(rows), dim3(residual_threads(dim)), ahead ? dim * sizeof(float) : 0, x, parts,
+                    n_parts, part_stride, ld, bias, w ? w->dev : NULL, w ? w->dtype : 0, eps, dim, out, S);
     TSR_CUDA_LAUNCHED();
+    if (ahead) tsr_cuda_gemv_stage_done(R, readers, out, &S);
 }
 
 void tsr_cuda_add_rmsnorm(float *x, const float *y, const tsr_dense *w, float eps, int rows, int dim, float *out)
@@ -402,6 +447,49 @@ void tsr_cuda_silu_mul(const float *gate, const float *up, size_t n, float *out)
     if (!n) return;
     tsr_launch(silu_mul_kernel, dim3(tsr_div_up(n, 256)), dim3(256), gate, up, n, out);
     TSR_CUDA_LAUNCHED();
+}
+
+/* silu_mul in place on gate, a thread per staged entry of down's GEMV (stage_ahead.cuh, one unit order): the entry's
+ * four values silu(gate) · up, read through the permutation, also written back to gate (each row of gate belongs to
+ * exactly one entry). The sources are read before the wait. */
+__global__ void silu_stage_kernel(const __grid_constant__ tsr_stage_ahead S, float *gate, const float *up, int K)
+{
+    tsr_pdl_trigger();
+    const int per_row = S.n_units * 8;
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const bool live = i < (size_t)per_row * S.M;
+    const int q = (int)(i & 3), tok = live ? (int)((i >> 2) % S.M) : 0, e = live ? (int)((i >> 2) / S.M) * 4 + q : 0;
+    const int4 src = live ? stage_ahead_src(S, 0, e) : make_int4(-1, -1, -1, -1);
+    tsr_pdl_wait();
+    if (!live) return;
+    float *g = gate + (size_t)tok * K;
+    const float *u = up + (size_t)tok * K;
+    const int s[4] = {src.x, src.y, src.z, src.w};
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float gv = s[j] >= 0 ? g[s[j]] : 0.0f;
+        v[j] = s[j] >= 0 ? gv / (1.0f + expf(-gv)) * u[s[j]] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        if (s[j] >= 0) g[s[j]] = v[j];
+    const size_t at = ((size_t)(e >> 2) * S.M + tok) * 4 + (e & 3);
+    if (S.exact)
+        ((uint4 *)S.xs[0])[at] = fg_hi_lo(v);
+    else
+        S.xs[0][at] = make_uint2(h2_bits(__floats2half2_rn(v[0], v[1])), h2_bits(__floats2half2_rn(v[2], v[3])));
+}
+
+bool tsr_cuda_silu_stage(const tsr_linear_dev *L, float *gate, const float *up, int M)
+{
+    tsr_stage_ahead S;
+    if (L->kind != TSR_LINEAR_EXL2 || !tsr_cuda_gemv_stage_plan(&L, 1, M, &S)) return false;
+    const size_t entries = (size_t)S.n_units * 8 * M;
+    tsr_launch(silu_stage_kernel, dim3(tsr_div_up(entries, 256)), dim3(256), S, gate, up, L->K);
+    TSR_CUDA_LAUNCHED();
+    tsr_cuda_gemv_stage_done(&L, 1, gate, &S);
+    return true;
 }
 
 __global__ void add_kernel(float *x, const float *y, size_t n)

@@ -835,6 +835,88 @@ int tsr_cuda_gemv_rows(void)
     return tsr_cuda_gemv_bulk(FG_MAX_M + 1) && tsr_cuda_gemv_bulk(FT_MAX_M) ? FT_MAX_M : FG_MAX_M;
 }
 
+/* ---- activations staged ahead (stage_ahead.cuh) ---- */
+
+/* The entries the last staging producer wrote, for the GEMV of L on x (x NULL: none). */
+struct staged_ahead {
+    const float *x;
+    int M, n;
+    bool exact;
+    const tsr_linear_dev *L[FG_MAX_PARTS];
+    const uint2 *xs[FG_MAX_PARTS];
+    const void *slot;          /* scratch slot 0 when they were planned */
+    unsigned long long launch; /* tsr_cuda_launches right after the launch that wrote them */
+};
+static staged_ahead g_ahead;
+static unsigned long long g_ahead_taken;
+
+extern "C" unsigned long long tsr_cuda_staged_taken(void)
+{
+    return g_ahead_taken;
+}
+
+bool tsr_cuda_gemv_stage_plan(const tsr_linear_dev *const *Ls, int n, int M, tsr_stage_ahead *S)
+{
+    static const bool on = !tsr_cuda_env_off("TSR_CUDA_STAGE_AHEAD");
+    if (!on || n < 1 || n > FG_MAX_PARTS || M < 1 || M > 8 || M > tsr_cuda_gemv_rows()) return false;
+    for (int i = 0; i < n; i++)
+        if (Ls[i]->kind != TSR_LINEAR_EXL2 || Ls[i]->K != Ls[0]->K || Ls[i]->gptq != Ls[0]->gptq ||
+            Ls[i]->n_units != Ls[0]->n_units)
+            return false;
+    const bool exact = fg_exact(M, tsr_cuda_gemv_bulk(M)); /* as tsr_cuda_gemv decides it up to 8 rows */
+    if (exact && !fg_prestage_exact()) return false;
+    *S = tsr_stage_ahead{};
+    int first[TSR_STAGE_MAX_ORDERS];
+    for (int i = 0; i < n; i++) {
+        int o = 0;
+        while (o < S->n && !tsr_cuda_same_unit_order(Ls[first[o]], Ls[i]))
+            o++;
+        if (o == S->n) first[S->n++] = i;
+        S->part_order[i] = o;
+    }
+    const size_t words = (size_t)Ls[0]->n_units * 8 * M * (exact ? 2 : 1); /* of one order */
+    uint2 *xs = (uint2 *)tsr_cuda_scratch(0, S->n * words * sizeof(uint2));
+    for (int o = 0; o < S->n; o++) {
+        S->uperm[o] = Ls[first[o]]->uperm;
+        S->xs[o] = xs + o * words;
+    }
+    S->n_units = Ls[0]->n_units;
+    S->M = M;
+    S->exact = exact;
+    return true;
+}
+
+void tsr_cuda_gemv_stage_done(const tsr_linear_dev *const *Ls, int n, const float *x, const tsr_stage_ahead *S)
+{
+    g_ahead.x = x;
+    g_ahead.M = S->M;
+    g_ahead.n = n;
+    g_ahead.exact = S->exact != 0;
+    for (int i = 0; i < n; i++) {
+        g_ahead.L[i] = Ls[i];
+        g_ahead.xs[i] = S->xs[S->part_order[i]];
+    }
+    g_ahead.slot = tsr_cuda_scratch(0, 0);
+    g_ahead.launch = tsr_cuda_launches;
+}
+
+/* The entries staged ahead for this GEMV, if they are still the latest writes (no launch since); either way the
+ * record is used up. */
+static bool take_staged(const tsr_linear_dev *const *Ls, int n, const float *x, int M, bool exact, const uint2 **xs)
+{
+    const staged_ahead a = g_ahead;
+    g_ahead.x = NULL;
+    if (!a.x || a.x != x || a.launch != tsr_cuda_launches || a.M != M || a.n != n || a.exact != exact ||
+        a.slot != tsr_cuda_scratch(0, 0))
+        return false;
+    for (int i = 0; i < n; i++)
+        if (a.L[i] != Ls[i]) return false;
+    for (int i = 0; i < n; i++)
+        xs[i] = a.xs[i];
+    g_ahead_taken++;
+    return true;
+}
+
 /* The activations of n matrices sharing x (cuda_kernels.cuh): fg_prestage_kernel's entries of every part in scratch
  * slot `slot`, part i's from xs[i]. */
 void tsr_cuda_gemv_prestage(const tsr_linear_dev *const *Ls, int n, const float *x, int M, bool exact, int slot,
@@ -912,7 +994,7 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
     const bool exact = fg_exact(M, bulk);
     if (!exact || fg_prestage_exact()) { /* every part's activations staged once, in B-operand order */
         const uint2 *xs[FG_MAX_PARTS];
-        tsr_cuda_gemv_prestage(Ls, n, x, M, exact, 0, xs);
+        if (!take_staged(Ls, n, x, M, exact, xs)) tsr_cuda_gemv_prestage(Ls, n, x, M, exact, 0, xs);
         for (int i = 0; i < n; i++)
             G.p[i].xs = xs[i];
     }

@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/exl2_frag.cuh"
+#include "kernels/cuda/stage_ahead.cuh"
 
 #include <stdint.h>
 
@@ -442,19 +443,6 @@ __device__ __forceinline__ void fg_run(const tsr_linear_dev &L, const fg_warp &W
     }
     cp_async_wait<0>();
     __syncwarp();
-}
-
-/* One staged entry of exact rows: the four values' fp16 hi halves, then what remains of each after it (lo). */
-__device__ __forceinline__ uint4 fg_hi_lo(const float (&v)[4])
-{
-    __half hi[4], lo[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        hi[j] = __float2half_rn(v[j]);
-        lo[j] = __float2half_rn(v[j] - __half2float(hi[j]));
-    }
-    return make_uint4(h2_bits(__halves2half2(hi[0], hi[1])), h2_bits(__halves2half2(hi[2], hi[3])),
-                      h2_bits(__halves2half2(lo[0], lo[1])), h2_bits(__halves2half2(lo[2], lo[3])));
 }
 
 #endif

@@ -54,6 +54,7 @@ static inline void tsr_launch_smem(void (*kernel)(Params...), dim3 grid, dim3 bl
     cfg.attrs = attr;
     cfg.numAttrs = tsr_cuda_pdl() ? 1 : 0;
     TSR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ((Params)args)...));
+    tsr_cuda_launches++;
 }
 
 template <typename... Params, typename... Args>

@@ -288,6 +288,7 @@ static void exl2_dq_gemm(const tsr_linear_dev *L, const __half *xp, int M, float
                                          w, xp, CUDA_R_16F, Kp, &beta, y + n0, CUDA_R_32F, L->N, CUBLAS_COMPUTE_32F,
                                          CUBLAS_GEMM_DEFAULT);
         if (st != CUBLAS_STATUS_SUCCESS) tsr_cuda_fatal(__FILE__, __LINE__, "cublasGemmEx failed");
+        tsr_cuda_launches++;
     }
 }
 
@@ -371,6 +372,7 @@ static void dense_gemm(const tsr_linear_dev *L, const float *x, int M, float *y)
     cublasStatus_t st = cublasGemmEx(tsr_cuda_blas(), CUBLAS_OP_T, CUBLAS_OP_N, L->N, M, L->K, &alpha, L->w, t, L->K, xin,
                                      t, L->K, &beta, y, CUDA_R_32F, L->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS) tsr_cuda_fatal(__FILE__, __LINE__, "cublasGemmEx failed");
+    tsr_cuda_launches++;
     if (L->dense_bias) {
         add_bias_kernel<<<tsr_div_up((size_t)M * L->N, 256), 256, 0, tsr_cuda_stream()>>>(y, M, L->N, L->dense_bias,
                                                                                           L->bias_dtype);
@@ -410,7 +412,7 @@ void tsr_cuda_forget_unit_order(const int32_t *uperm)
         it = it->first.first == uperm || it->first.second == uperm ? g_unit_orders.erase(it) : std::next(it);
 }
 
-static bool same_unit_order(const tsr_linear_dev *a, const tsr_linear_dev *b)
+bool tsr_cuda_same_unit_order(const tsr_linear_dev *a, const tsr_linear_dev *b)
 {
     if (a->uperm == b->uperm) return true;
     if (a->K != b->K || a->n_units != b->n_units) return false;
@@ -503,7 +505,7 @@ void tsr_cuda_silu_linear_add_norm(const tsr_linear *Lh, float *gate, const floa
         if (x && w) tsr_cuda_rmsnorm(x, w, eps, M, L->N, out);
         return;
     }
-    tsr_cuda_silu_mul(gate, up, (size_t)M * L->K, gate);
+    if (!tsr_cuda_silu_stage(L, gate, up, M)) tsr_cuda_silu_mul(gate, up, (size_t)M * L->K, gate);
     if (x)
         tsr_cuda_linear_add_norm(Lh, gate, M, x, w, eps, out);
     else
@@ -529,7 +531,7 @@ void tsr_cuda_linear_many(const tsr_linear *const *Lh, int n, const float *x, in
     for (int i = 0; i < n; i++) {
         const tsr_linear_dev *d = (const tsr_linear_dev *)Lh[i]->dev;
         if (M > 0 && d && d->kind == TSR_LINEAR_EXL2 && dq_path(M)) {
-            exl2_dq_linear(d, x, NULL, M, y[i], !prev || !same_unit_order(prev, d));
+            exl2_dq_linear(d, x, NULL, M, y[i], !prev || !tsr_cuda_same_unit_order(prev, d));
             prev = d;
         } else {
             tsr_cuda_linear(Lh[i], x, M, y[i]);

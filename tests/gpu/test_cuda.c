@@ -908,6 +908,16 @@ static void test_linear_waves(void **state)
     gpu_head_close(&h);
 }
 
+/* Whether a decode GEMV of M rows takes activations staged ahead by the launch before it (stage_ahead.cuh): not with
+ * TSR_CUDA_STAGE_AHEAD=0, nor for exact rows (up to 4) with TSR_CUDA_GEMV_PRESTAGE=0, where its blocks gather
+ * theirs; never above 8 rows. */
+static int staged_ahead(int M)
+{
+    const char *off = getenv("TSR_CUDA_STAGE_AHEAD"), *gather = getenv("TSR_CUDA_GEMV_PRESTAGE");
+    if ((off && strcmp(off, "0") == 0) || M > 8) return 0;
+    return M > 4 || !(gather && strcmp(gather, "0") == 0);
+}
+
 /* Gate, up and down as layer 0 of a host model shell, so that prepare_model uploads them as a model's MLP: gate's
  * and up's columns in down's stored-row order (backend.cu, fold_mlp). */
 typedef struct {
@@ -975,7 +985,10 @@ static void run_mlp_separate(const void *ctx, float *dx, const tsr_dense *w, flo
     const tsr_linear *gu[2] = {&c->ly->gate, &c->ly->up};
     float *ys[2] = {dg, du};
     gpu->linear_many(gu, 2, c->dh, c->M, ys);
+    const unsigned long long taken = tsr_cuda_staged_taken();
     gpu->silu_linear_add_norm(&c->ly->down, dg, du, c->M, dx, w, 1e-5f, dout);
+    /* silu_mul staged down's activations ahead */
+    assert_int_equal(tsr_cuda_staged_taken() - taken, staged_ahead(c->M));
     gpu->release(dg), gpu->release(du);
 }
 
@@ -1025,6 +1038,84 @@ static void test_mlp_fused(void **state)
     gpu_mlp_open(&m, H, I, 6, gate_bits, gate_rows, 4, up_bits, up_rows, 5, down_bits, padded_rows);
     check_mlp(&m, "MLP, down with padded units");
     gpu_mlp_close(&m);
+}
+
+/* Activations staged ahead (kernels/cuda/stage_ahead.cuh): the residual pass after o that ends with a layer's
+ * attention norm also writes the entries of that layer's q/k/v GEMV, q and k sharing one unit order and v with
+ * its own, at 1, 3 and 6 rows (fp16 hi + lo entries up to 4 rows, fp16 above). Against the CPU's o product, add,
+ * rmsnorm and q/k/v products, and the GEMV must have taken the entries where it takes any (staged_ahead). */
+static void test_stage_ahead(void **state)
+{
+    (void)state;
+    if (!gpu->linear_add_norm) {
+        printf("linear_add_norm left out: nothing to stage ahead\n");
+        return;
+    }
+    const int H = 480;
+    const int q_bits[] = {6, 4, 3}, q_rows[] = {96, 256, 128}, k_bits[] = {5, 4}, k_rows[] = {160, 320};
+    const int v_bits[] = {8, 2}, v_rows[] = {224, 256}, o_bits[] = {4, 6}, o_rows[] = {96, 256};
+    gpu_head q, k, v, o;
+    gpu_head_open(&q, 320, 320, 3, q_bits, q_rows);
+    gpu_head_open(&k, 96, 96, 2, k_bits, k_rows);
+    gpu_head_open(&v, 96, 96, 2, v_bits, v_rows);
+    gpu_head_open(&o, H, H, 2, o_bits, o_rows);
+    assert_non_null(q.L.q.perm);
+    norm_weight w = norm_weight_new(H);
+    static uint16_t one[8];
+    tsr_layer layer;
+    memset(&layer, 0, sizeof layer);
+    layer.q = q.L, layer.k = k.L, layer.v = v.L;
+    layer.k.q.perm = q.L.q.perm; /* q and k read their input in one order */
+    layer.attn_norm = w.host;
+    tsr_model shell;
+    memset(&shell, 0, sizeof shell);
+    shell.cfg.n_layers = 1;
+    shell.layers = &layer;
+    shell.embed = (tsr_dense){TSR_F16, 1, 8, one, NULL};
+    shell.final_norm = shell.embed;
+    assert_int_equal(gpu->prepare_model(&shell), TSR_OK);
+    const tsr_linear *qkv[3] = {&layer.q, &layer.k, &layer.v};
+    const int Ms[] = {1, 3, 6};
+    for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
+        const int M = Ms[t], Ko = o.L.K;
+        float *a = rand_host((size_t)M * Ko, 1.0f), *x = rand_host((size_t)M * H, 1.0f);
+        float *want_x = malloc((size_t)M * H * 4), *want_h = malloc((size_t)M * H * 4), *want[3];
+        cpu->linear(&o.L, a, M, want_x);
+        cpu->add(want_x, x, (size_t)M * H);
+        cpu->rmsnorm(want_x, &w.host, 1e-5f, M, H, want_h);
+        float *da = dev_copy(a, (size_t)M * Ko * 4), *dx = dev_copy(x, (size_t)M * H * 4);
+        float *dh = dev_poisoned((size_t)M * H), *dy[3];
+        for (int i = 0; i < 3; i++) {
+            want[i] = malloc((size_t)M * qkv[i]->N * 4);
+            cpu->linear(qkv[i], want_h, M, want[i]);
+            dy[i] = dev_poisoned((size_t)M * qkv[i]->N);
+        }
+        const unsigned long long taken = tsr_cuda_staged_taken();
+        gpu->linear_add_norm(&o.shell.head, da, M, dx, &layer.attn_norm, 1e-5f, dh);
+        gpu->linear_many(qkv, 3, dh, M, dy);
+        assert_int_equal(tsr_cuda_staged_taken() - taken, staged_ahead(M));
+        char what[96];
+        float *got = to_host(dx, (size_t)M * H);
+        snprintf(what, sizeof what, "stage ahead M=%d: the sum", M);
+        expect_close(what, got, want_x, (size_t)M * H, quant_tol(M));
+        free(got);
+        got = to_host(dh, (size_t)M * H);
+        snprintf(what, sizeof what, "stage ahead M=%d: the norm", M);
+        expect_close(what, got, want_h, (size_t)M * H, quant_tol(M));
+        free(got);
+        for (int i = 0; i < 3; i++) {
+            got = to_host(dy[i], (size_t)M * qkv[i]->N);
+            snprintf(what, sizeof what, "stage ahead M=%d: %c", M, "qkv"[i]);
+            expect_close(what, got, want[i], (size_t)M * qkv[i]->N, quant_tol(M));
+            free(got), free(want[i]);
+            gpu->release(dy[i]);
+        }
+        gpu->release(da), gpu->release(dx), gpu->release(dh);
+        free(a), free(x), free(want_x), free(want_h);
+    }
+    gpu->release_model(&shell);
+    norm_weight_free(&w);
+    gpu_head_close(&o), gpu_head_close(&v), gpu_head_close(&k), gpu_head_close(&q);
 }
 
 static void test_linear_dense(void **state)
@@ -1437,6 +1528,7 @@ int main(void)
         cmocka_unit_test(test_linear_add_norm_splits),
         cmocka_unit_test(test_linear_waves),
         cmocka_unit_test(test_mlp_fused),
+        cmocka_unit_test(test_stage_ahead),
         cmocka_unit_test(test_peer_sum),
         cmocka_unit_test(test_linear_dense),
         cmocka_unit_test(test_models),

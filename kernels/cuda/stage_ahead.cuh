@@ -1,0 +1,63 @@
+/* Activations staged ahead: the pass that produces a decode GEMV's input (the residual pass that ends with the next
+ * norm, elementwise.cu) also writes that GEMV's pre-staged activation entries, so that the GEMV (q/k/v after the
+ * attention norm, gate/up after the MLP norm) starts without a staging launch of its own. At batch 1 that takes one
+ * dependent launch and one round trip through L2 off each of those two chains per layer.
+ *
+ * The entries are those fg_prestage_kernel writes (gemv.cu): for row `tok` of M and unit-step uk (16 input rows in
+ * the matrix's unit order), lane quarter q holds the values at unit rows 16 uk + 2 q + {0, 1, 8, 9}, read through
+ * the matrix's unit permutation (uperm, -1 for padding), as fp16 hi + lo halves (exact rows, 16 bytes) or fp16
+ * (8 bytes). Matrices with one unit order (q, k and v usually share theirs) share one set of entries. gemv.cu plans
+ * the set (tsr_cuda_gemv_stage_plan) and hands it to the GEMV only when no launch came between (a launch count);
+ * this header holds what the producing kernel needs. */
+#ifndef TSR_CUDA_STAGE_AHEAD_CUH
+#define TSR_CUDA_STAGE_AHEAD_CUH
+
+#include "kernels/cuda/mma.cuh"
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#define TSR_STAGE_MAX_ORDERS 3
+
+/* One staging: `n` distinct unit orders, the entries of order i at xs[i] (n_units · 8 per row, rows M). */
+struct tsr_stage_ahead {
+    const int32_t *uperm[TSR_STAGE_MAX_ORDERS];
+    uint2 *xs[TSR_STAGE_MAX_ORDERS];
+    int n, n_units, M, exact;
+    int part_order[TSR_STAGE_MAX_ORDERS]; /* host side: the order of each matrix of the GEMV */
+};
+
+/* One staged entry of exact rows: the four values' fp16 hi halves, then what remains of each after it (lo). */
+__device__ __forceinline__ uint4 fg_hi_lo(const float (&v)[4])
+{
+    __half hi[4], lo[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        hi[j] = __float2half_rn(v[j]);
+        lo[j] = __float2half_rn(v[j] - __half2float(hi[j]));
+    }
+    return make_uint4(h2_bits(__halves2half2(hi[0], hi[1])), h2_bits(__halves2half2(hi[2], hi[3])),
+                      h2_bits(__halves2half2(lo[0], lo[1])), h2_bits(__halves2half2(lo[2], lo[3])));
+}
+
+/* The four unit rows of entry e (of a row's n_units · 8) of order `o`: their source rows, -1 for padding. */
+__device__ __forceinline__ int4 stage_ahead_src(const tsr_stage_ahead &S, int o, int e)
+{
+    const int32_t *p = S.uperm[o] + (e >> 2) * 16 + 2 * (e & 3);
+    return make_int4(p[0], p[1], p[8], p[9]);
+}
+
+/* Writes entry e of row tok of order o from the row's values h (shared memory) and the entry's sources. */
+__device__ __forceinline__ void stage_ahead_put(const tsr_stage_ahead &S, int o, int e, int tok, const float *h,
+                                                int4 src)
+{
+    const float v[4] = {src.x >= 0 ? h[src.x] : 0.0f, src.y >= 0 ? h[src.y] : 0.0f, src.z >= 0 ? h[src.z] : 0.0f,
+                        src.w >= 0 ? h[src.w] : 0.0f};
+    const size_t i = ((size_t)(e >> 2) * S.M + tok) * 4 + (e & 3);
+    if (S.exact)
+        ((uint4 *)S.xs[o])[i] = fg_hi_lo(v);
+    else
+        S.xs[o][i] = make_uint2(h2_bits(__floats2half2_rn(v[0], v[1])), h2_bits(__floats2half2_rn(v[2], v[3])));
+}
+
+#endif
