@@ -123,22 +123,15 @@ void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, i
  * alone on its SM, so it is bound by round trips to L2: each thread requests the loads of several parts before it
  * adds any (in part order, so the sums are those of a plain loop), the weights of the norm before the sum of squares
  * is known, and keeps the row in registers when one pass covers it. */
-#define STAGE_PREFETCH 2 /* entries per thread and unit order whose sources are read before the wait */
-__global__ void residual_kernel(float *x, const float *y, int n_parts, size_t part_stride, int ld, const __half *bias,
-                                const void *w, int dtype, float eps, int dim, float *out,
-                                const __grid_constant__ tsr_stage_ahead S)
+__global__ void __launch_bounds__(1024)
+    residual_kernel(float *x, const float *y, int n_parts, size_t part_stride, int ld, const __half *bias,
+                    const void *w, int dtype, float eps, int dim, float *out, const __grid_constant__ tsr_stage_ahead S)
 {
-    /* with S.n: the sources of the thread's first entries of each order (constant) travel while the predecessor ends */
+    /* with S.n: the sources of the thread's first entry of the first unit order (constant) travel while the
+     * predecessor ends (one entry per thread covers a 4096-wide row) */
     tsr_pdl_trigger();
     const int per_row = S.n_units * 8;
-    int4 pre[TSR_STAGE_MAX_ORDERS][STAGE_PREFETCH];
-#pragma unroll
-    for (int o = 0; o < TSR_STAGE_MAX_ORDERS; o++)
-#pragma unroll
-        for (int k = 0; k < STAGE_PREFETCH; k++) {
-            const int e = k * (int)blockDim.x + (int)threadIdx.x;
-            pre[o][k] = o < S.n && e < per_row ? stage_ahead_src(S, o, e) : make_int4(-1, -1, -1, -1);
-        }
+    const int4 pre = S.n && (int)threadIdx.x < per_row ? stage_ahead_src(S, 0, threadIdx.x) : make_int4(-1, -1, -1, -1);
     tsr_pdl_wait();
     float *xr = x + (size_t)blockIdx.x * dim;
     const float *yr = y + (size_t)blockIdx.x * ld;
@@ -204,17 +197,10 @@ __global__ void residual_kernel(float *x, const float *y, int n_parts, size_t pa
     if (!S.n) return;
     /* the next GEMV's entries of this row (stage_ahead.cuh) */
     __syncthreads();
-#pragma unroll
-    for (int ord = 0; ord < TSR_STAGE_MAX_ORDERS; ord++) {
-        if (ord >= S.n) break;
-#pragma unroll
-        for (int k = 0; k < STAGE_PREFETCH; k++) {
-            const int e = k * (int)blockDim.x + (int)threadIdx.x;
-            if (e < per_row) stage_ahead_put(S, ord, e, blockIdx.x, hs, pre[ord][k]);
-        }
-        for (int e = STAGE_PREFETCH * (int)blockDim.x + (int)threadIdx.x; e < per_row; e += blockDim.x)
-            stage_ahead_put(S, ord, e, blockIdx.x, hs, stage_ahead_src(S, ord, e));
-    }
+    for (int ord = 0; ord < S.n; ord++)
+        for (int e = threadIdx.x; e < per_row; e += blockDim.x)
+            stage_ahead_put(S, ord, e, blockIdx.x, hs,
+                            ord == 0 && e == (int)threadIdx.x ? pre : stage_ahead_src(S, ord, e));
 }
 
 static int residual_threads(int dim) { return dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256; }

@@ -1053,7 +1053,7 @@ static void test_stage_ahead(void **state)
     }
     const int H = 480;
     const int q_bits[] = {6, 4, 3}, q_rows[] = {96, 256, 128}, k_bits[] = {5, 4}, k_rows[] = {160, 320};
-    const int v_bits[] = {8, 2}, v_rows[] = {224, 256}, o_bits[] = {4, 6}, o_rows[] = {96, 256};
+    const int v_bits[] = {8, 2}, v_rows[] = {224, 256}, o_bits[] = {6, 4}, o_rows[] = {96, 256};
     gpu_head q, k, v, o;
     gpu_head_open(&q, 320, 320, 3, q_bits, q_rows);
     gpu_head_open(&k, 96, 96, 2, k_bits, k_rows);
