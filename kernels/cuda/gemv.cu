@@ -4,7 +4,9 @@
  * 32-row units; the block first copies its activations into shared memory, staged once per launch by a small kernel
  * that gathers them through the permutation into the B-operand order of mma.m16n8k16 (up to 8 rows split into fp16
  * hi + lo halves, so the products are exact to ~2^-22 like fp32; above 8 rows fp16, as on the cuBLAS path; with
- * TSR_CUDA_GEMV_PRESTAGE=0 each block gathers its exact rows itself), and
+ * TSR_CUDA_GEMV_PRESTAGE=0 each block gathers its exact rows itself; where the launch before it produced the
+ * activations, the residual pass with its norm or silu_mul, that launch wrote the entries already: stage_ahead.cuh),
+ * and
  * each warp then streams 64 columns of one quarter of the units: b words per lane per 32 × 32 block, each pair of codes
  * masked in place into an fp16 pattern (one LOP3) and scaled back with the zero point subtracted by one HFMA2 (exact),
  * then per 16 × 16 tile one mma per 8-token tile into fp32 accumulators that are scaled once per group (up to 4 rows
