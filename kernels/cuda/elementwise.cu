@@ -122,7 +122,9 @@ void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, i
  * partial sums of the product). One block per row, so the row's sum of squares needs no second kernel; the block is
  * alone on its SM, so it is bound by round trips to L2: each thread requests the loads of several parts before it
  * adds any (in part order, so the sums are those of a plain loop), the weights of the norm before the sum of squares
- * is known, and keeps the row in registers when one pass covers it. */
+ * is known, and keeps the row in registers when one pass covers it. With S.n (a norm whose readers are decode GEMVs,
+ * stage_ahead.cuh) the normalized row also goes to shared memory and from there into the readers' staged entries;
+ * 1024 threads bound the registers to 64. */
 __global__ void __launch_bounds__(1024)
     residual_kernel(float *x, const float *y, int n_parts, size_t part_stride, int ld, const __half *bias,
                     const void *w, int dtype, float eps, int dim, float *out, const __grid_constant__ tsr_stage_ahead S)
