@@ -446,8 +446,8 @@ __global__ void silu_stage_kernel(const __grid_constant__ tsr_stage_ahead S, flo
     const int per_row = S.n_units * 8;
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const bool live = i < (size_t)per_row * S.M;
-    const int q = (int)(i & 3), tok = live ? (int)((i >> 2) % S.M) : 0, e = live ? (int)((i >> 2) / S.M) * 4 + q : 0;
-    const int4 src = live ? stage_ahead_src(S, 0, e) : make_int4(-1, -1, -1, -1);
+    const int tok = live ? (int)((i >> 2) % S.M) : 0; /* entry i is entry (i / 4 / M) · 4 + i % 4 of row tok */
+    const int4 src = live ? stage_ahead_src(S, 0, (int)((i >> 2) / S.M) * 4 + (int)(i & 3)) : make_int4(-1, -1, -1, -1);
     tsr_pdl_wait();
     if (!live) return;
     float *g = gate + (size_t)tok * K;
@@ -462,11 +462,7 @@ __global__ void silu_stage_kernel(const __grid_constant__ tsr_stage_ahead S, flo
 #pragma unroll
     for (int j = 0; j < 4; j++)
         if (s[j] >= 0) g[s[j]] = v[j];
-    const size_t at = ((size_t)(e >> 2) * S.M + tok) * 4 + (e & 3);
-    if (S.exact)
-        ((uint4 *)S.xs[0])[at] = fg_hi_lo(v);
-    else
-        S.xs[0][at] = make_uint2(h2_bits(__floats2half2_rn(v[0], v[1])), h2_bits(__floats2half2_rn(v[2], v[3])));
+    stage_entry_store(S.xs[0], i, S.exact, v);
 }
 
 bool tsr_cuda_silu_stage(const tsr_linear_dev *L, float *gate, const float *up, int M)

@@ -132,18 +132,13 @@ __global__ void fg_prestage_kernel(const __grid_constant__ fg_pre_group G, const
     const unsigned i = b * blockDim.x + threadIdx.x;
     if (i >= P.entries) return;
     const int q = (int)(i & 3), tok = (int)((i >> 2) % M), uk = (int)((i >> 2) / M);
-    const int k = uk * 16 + 2 * q;
+    const int4 src = stage_entry_src(P.uperm, uk * 4 + q);
+    const int s[4] = {src.x, src.y, src.z, src.w};
     float v[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const int src = P.uperm[k + (j & 1) + 8 * (j >> 1)];
-        v[j] = src >= 0 ? x[(size_t)tok * K + src] : 0.0f;
-    }
-    if (exact) { /* hi + lo halves, as fg_stage_chunk writes them */
-        ((uint4 *)P.xs)[i] = fg_hi_lo(v);
-        return;
-    }
-    P.xs[i] = make_uint2(h2_bits(__floats2half2_rn(v[0], v[1])), h2_bits(__floats2half2_rn(v[2], v[3])));
+    for (int j = 0; j < 4; j++)
+        v[j] = s[j] >= 0 ? x[(size_t)tok * K + s[j]] : 0.0f;
+    stage_entry_store(P.xs, i, exact, v); /* exact: hi + lo halves, as fg_stage_chunk writes them */
 }
 
 /* The block's activations for units [u0, u0 + nu) into shared memory, by all its threads: copied from the entries
@@ -860,7 +855,7 @@ extern "C" unsigned long long tsr_cuda_staged_taken(void)
 bool tsr_cuda_gemv_stage_plan(const tsr_linear_dev *const *Ls, int n, int M, tsr_stage_ahead *S)
 {
     static const bool on = !tsr_cuda_env_off("TSR_CUDA_STAGE_AHEAD");
-    if (!on || n < 1 || n > FG_MAX_PARTS || M < 1 || M > 8 || M > tsr_cuda_gemv_rows()) return false;
+    if (!on || n < 1 || n > FG_MAX_PARTS || M < 1 || M > 8) return false;
     for (int i = 0; i < n; i++)
         if (Ls[i]->kind != TSR_LINEAR_EXL2 || Ls[i]->K != Ls[0]->K || Ls[i]->gptq != Ls[0]->gptq ||
             Ls[i]->n_units != Ls[0]->n_units)

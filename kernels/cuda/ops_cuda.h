@@ -32,8 +32,8 @@ void tsr_cuda_synchronize(void);
 /* Waits for queued work, then destroys every recorded decode graph (they are recorded again when next needed).
  * A communicator whose collectives those graphs captured (NCCL) may be destroyed only after this. */
 void tsr_cuda_release_graphs(void);
-/* Decode GEMVs so far that took activations staged ahead by the residual pass before them instead of staging their
- * own (kernels/cuda/stage_ahead.cuh), for tests and diagnostics. */
+/* Decode GEMVs so far that took activations staged ahead by the launch before them (a residual pass with a norm, or
+ * silu_mul) instead of staging their own (kernels/cuda/stage_ahead.cuh), for tests and diagnostics. */
 unsigned long long tsr_cuda_staged_taken(void);
 /* Measures device-to-device copy bandwidth (bytes read + written per second) over `bytes`-sized buffers. */
 double tsr_cuda_copy_bandwidth(size_t bytes);

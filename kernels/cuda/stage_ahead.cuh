@@ -41,11 +41,28 @@ __device__ __forceinline__ uint4 fg_hi_lo(const float (&v)[4])
                       h2_bits(__halves2half2(lo[0], lo[1])), h2_bits(__halves2half2(lo[2], lo[3])));
 }
 
-/* The four unit rows of entry e (of a row's n_units · 8) of order `o`: their source rows, -1 for padding. */
+/* The four unit rows of a row's entry e (of n_units · 8, unit-step e / 4, lane quarter e % 4) through the unit
+ * permutation uperm: their source rows, -1 for padding. */
+__device__ __forceinline__ int4 stage_entry_src(const int32_t *uperm, int e)
+{
+    const int32_t *p = uperm + (e >> 2) * 16 + 2 * (e & 3);
+    return make_int4(p[0], p[1], p[8], p[9]);
+}
+
+/* Stores entry i (of all M rows, entry e of row tok at (e / 4 · M + tok) · 4 + e % 4) of the four values v: fp16 hi +
+ * lo halves (exact, 16 bytes) or fp16 (8 bytes). */
+__device__ __forceinline__ void stage_entry_store(uint2 *xs, size_t i, bool exact, const float (&v)[4])
+{
+    if (exact)
+        ((uint4 *)xs)[i] = fg_hi_lo(v);
+    else
+        xs[i] = make_uint2(h2_bits(__floats2half2_rn(v[0], v[1])), h2_bits(__floats2half2_rn(v[2], v[3])));
+}
+
+/* The sources of entry e of order o. */
 __device__ __forceinline__ int4 stage_ahead_src(const tsr_stage_ahead &S, int o, int e)
 {
-    const int32_t *p = S.uperm[o] + (e >> 2) * 16 + 2 * (e & 3);
-    return make_int4(p[0], p[1], p[8], p[9]);
+    return stage_entry_src(S.uperm[o], e);
 }
 
 /* Writes entry e of row tok of order o from the row's values h (shared memory) and the entry's sources. */
@@ -54,11 +71,7 @@ __device__ __forceinline__ void stage_ahead_put(const tsr_stage_ahead &S, int o,
 {
     const float v[4] = {src.x >= 0 ? h[src.x] : 0.0f, src.y >= 0 ? h[src.y] : 0.0f, src.z >= 0 ? h[src.z] : 0.0f,
                         src.w >= 0 ? h[src.w] : 0.0f};
-    const size_t i = ((size_t)(e >> 2) * S.M + tok) * 4 + (e & 3);
-    if (S.exact)
-        ((uint4 *)S.xs[o])[i] = fg_hi_lo(v);
-    else
-        S.xs[o][i] = make_uint2(h2_bits(__floats2half2_rn(v[0], v[1])), h2_bits(__floats2half2_rn(v[2], v[3])));
+    stage_entry_store(S.xs[o], ((size_t)(e >> 2) * S.M + tok) * 4 + (e & 3), S.exact, v);
 }
 
 #endif
