@@ -69,6 +69,16 @@ for r in j["runs"]:
     assert r["peak_rss_bytes"] > 0 and r["logits_finite"]
 EOF
 
+# a prompt and generation beyond the model's context is refused before any work, naming the context
+"$TSR_BIN" synth "${llama[@]}" --max-pos 64 --out "$tmp/short" --quiet
+set +e
+"$TSR_BIN" bench --model "$tmp/short" --batch 1 --prompt-len 60 --gen 8 --threads 1 > /dev/null 2> "$tmp/ctx.err"
+rc=$?
+set -e
+[ $rc -eq 1 ] || fail "bench beyond the context should exit 1 (got $rc)"
+grep -q "beyond the model's context (64 positions)" "$tmp/ctx.err" || fail "bench context message: $(cat "$tmp/ctx.err")"
+"$TSR_BIN" bench --model "$tmp/short" --batch 1 --prompt-len 56 --gen 8 --threads 1 > /dev/null
+
 # independent reader
 if ! python3 -c 'import numpy' 2>/dev/null; then
   echo "numpy missing: skipping scripts/exl2_check.py" >&2
