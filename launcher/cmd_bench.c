@@ -154,9 +154,10 @@ static tsr_status run_batch(const tsr_ops *ops, const char *model, int batch, in
     *file_bytes = e->model->file_bytes;
     const int V = c->vocab_size;
     if ((long)prompt_len + gen > c->rope.max_pos) { /* said before any work, not at the first step past it */
+        const int context = c->rope.max_pos;        /* c is the engine's */
         tsr_engine_close(e);
         return tsr_fail(TSR_ERR_ARG, "bench: --prompt-len %d + --gen %d is beyond the model's context (%d positions)",
-                        prompt_len, gen, c->rope.max_pos);
+                        prompt_len, gen, context);
     }
     row->kv_bytes = (uint64_t)e->kv.n_pages * (uint64_t)e->kv.page_size *
                     tsr_kv_bytes_per_token(c->n_layers, c->n_kv_heads, c->head_dim, kv_dtype);
