@@ -36,6 +36,9 @@ typedef struct tsr_attn_args {
     float scale;   /* usually 1/sqrt(head_dim) */
     int window;    /* sliding window in tokens, 0 = full causal */
     int layer;
+    /* The matrix that reads `out` next (the attention output projection), or NULL. A backend may prepare that
+     * product's input while it writes out (CUDA: the merge stages o's decode GEMV activations, stage_ahead.cuh). */
+    const tsr_linear *reader;
 } tsr_attn_args;
 
 typedef struct tsr_ops {

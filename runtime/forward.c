@@ -344,7 +344,7 @@ static void forward_body(void *arg)
             ops->rope(b, c->k, nkv, d, cfg->rope.dim);
             ops->kv_store(b, c->kv, kl, c->k, c->v);
         }
-        tsr_attn_args args = {nh, nkv, d, scale, tsr_config_layer_window(cfg, l), kl};
+        tsr_attn_args args = {nh, nkv, d, scale, tsr_config_layer_window(cfg, l), kl, &ly->o};
         ops->attention(b, &args, c->kv, c->q, c->attn);
         linear_then_add(j, &ly->o, c->attn, &ly->mlp_norm);
 

@@ -332,7 +332,7 @@ static int ad_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const ts
     tsr_launch_smem(attn_decode_kernel<D, NT>, dim3((unsigned)n_splits, (unsigned)a->n_kv_heads, (unsigned)b->n_rows),
                     dim3(AD_THREADS), smem, *b, *a, (const __half *)kv->k[a->layer], (const __half *)kv->v[a->layer],
                     kv->page_size, q, out, ml, pacc, n_splits);
-    if (n_splits > 1) tsr_cuda_attn_merge(items, D, n_splits, ml, pacc, out);
+    if (n_splits > 1) tsr_cuda_attn_merge(items, D, n_splits, ml, pacc, out, a, b->n_rows);
     return 1;
 }
 

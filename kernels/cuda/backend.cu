@@ -498,6 +498,26 @@ static void register_readers(const tsr_dense *norm, const tsr_linear *const *L, 
     if (norm->dev) g_norm_readers[norm->dev] = readers;
 }
 
+/* The inverse of a quantized matrix's unit permutation (tsr_linear_dev.uinv), for o: the attention merge, whose
+ * threads each own one input value of o, scatters them into o's staged activations through it. Only where the
+ * units hold no padding rows (every entry then gets written) and uperm is a permutation of the K input rows;
+ * otherwise o's GEMV stages its own activations as before. A download of uperm, at model preparation only. */
+static tsr_status add_unit_inverse(tsr_linear *L)
+{
+    tsr_linear_dev *d = (tsr_linear_dev *)L->dev;
+    if (!d || d->kind != TSR_LINEAR_EXL2 || (size_t)d->n_units * 32 != (size_t)d->K) return TSR_OK;
+    std::vector<int32_t> uperm((size_t)d->K), inv((size_t)d->K, -1);
+    TSR_CUDA_CHECK(cudaStreamSynchronize(g_stream)); /* the packing's upload of uperm */
+    TSR_CUDA_CHECK(cudaMemcpy(uperm.data(), d->uperm, uperm.size() * 4, cudaMemcpyDeviceToHost));
+    for (int p = 0; p < d->K; p++) {
+        const int32_t k = uperm[p];
+        if (k < 0 || k >= d->K || inv[k] >= 0) return TSR_OK;
+        inv[k] = p;
+    }
+    d->uinv = (const int32_t *)upload(inv.data(), inv.size() * 4);
+    return d->uinv ? TSR_OK : tsr_fail(TSR_ERR_NOMEM, "out of device memory uploading a unit permutation");
+}
+
 int tsr_cuda_norm_readers(const tsr_dense *w, const tsr_linear_dev **L)
 {
     auto it = g_norm_readers.find(w->dev);
@@ -516,6 +536,7 @@ static void release_linear(tsr_linear *L)
         cuda_release((void *)d->units);
         tsr_cuda_forget_unit_order(d->uperm);
         cuda_release((void *)d->uperm);
+        cuda_release((void *)d->uinv);
         cuda_release((void *)d->q_scale);
         cuda_release((void *)d->g_scales);
         cuda_release((void *)d->g_zeros);
@@ -582,6 +603,7 @@ static tsr_status cuda_prepare_model(struct tsr_model *m)
         const int folded = st == TSR_OK && fold_mlp(ly, &m->embed, &st); /* keeps a norm's failure */
         for (int i = 0; st == TSR_OK && i < (folded ? 4 : 7); i++)
             st = upload_linear(all[i], &m->embed);
+        if (st == TSR_OK) st = add_unit_inverse(&ly->o);
         if (st == TSR_OK) {
             register_readers(&ly->attn_norm, all, 3);
             register_readers(&ly->mlp_norm, all + 4, 2);

@@ -48,6 +48,8 @@ struct tsr_linear_dev {
     const uint2 *units;     /* [n_units]: {first word, group | bits << 24} of each 32-row unit */
     const int32_t *uperm;   /* [32 n_units]: original input row of each unit row, -1 for padding */
     int n_units;            /* Kp = 32 n_units rows in unit order */
+    const int32_t *uinv;    /* [K]: the unit row of each input row, for a matrix whose producer scatters its staged
+                             * activations (o, after the attention merge: stage_ahead.cuh); NULL elsewhere */
     const uint32_t *q_scale;/* [G][Npad/8] 4-bit scale codes (EXL2) */
     const float *s_table;   /* [G][16]: EXL2 column scale of each scale code, h((code + 1)^2 · scale_m) (fp16 values
                              * held as fp32, so that a lookup needs no conversion) */

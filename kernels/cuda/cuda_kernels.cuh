@@ -92,8 +92,10 @@ int tsr_cuda_attention_prefill(const tsr_batch_layout *b, const tsr_attn_args *a
  * (attention_decode.cu): returns 1 after launching it, 0 when the caller must use the general kernel. */
 int tsr_cuda_attention_decode(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv,
                               const float *q, float *out);
-/* out[item][d] from n_splits partial (max, sum) pairs and unnormalized outputs per item (attention.cu). */
-void tsr_cuda_attn_merge(size_t items, int d, int n_splits, const float2 *part_ml, const float *part_acc, float *out);
+/* out[item][d] from n_splits partial (max, sum) pairs and unnormalized outputs per item (items = rows × a's heads;
+ * attention.cu); also stages the activations of a->reader's decode GEMV where that GEMV would take them. */
+void tsr_cuda_attn_merge(size_t items, int d, int n_splits, const float2 *part_ml, const float *part_acc, float *out,
+                         const tsr_attn_args *a, int rows);
 void tsr_cuda_silu_mul(const float *gate, const float *up, size_t n, float *out);
 void tsr_cuda_add(float *x, const float *y, size_t n);
 void tsr_cuda_gather_rows(const float *x, const int32_t *index, int n, int dim, float *out);

@@ -404,6 +404,27 @@ static int test_batch(host_layout *h, int kind, int page, int n_pages, int half)
     return max_pos;
 }
 
+/* Fills every sequence's whole history 0..last of h with random K/V through kv_store on both backends (layer 0). */
+static void fill_history(const host_layout *h, tsr_kv_cache *kc, tsr_kv_cache *kg, int nkv, int d, int page,
+                         int n_pages)
+{
+    for (int s = 0; s < h->n_seqs; s++) {
+        int last = h->positions[h->seq_row0[s + 1] - 1];
+        host_layout hist;
+        int zero = 0, len = last + 1;
+        make_layout(&hist, 1, &zero, &len, page, n_pages, d / 2);
+        memcpy(hist.tables, h->tables + s * 256, 256 * 4);
+        float *k = rand_host((size_t)len * nkv * d, 1.0f), *v = rand_host((size_t)len * nkv * d, 1.0f);
+        tsr_batch_layout bc = view(&hist, 0, last), bg = view(&hist, 1, last);
+        cpu->kv_store(&bc, kc, 0, k, v);
+        float *dk = dev_copy(k, (size_t)len * nkv * d * 4), *dv = dev_copy(v, (size_t)len * nkv * d * 4);
+        gpu->kv_store(&bg, kg, 0, dk, dv);
+        gpu->release(dk), gpu->release(dv);
+        free_view(&bg);
+        free(k), free(v);
+    }
+}
+
 static void check_attention_heads(int d, tsr_dtype kv_dtype, int window, int decode, int nh, int nkv, int page)
 {
     const int n_pages = 1024;
@@ -412,25 +433,10 @@ static void check_attention_heads(int d, tsr_dtype kv_dtype, int window, int dec
     tsr_kv_cache kc, kg;
     assert_int_equal(tsr_kv_init(&kc, cpu, 1, nkv, d, page, n_pages, kv_dtype), TSR_OK);
     assert_int_equal(tsr_kv_init(&kg, gpu, 1, nkv, d, page, n_pages, kv_dtype), TSR_OK);
-    /* fill every sequence's whole history 0..last with random K/V through kv_store on both backends */
-    for (int s = 0; s < h.n_seqs; s++) {
-        int last = h.positions[h.seq_row0[s + 1] - 1];
-        host_layout hist;
-        int zero = 0, len = last + 1;
-        make_layout(&hist, 1, &zero, &len, page, n_pages, d / 2);
-        memcpy(hist.tables, h.tables + s * 256, 256 * 4);
-        float *k = rand_host((size_t)len * nkv * d, 1.0f), *v = rand_host((size_t)len * nkv * d, 1.0f);
-        tsr_batch_layout bc = view(&hist, 0, last), bg = view(&hist, 1, last);
-        cpu->kv_store(&bc, &kc, 0, k, v);
-        float *dk = dev_copy(k, (size_t)len * nkv * d * 4), *dv = dev_copy(v, (size_t)len * nkv * d * 4);
-        gpu->kv_store(&bg, &kg, 0, dk, dv);
-        gpu->release(dk), gpu->release(dv);
-        free_view(&bg);
-        free(k), free(v);
-    }
+    fill_history(&h, &kc, &kg, nkv, d, page, n_pages);
     size_t n = (size_t)h.n_rows * nh * d;
     float *q = rand_host(n, 1.0f), *want = malloc(n * 4);
-    tsr_attn_args a = {nh, nkv, d, 1.0f / sqrtf((float)d), window, 0};
+    tsr_attn_args a = {nh, nkv, d, 1.0f / sqrtf((float)d), window, 0, NULL};
     tsr_batch_layout bc = view(&h, 0, max_pos), bg = view(&h, 1, max_pos);
     cpu->attention(&bc, &a, &kc, q, want);
     float *dq = dev_copy(q, n * 4), *dout = dev_poisoned(n);
@@ -625,7 +631,7 @@ static void check_attention_quant(int d, tsr_dtype mode, int window, int decode)
     }
     size_t n = (size_t)h.n_rows * nh * d;
     float *q = rand_host(n, 1.0f), *want = malloc(n * 4);
-    tsr_attn_args a = {nh, nkv, d, 1.0f / sqrtf((float)d), window, layer};
+    tsr_attn_args a = {nh, nkv, d, 1.0f / sqrtf((float)d), window, layer, NULL};
     cpu->attention(&bc, &a, &kc, q, want);
     float *dq = dev_copy(q, n * 4), *dout = dev_poisoned(n);
     gpu->attention(&bg, &a, &kg, dq, dout);
@@ -1118,6 +1124,74 @@ static void test_stage_ahead(void **state)
     gpu_head_close(&o), gpu_head_close(&v), gpu_head_close(&k), gpu_head_close(&q);
 }
 
+/* The attention merge staging o's decode GEMV activations (attention.cu, through o's inverse unit permutation):
+ * decode rows over long contexts (several splits, some empty) at 1, 4 and 7 sequences, the attention against the
+ * CPU, then o's product (o the reader in tsr_attn_args, uploaded as a layer's o) against the CPU's product of the
+ * GPU's attention output, and o's GEMV must have taken the entries where it takes any. An o whose groups leave
+ * padding rows in its units gets no inverse permutation: its GEMV stages its own (nothing taken), same result. */
+static void test_merge_stage(void **state)
+{
+    (void)state;
+    const int nh = 8, nkv = 2, d = 64, page = 16, n_pages = 1024, K = nh * d, N = 96;
+    const int full_bits[] = {6, 4, 3}, full_rows[] = {64, 192, 256}, pad_bits[] = {6, 4}, pad_rows[] = {112, 400};
+    for (int padded = 0; padded < 2; padded++) {
+        gpu_head o;
+        gpu_head_open(&o, N, N, padded ? 2 : 3, padded ? pad_bits : full_bits, padded ? pad_rows : full_rows);
+        assert_int_equal(o.L.K, K);
+        static uint16_t one[8];
+        tsr_layer layer;
+        memset(&layer, 0, sizeof layer);
+        layer.o = o.L;
+        tsr_model shell;
+        memset(&shell, 0, sizeof shell);
+        shell.cfg.n_layers = 1;
+        shell.layers = &layer;
+        shell.embed = (tsr_dense){TSR_F16, 1, 8, one, NULL};
+        shell.final_norm = shell.embed;
+        assert_int_equal(gpu->prepare_model(&shell), TSR_OK);
+        const int n_seqs[] = {1, 4, 7};
+        for (size_t t = 0; t < sizeof n_seqs / sizeof n_seqs[0]; t++) {
+            const int M = n_seqs[t];
+            int pos0[7] = {1700, 3, 950, 0, 640, 1100, 64}, ones[7] = {1, 1, 1, 1, 1, 1, 1};
+            host_layout h;
+            make_layout(&h, M, pos0, ones, page, n_pages, d / 2);
+            int max_pos = 0;
+            for (int r = 0; r < M; r++)
+                if (h.positions[r] > max_pos) max_pos = h.positions[r];
+            tsr_kv_cache kc, kg;
+            assert_int_equal(tsr_kv_init(&kc, cpu, 1, nkv, d, page, n_pages, TSR_F16), TSR_OK);
+            assert_int_equal(tsr_kv_init(&kg, gpu, 1, nkv, d, page, n_pages, TSR_F16), TSR_OK);
+            fill_history(&h, &kc, &kg, nkv, d, page, n_pages);
+            const size_t n = (size_t)M * K;
+            float *q = rand_host(n, 1.0f), *want = malloc(n * 4), *want_y = malloc((size_t)M * N * 4);
+            tsr_attn_args a = {nh, nkv, d, 1.0f / sqrtf((float)d), 0, 0, &layer.o};
+            tsr_batch_layout bc = view(&h, 0, max_pos), bg = view(&h, 1, max_pos);
+            cpu->attention(&bc, &a, &kc, q, want);
+            float *dq = dev_copy(q, n * 4), *dout = dev_poisoned(n), *dy = dev_poisoned((size_t)M * N);
+            const unsigned long long taken = tsr_cuda_staged_taken();
+            gpu->attention(&bg, &a, &kg, dq, dout);
+            gpu->linear(&layer.o, dout, M, dy);
+            assert_int_equal(tsr_cuda_staged_taken() - taken, padded ? 0 : staged_ahead(M));
+            char what[96];
+            float *got = to_host(dout, n);
+            snprintf(what, sizeof what, "merge stage M=%d%s: attention", M, padded ? " (padded o)" : "");
+            expect_close(what, got, want, n, 2e-5);
+            cpu->linear(&o.L, got, M, want_y);
+            free(got);
+            got = to_host(dy, (size_t)M * N);
+            snprintf(what, sizeof what, "merge stage M=%d%s: o", M, padded ? " (padded o)" : "");
+            expect_close(what, got, want_y, (size_t)M * N, quant_tol(M));
+            free(got), free(q), free(want), free(want_y);
+            gpu->release(dq), gpu->release(dout), gpu->release(dy);
+            free_view(&bg);
+            tsr_kv_free(&kc);
+            tsr_kv_free(&kg);
+        }
+        gpu->release_model(&shell);
+        gpu_head_close(&o);
+    }
+}
+
 static void test_linear_dense(void **state)
 {
     (void)state;
@@ -1529,6 +1603,7 @@ int main(void)
         cmocka_unit_test(test_linear_waves),
         cmocka_unit_test(test_mlp_fused),
         cmocka_unit_test(test_stage_ahead),
+        cmocka_unit_test(test_merge_stage),
         cmocka_unit_test(test_peer_sum),
         cmocka_unit_test(test_linear_dense),
         cmocka_unit_test(test_models),

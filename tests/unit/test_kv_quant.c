@@ -330,7 +330,7 @@ static void check_attention(tsr_dtype mode, int d, int window)
         positions[r] = r < n0 ? T0 - n0 + r : r - n0;
     }
     tsr_batch_layout b = {2, rows, 4, T0 - 1, row_seq, positions, seq_row0, &tables[0][0], NULL, NULL};
-    tsr_attn_args a = {nh, nkv, d, 1.0f / sqrtf((float)d), window, 0};
+    tsr_attn_args a = {nh, nkv, d, 1.0f / sqrtf((float)d), window, 0, NULL};
     ops->attention(&b, &a, &kq, q, got);
     ops->attention(&b, &a, &kf, q, want);
     double worst = 0;
@@ -400,7 +400,7 @@ static void check_own_chunk(tsr_dtype mode, int d, int window)
     const size_t n = (size_t)rows * nh * d;
     float *q = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) q[i] = 2 * frand();
-    tsr_attn_args a = {nh, nkv, d, 1.0f / sqrtf((float)d), window, 1}, a0 = a;
+    tsr_attn_args a = {nh, nkv, d, 1.0f / sqrtf((float)d), window, 1, NULL}, a0 = a;
     ops->attention(&b, &a, &kq, q, got);
     a0.layer = 0;
     ops->attention(&b, &a0, &kf, q, want);

@@ -105,7 +105,7 @@ static void check_attention(tsr_dtype dtype, int window)
         positions[r] = r < n0 ? T0 - n0 + r : r - n0;
     }
     tsr_batch_layout b = {2, rows, 4, T0 - 1, row_seq, positions, seq_row0, &tables[0][0], NULL, NULL};
-    tsr_attn_args a = {nh, nkv, d, 1.0f / sqrtf((float)d), window, 0};
+    tsr_attn_args a = {nh, nkv, d, 1.0f / sqrtf((float)d), window, 0, NULL};
     ops->attention(&b, &a, &kv, q, out);
     reference(q, k0, v0, T0 - n0, n0, nh, nkv, d, window, want);
     reference(q + (size_t)n0 * nh * d, k1, v1, 0, T1, nh, nkv, d, window, want + (size_t)n0 * nh * d);
