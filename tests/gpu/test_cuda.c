@@ -1046,6 +1046,19 @@ static void test_mlp_fused(void **state)
     gpu_mlp_close(&m);
 }
 
+/* A host model shell of one layer (and a 1 × 8 embedding and final norm, never read), prepared on the GPU, so that
+ * prepare_model uploads the layer's matrices as a model's (norm readers, o's inverse permutation). */
+static void prepare_layer_shell(tsr_model *shell, tsr_layer *layer)
+{
+    static uint16_t one[8];
+    memset(shell, 0, sizeof *shell);
+    shell->cfg.n_layers = 1;
+    shell->layers = layer;
+    shell->embed = (tsr_dense){TSR_F16, 1, 8, one, NULL};
+    shell->final_norm = shell->embed;
+    assert_int_equal(gpu->prepare_model(shell), TSR_OK);
+}
+
 /* Activations staged ahead (kernels/cuda/stage_ahead.cuh): the residual pass after o that ends with a layer's
  * attention norm also writes the entries of that layer's q/k/v GEMV, q and k sharing one unit order and v with
  * its own, at 1, 3 and 6 rows (fp16 hi + lo entries up to 4 rows, fp16 above). Against the CPU's o product, add,
@@ -1067,19 +1080,13 @@ static void test_stage_ahead(void **state)
     gpu_head_open(&o, H, H, 2, o_bits, o_rows);
     assert_non_null(q.L.q.perm);
     norm_weight w = norm_weight_new(H);
-    static uint16_t one[8];
     tsr_layer layer;
     memset(&layer, 0, sizeof layer);
     layer.q = q.L, layer.k = k.L, layer.v = v.L;
     layer.k.q.perm = q.L.q.perm; /* q and k read their input in one order */
     layer.attn_norm = w.host;
     tsr_model shell;
-    memset(&shell, 0, sizeof shell);
-    shell.cfg.n_layers = 1;
-    shell.layers = &layer;
-    shell.embed = (tsr_dense){TSR_F16, 1, 8, one, NULL};
-    shell.final_norm = shell.embed;
-    assert_int_equal(gpu->prepare_model(&shell), TSR_OK);
+    prepare_layer_shell(&shell, &layer);
     const tsr_linear *qkv[3] = {&layer.q, &layer.k, &layer.v};
     const int Ms[] = {1, 3, 6};
     for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
@@ -1138,17 +1145,11 @@ static void test_merge_stage(void **state)
         gpu_head o;
         gpu_head_open(&o, N, N, padded ? 2 : 3, padded ? pad_bits : full_bits, padded ? pad_rows : full_rows);
         assert_int_equal(o.L.K, K);
-        static uint16_t one[8];
         tsr_layer layer;
         memset(&layer, 0, sizeof layer);
         layer.o = o.L;
         tsr_model shell;
-        memset(&shell, 0, sizeof shell);
-        shell.cfg.n_layers = 1;
-        shell.layers = &layer;
-        shell.embed = (tsr_dense){TSR_F16, 1, 8, one, NULL};
-        shell.final_norm = shell.embed;
-        assert_int_equal(gpu->prepare_model(&shell), TSR_OK);
+        prepare_layer_shell(&shell, &layer);
         const int n_seqs[] = {1, 4, 7};
         for (size_t t = 0; t < sizeof n_seqs / sizeof n_seqs[0]; t++) {
             const int M = n_seqs[t];
