@@ -162,7 +162,7 @@ __device__ __forceinline__ void merge_stage_put(const merge_stage &S, int place,
  * scheduling: 1.8 % slower at 8B batch 1, where a split count sized for the longest context leaves most splits of
  * a short one empty); empty splits (sum 0) load nothing and add nothing. The sums run in split order, as before.
  * With a stage (S.xs), the value also goes to o's staged activations, its place read before the PDL wait, which
- * spares o's GEMV its staging launch (8B at 4.0 bpw: +1-2 % at batches 2-8, none at 1). (A block per item that read
+ * spares o's GEMV its staging launch (8B at 4.0 bpw: +1-1.5 % at batches 2-8, none at 1). (A block per item that read
  * the (max, sum) pairs once into shared memory measured 2.6 % slower at 8B batch 1: NOTES.md, stop 33.) */
 #define MERGE_AT_ONCE 8
 __global__ void attn_merge_kernel(size_t items, int d, int n_splits, const float2 *part_ml, const float *part_acc,

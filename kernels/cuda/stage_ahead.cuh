@@ -1,8 +1,9 @@
 /* Activations staged ahead: the launch that produces a decode GEMV's input (the residual pass that ends with a norm,
- * and silu_mul; elementwise.cu) also writes that GEMV's pre-staged activation entries, so that the GEMV (q/k/v after
- * the attention norm, gate/up after the MLP norm, down after silu_mul) starts without a staging launch of its own.
- * That takes one dependent launch and one round trip through L2 off three of the four GEMV chains of a layer (8B at
- * 4.0 bpw: +3.5 % decode at batch 1, +5-6 % at 2-8; kernels/cuda/NOTES.md, stop 32).
+ * and silu_mul, elementwise.cu; the attention merge, attention.cu) also writes that GEMV's pre-staged activation
+ * entries, so that the GEMV (q/k/v after the attention norm, gate/up after the MLP norm, down after silu_mul, o after
+ * the merge) starts without a staging launch of its own. That takes one dependent launch and one round trip through
+ * L2 off every GEMV chain of a layer (8B at 4.0 bpw: +3.5 % decode at batch 1, +6-7 % at 2-8; kernels/cuda/NOTES.md,
+ * stops 32-33). The merge, whose threads own one value each, scatters it through o's inverse permutation instead.
  *
  * The entries are those fg_prestage_kernel writes (gemv.cu): for row `tok` of M and unit-step uk (16 input rows in
  * the matrix's unit order), lane quarter q holds the values at unit rows 16 uk + 2 q + {0, 1, 8, 9}, read through
