@@ -136,44 +136,25 @@ __global__ void attn_kernel(tsr_batch_layout b, tsr_attn_args a, const T *kc, co
     store_result<DPL>(acc, mx, sum, item, warp, lane, d, n_splits, out, part_ml, part_acc);
 }
 
-/* Where the merge also stages o's decode GEMV activations (stage_ahead.cuh): through o's inverse unit permutation
- * uinv each merged value goes to its place among the entries at xs (M rows, hi + lo halves when exact). */
-struct merge_stage {
-    const int32_t *uinv;
-    uint2 *xs;
-    int M, exact, n_heads;
-};
-
-/* Writes value y of row tok, input row k of the GEMV, as one half (exact: two, hi and lo) of its staged entry: unit
- * row `place` = uinv[k] is entry (place / 16 · M + tok) · 4 + place / 2 % 4, half (place & 1) + 2 · (place / 8 & 1)
- * of its hi halves, the lo halves 4 further (fg_hi_lo's layout). */
-__device__ __forceinline__ void merge_stage_put(const merge_stage &S, int place, int tok, float y)
-{
-    const size_t e = ((size_t)(place >> 4) * S.M + tok) * 4 + ((place >> 1) & 3);
-    const int half = (place & 1) | ((place >> 2) & 2);
-    __half *h = (__half *)S.xs + e * (S.exact ? 8 : 4);
-    const __half hi = __float2half_rn(y);
-    h[half] = hi;
-    if (S.exact) h[4 + half] = __float2half_rn(y - __half2float(hi));
-}
-
 /* One thread per (item, dim). The splits' partials are read MERGE_AT_ONCE at a time, every load of a batch issued
  * before any is used (a loop that loaded, tested and added one split at a time left the loads to the compiler's
  * scheduling: 1.8 % slower at 8B batch 1, where a split count sized for the longest context leaves most splits of
  * a short one empty); empty splits (sum 0) load nothing and add nothing. The sums run in split order, as before.
- * With a stage (S.xs), the value also goes to o's staged activations, its place read before the PDL wait, which
- * spares o's GEMV its staging launch (8B at 4.0 bpw: +1-1.5 % at batches 2-8, none at 1). (A block per item that read
- * the (max, sum) pairs once into shared memory measured 2.6 % slower at 8B batch 1: NOTES.md, stop 33.) */
+ * With uinv (o's inverse unit permutation; S its staging plan), the value also goes to o's staged activations
+ * (stage_ahead_scatter), its place read before the PDL wait, which spares o's GEMV its staging launch (8B at 4.0
+ * bpw: +1-1.5 % at batches 2-8, none at 1). (A block per item that read the (max, sum) pairs once into shared memory
+ * measured 2.6 % slower at 8B batch 1: NOTES.md, stop 33.) */
 #define MERGE_AT_ONCE 8
 __global__ void attn_merge_kernel(size_t items, int d, int n_splits, const float2 *part_ml, const float *part_acc,
-                                  float *out, const __grid_constant__ merge_stage S)
+                                  float *out, const int32_t *uinv, int n_heads,
+                                  const __grid_constant__ tsr_stage_ahead S)
 {
     tsr_pdl_trigger();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const bool live = i < items * d;
     const size_t item = live ? i / d : 0;
     const int k = (int)(i % d);
-    const int place = live && S.xs ? S.uinv[(int)(item % S.n_heads) * d + k] : -1;
+    const int place = live && uinv ? uinv[(int)(item % n_heads) * d + k] : -1;
     tsr_pdl_wait();
     if (!live) return;
     const float2 *ml = part_ml + item * n_splits;
@@ -208,7 +189,7 @@ __global__ void attn_merge_kernel(size_t items, int d, int n_splits, const float
     }
     const float y = L > 0.0f ? acc / L : 0.0f;
     out[i] = y;
-    if (place >= 0) merge_stage_put(S, place, (int)(item / S.n_heads), y);
+    if (place >= 0) stage_ahead_scatter(S, place, (int)(item / n_heads), y);
 }
 
 /* ---- quantized caches ---- */
@@ -551,12 +532,10 @@ void tsr_cuda_attn_merge(size_t items, int d, int n_splits, const float2 *part_m
     /* o's GEMV activations staged here where it would take them (a quantized matrix over exactly these values,
      * with its inverse unit permutation: backend.cu add_unit_inverse) */
     const tsr_linear_dev *L = a->reader ? (const tsr_linear_dev *)a->reader->dev : NULL;
-    tsr_stage_ahead plan;
-    merge_stage S = {};
+    tsr_stage_ahead plan = {};
     const bool ahead = L && L->uinv && L->K == a->n_heads * d && (size_t)rows * a->n_heads == items &&
                        tsr_cuda_gemv_stage_plan(&L, 1, rows, &plan);
-    if (ahead) S = merge_stage{L->uinv, plan.xs[0], rows, plan.exact, a->n_heads};
     tsr_launch(attn_merge_kernel, dim3(tsr_div_up(items * d, 256)), dim3(256), items, d, n_splits, part_ml, part_acc,
-               out, S);
+               out, ahead ? L->uinv : (const int32_t *)NULL, a->n_heads, plan);
     if (ahead) tsr_cuda_gemv_stage_done(&L, 1, out, &plan);
 }

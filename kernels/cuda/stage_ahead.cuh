@@ -29,15 +29,20 @@ struct tsr_stage_ahead {
     int part_order[TSR_STAGE_MAX_ORDERS]; /* host side: the order of each matrix of the GEMV */
 };
 
-/* One staged entry of exact rows: the four values' fp16 hi halves, then what remains of each after it (lo). */
+/* A value of an exact row as fp16 hi and what remains of it after hi, lo. */
+__device__ __forceinline__ void hi_lo(float v, __half &hi, __half &lo)
+{
+    hi = __float2half_rn(v);
+    lo = __float2half_rn(v - __half2float(hi));
+}
+
+/* One staged entry of exact rows: the four values' fp16 hi halves, then their lo halves (hi_lo). */
 __device__ __forceinline__ uint4 fg_hi_lo(const float (&v)[4])
 {
     __half hi[4], lo[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        hi[j] = __float2half_rn(v[j]);
-        lo[j] = __float2half_rn(v[j] - __half2float(hi[j]));
-    }
+    for (int j = 0; j < 4; j++)
+        hi_lo(v[j], hi[j], lo[j]);
     return make_uint4(h2_bits(__halves2half2(hi[0], hi[1])), h2_bits(__halves2half2(hi[2], hi[3])),
                       h2_bits(__halves2half2(lo[0], lo[1])), h2_bits(__halves2half2(lo[2], lo[3])));
 }
@@ -50,8 +55,14 @@ __device__ __forceinline__ int4 stage_entry_src(const int32_t *uperm, int e)
     return make_int4(p[0], p[1], p[8], p[9]);
 }
 
-/* Stores entry i (of all M rows, entry e of row tok at (e / 4 · M + tok) · 4 + e % 4) of the four values v: fp16 hi +
- * lo halves (exact, 16 bytes) or fp16 (8 bytes). */
+/* Where entry e of row tok lies among the entries of all M rows. */
+__device__ __forceinline__ size_t stage_entry_index(int e, int tok, int M)
+{
+    return ((size_t)(e >> 2) * M + tok) * 4 + (e & 3);
+}
+
+/* Stores entry i (of all M rows: stage_entry_index) of the four values v: fp16 hi + lo halves (exact, 16 bytes) or
+ * fp16 (8 bytes). */
 __device__ __forceinline__ void stage_entry_store(uint2 *xs, size_t i, bool exact, const float (&v)[4])
 {
     if (exact)
@@ -72,7 +83,21 @@ __device__ __forceinline__ void stage_ahead_put(const tsr_stage_ahead &S, int o,
 {
     const float v[4] = {src.x >= 0 ? h[src.x] : 0.0f, src.y >= 0 ? h[src.y] : 0.0f, src.z >= 0 ? h[src.z] : 0.0f,
                         src.w >= 0 ? h[src.w] : 0.0f};
-    stage_entry_store(S.xs[o], ((size_t)(e >> 2) * S.M + tok) * 4 + (e & 3), S.exact, v);
+    stage_entry_store(S.xs[o], stage_entry_index(e, tok, S.M), S.exact, v);
+}
+
+/* For a producer whose threads own one value each (the attention merge): writes value y of row tok, which sits at
+ * unit row `place` of order 0 (the inverse unit permutation's entry for its input row), as its half of its entry:
+ * entry (place / 16) · 4 + place / 2 % 4 (unit-step, lane quarter), half (place & 1) + 2 · (place / 8 & 1) among the
+ * hi halves, its lo half 4 further (fg_hi_lo's layout). */
+__device__ __forceinline__ void stage_ahead_scatter(const tsr_stage_ahead &S, int place, int tok, float y)
+{
+    const int e = (place >> 4) * 4 + ((place >> 1) & 3), half = (place & 1) | ((place >> 2) & 2);
+    __half *h = (__half *)S.xs[0] + stage_entry_index(e, tok, S.M) * (S.exact ? 8 : 4);
+    if (S.exact)
+        hi_lo(y, h[half], h[4 + half]);
+    else
+        h[half] = __float2half_rn(y);
 }
 
 #endif
