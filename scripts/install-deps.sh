@@ -17,8 +17,8 @@ for p in "${packages[@]}"; do
   fi
 done
 
-# numpy: only for scripts/exl2_check.py (the cli.synth test); any numpy python3 can import will do
-if ! python3 -c 'import numpy' >/dev/null 2>&1; then
+# numpy: only for scripts/exl2_check.py (the cli.synth tests); python3 or Debian's /usr/bin/python3 (python-numpy.sh)
+if ! bash "$(dirname "$0")/python-numpy.sh" >/dev/null; then
   missing+=(python3-numpy)
 fi
 

@@ -80,11 +80,11 @@ grep -q "beyond the model's context (64 positions)" "$tmp/ctx.err" || fail "benc
 "$TSR_BIN" bench --model "$tmp/short" --batch 1 --prompt-len 56 --gen 8 --threads 1 > /dev/null
 
 # independent reader
-if ! python3 -c 'import numpy' 2>/dev/null; then
+if ! py=$(bash "$here/../../scripts/python-numpy.sh"); then
   echo "numpy missing: skipping scripts/exl2_check.py" >&2
   exit 77
 fi
-python3 "$check" --selftest
-python3 "$check" "$tmp/a" --expect-bpw 4.0
-python3 "$check" "$tmp/q" --expect-bpw 3.5
+"$py" "$check" --selftest
+"$py" "$check" "$tmp/a" --expect-bpw 4.0
+"$py" "$check" "$tmp/q" --expect-bpw 3.5
 echo "ok"

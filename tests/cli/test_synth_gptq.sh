@@ -94,11 +94,11 @@ t2=$("$TSR_BIN" generate --model "$tmp/s1" --ids 1,17,42 --max-tokens 4 --ignore
   fail "qwen2 GPTQ model does not run"
 
 # independent reader
-if ! python3 -c 'import numpy' 2>/dev/null; then
+if ! py=$(bash "$here/../../scripts/python-numpy.sh"); then
   echo "numpy missing: skipping scripts/exl2_check.py" >&2
   exit 77
 fi
-python3 "$check" "$tmp/a" --expect-bpw 4.51 --tolerance 0.01
-python3 "$check" "$tmp/s" --quiet
-python3 "$check" "$tmp/q" --quiet
+"$py" "$check" "$tmp/a" --expect-bpw 4.51 --tolerance 0.01
+"$py" "$check" "$tmp/s" --quiet
+"$py" "$check" "$tmp/q" --quiet
 echo "ok"
