@@ -385,9 +385,8 @@ __device__ __forceinline__ mlp_row mlp_row_of(const mlp_args &A, int k)
     return r;
 }
 
-/* The row's gated value, silu(gate) · up as silu_mul_kernel computes it (0 for padding), into its staged entry
- * (fg_hi_lo's layout: entry (k / 16) · 4 + (k % 8) / 2 holds the rows of its 16-row step as fp16 hi halves 0-3,
- * then lo halves 4-7, row k at half (k % 2) + 2 ((k / 8) % 2)). */
+/* The row's gated value, silu(gate) · up as silu_mul_kernel computes it (0 for padding), into its staged entry:
+ * stored row k of down's one exact row, as the attention merge scatters its values (stage_ahead_scatter). */
 __device__ __forceinline__ void mlp_row_stage(const mlp_args &A, const mlp_row &r)
 {
     if (r.k >= A.U2 * 32) return;
@@ -399,12 +398,11 @@ __device__ __forceinline__ void mlp_row_stage(const mlp_args &A, const mlp_row &
         if (A.up.bias) u += __half2float(A.up.bias[r.src]);
         v = g / (1.0f + expf(-g)) * u;
     }
-    const __half hi = __float2half_rn(v), lo = __float2half_rn(v - __half2float(hi));
-    __half *xs = (__half *)A.xs_down;
-    const int k = r.k;
-    const size_t at = (size_t)((k >> 4) * 4 + ((k & 7) >> 1)) * 8 + (k & 1) + 2 * ((k >> 3) & 1);
-    xs[at] = hi;
-    xs[at + 4] = lo;
+    tsr_stage_ahead S = {};
+    S.xs[0] = A.xs_down;
+    S.M = 1;
+    S.exact = 1;
+    stage_ahead_scatter(S, r.k, 0, v);
 }
 
 /* TSR_CUDA_MLP_TRACE: the global timer (ns) at stage `stage` of this block. */
