@@ -159,12 +159,12 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 2)
                 }
             }
 
-            uint32_t pa[MT][NS][2];
+            /* masks, only where the tile reaches past the warp's first row or a window is in force (one branch
+             * for both m-tiles: the code from the scores to P·V is then one block the compiler can interleave) */
+            const bool full = a.window == 0 && ok[MT - 1][1] && kv0 + BKV - 1 <= warp_first;
+            if (!full) {
 #pragma unroll
-            for (int m = 0; m < MT; m++) {
-                /* masks, only where the tile reaches past the m-tile's first row or a window is in force */
-                const bool full = a.window == 0 && ok[m][0] && ok[m][1] && kv0 + BKV - 1 <= warp_first + m * 16;
-                if (!full) {
+                for (int m = 0; m < MT; m++)
 #pragma unroll
                     for (int n = 0; n < NS; n++)
 #pragma unroll
@@ -172,8 +172,14 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 2)
                             const int i = j >> 1, t = kv0 + n * 8 + 2 * t4 + (j & 1);
                             if (!ok[m][i] || t > pos[m][i] || t < lo[m][i]) s[m][n][j] = -INFINITY;
                         }
-                }
-                /* online softmax per row: the 4 lanes of a row group hold its BKV scores */
+            }
+            /* online softmax per row (the 4 lanes of a row group hold its BKV scores), every row of the warp at
+             * once; the output's rescale only when some row's maximum moved (past the first tiles it seldom does) */
+            uint32_t pa[MT][NS][2];
+            float factor[MT][2];
+            bool moved = false;
+#pragma unroll
+            for (int m = 0; m < MT; m++)
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
                     float mx = -INFINITY;
@@ -184,7 +190,8 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 2)
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                     const float m_new = fmaxf(m_run[m][i], mx);
                     const float m_sub = m_new == -INFINITY ? 0.0f : m_new * FA_LOG2E;
-                    const float factor = fa_exp2(m_run[m][i] * FA_LOG2E - m_sub);
+                    factor[m][i] = fa_exp2(m_run[m][i] * FA_LOG2E - m_sub);
+                    moved |= factor[m][i] != 1.0f;
                     float psum = 0.0f;
 #pragma unroll
                     for (int n = 0; n < NS; n++) {
@@ -195,14 +202,17 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 2)
                         const float2 pf = __half22float2(ph);
                         psum += pf.x + pf.y;
                     }
-                    l_run[m][i] = l_run[m][i] * factor + psum;
+                    l_run[m][i] = l_run[m][i] * factor[m][i] + psum;
                     m_run[m][i] = m_new;
-                    if (__any_sync(0xffffffffu, factor != 1.0f)) {
-#pragma unroll
-                        for (int n = 0; n < NO; n++)
-                            o[m][n][2 * i] *= factor, o[m][n][2 * i + 1] *= factor;
-                    }
                 }
+            if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+#pragma unroll
+                    for (int n = 0; n < NO; n++) {
+                        o[m][n][0] *= factor[m][0], o[m][n][1] *= factor[m][0];
+                        o[m][n][2] *= factor[m][1], o[m][n][3] *= factor[m][1];
+                    }
             }
 
             /* O += P · V: per pair of output tiles one transposing ldmatrix of V for every m-tile */

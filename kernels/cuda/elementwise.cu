@@ -357,11 +357,57 @@ __global__ void rope_store_kernel(tsr_batch_layout b, float *q, int n_heads, flo
                        rope_store_slot(b, seq, pos, page_size, n_kv * head_dim), (int)(i % per_row), NULL);
 }
 
+/* Two consecutive values of a cache row, from floats. */
+template <typename T> __device__ __forceinline__ void store_pair(T *p, float2 v);
+template <> __device__ __forceinline__ void store_pair<__half>(__half *p, float2 v)
+{
+    *(__half2 *)p = __floats2half2_rn(v.x, v.y);
+}
+template <> __device__ __forceinline__ void store_pair<float>(float *p, float2 v) { *(float2 *)p = v; }
+
+/* rope_store_item over two neighbouring values at a time (rotary pairs j and j + 1, or two stored values), where
+ * half and the unrotated dims are even and the rows are 8-byte aligned: pair item `item` of the row; cs as in
+ * rope_store_item (not NULL). Half the requests of the one-value items, in float2 and half2. */
+template <typename T>
+__device__ __forceinline__ void rope_store_item2(float *q, int n_heads, float *k, const float *v, T *kc, T *vc,
+                                                 int n_kv, int head_dim, int half, int row, size_t slot, int item,
+                                                 const float *cs)
+{
+    const int width = n_kv * head_dim, hh = half / 2, q_items = n_heads * hh, k_items = n_kv * hh;
+    const int rest2 = (head_dim - 2 * half) / 2;
+    if (item < q_items + k_items) {
+        const int is_k = item >= q_items;
+        if (is_k) item -= q_items;
+        const int h = item / hh, j = 2 * (item % hh);
+        const float c0 = cs[j], c1 = cs[j + 1], s0 = cs[half + j], s1 = cs[half + j + 1];
+        float *x = is_k ? k + ((size_t)row * n_kv + h) * head_dim : q + ((size_t)row * n_heads + h) * head_dim;
+        const float2 p0 = *(const float2 *)(x + j), p1 = *(const float2 *)(x + j + half);
+        const float2 r0 = make_float2(p0.x * c0 - p1.x * s0, p0.y * c1 - p1.y * s1);
+        const float2 r1 = make_float2(p1.x * c0 + p0.x * s0, p1.y * c1 + p0.y * s1);
+        *(float2 *)(x + j) = r0;
+        *(float2 *)(x + j + half) = r1;
+        if (is_k) {
+            store_pair<T>(kc + slot + (size_t)h * head_dim + j, r0);
+            store_pair<T>(kc + slot + (size_t)h * head_dim + j + half, r1);
+        }
+        return;
+    }
+    item -= q_items + k_items;
+    if (item < n_kv * rest2) { /* k dims past the rotary ones (partial rotary embeddings) */
+        const int e = (item / rest2) * head_dim + 2 * half + 2 * (item % rest2);
+        store_pair<T>(kc + slot + e, *(const float2 *)(k + (size_t)row * width + e));
+        return;
+    }
+    item = 2 * (item - n_kv * rest2);
+    store_pair<T>(vc + slot + item, *(const float2 *)(v + (size_t)row * width + item));
+}
+
 /* rope_store for many rows (prefill): a block per row, which computes the row's cos and sin once per rotary pair
- * index (the per-item kernel computed them once per head: 40 times at 8B) and its cache slot once. */
+ * index (the per-item kernel computed them once per head: 40 times at 8B) and its cache slot once; pairs of values
+ * per item where `pairs` (rope_store_item2). */
 template <typename T>
 __global__ void rope_store_rows_kernel(tsr_batch_layout b, float *q, int n_heads, float *k, const float *v, T *kc,
-                                       T *vc, int page_size, int n_kv, int head_dim, int half, int per_row)
+                                       T *vc, int page_size, int n_kv, int head_dim, int half, int per_row, bool pairs)
 {
     extern __shared__ float rs_cs[]; /* [2][half] */
     tsr_pdl_start();
@@ -375,6 +421,11 @@ __global__ void rope_store_rows_kernel(tsr_batch_layout b, float *q, int n_heads
     }
     __syncthreads();
     const size_t slot = rope_store_slot(b, seq, pos, page_size, n_kv * head_dim);
+    if (pairs) {
+        for (int item = threadIdx.x; item < per_row / 2; item += blockDim.x)
+            rope_store_item2<T>(q, n_heads, k, v, kc, vc, n_kv, head_dim, half, row, slot, item, rs_cs);
+        return;
+    }
     for (int item = threadIdx.x; item < per_row; item += blockDim.x)
         rope_store_item<T>(b, q, n_heads, k, v, kc, vc, n_kv, head_dim, half, row, seq, pos, slot, item, rs_cs);
 }
@@ -405,12 +456,18 @@ void tsr_cuda_rope_store(const tsr_batch_layout *b, float *q, int n_heads, float
     if (!total) return;
     if (b->n_rows >= rope_store_rows_min()) {
         const size_t smem = 2 * (size_t)half * sizeof(float);
+        /* pairs of values per item where every row and rotary half starts 8 bytes aligned */
+        const bool pairs = half % 2 == 0 && d % 2 == 0 &&
+                           (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)kv->k[layer] |
+                             (uintptr_t)kv->v[layer]) & 7) == 0;
         if (kv->dtype == TSR_F32)
             tsr_launch_smem(rope_store_rows_kernel<float>, dim3(b->n_rows), dim3(256), smem, *b, q, n_heads, k, v,
-                            (float *)kv->k[layer], (float *)kv->v[layer], kv->page_size, n_kv, d, half, per_row);
+                            (float *)kv->k[layer], (float *)kv->v[layer], kv->page_size, n_kv, d, half, per_row,
+                            pairs);
         else
             tsr_launch_smem(rope_store_rows_kernel<__half>, dim3(b->n_rows), dim3(256), smem, *b, q, n_heads, k, v,
-                            (__half *)kv->k[layer], (__half *)kv->v[layer], kv->page_size, n_kv, d, half, per_row);
+                            (__half *)kv->k[layer], (__half *)kv->v[layer], kv->page_size, n_kv, d, half, per_row,
+                            pairs);
     } else if (kv->dtype == TSR_F32) {
         tsr_launch(rope_store_kernel<float>, dim3(tsr_div_up(total, 256)), dim3(256), *b, q, n_heads, k, v,
                    (float *)kv->k[layer], (float *)kv->v[layer], kv->page_size, n_kv, d, half, per_row);

@@ -564,7 +564,8 @@ static void test_rope_store(void **state)
     check_rope_store(64, TSR_F32, 64, 1);
     check_rope_store(128, TSR_F16, 64, 0); /* partial rotary: dims past 64 stored as they are */
     check_rope_store(96, TSR_F32, 32, 1);
-    check_rope_store(96, TSR_F32, 32, 0); /* 232 rows: from 64 a block per row */
+    check_rope_store(96, TSR_F32, 32, 0); /* 232 rows: from 64 a block per row, pairs of values per item */
+    check_rope_store(96, TSR_F16, 30, 0); /* an odd count of rotary pairs: one value per item */
 }
 
 /* ---- quantized KV caches (Q4/Q6/Q8) ---- */
