@@ -15,7 +15,7 @@
  * transposing ldmatrix) and rescales its output accumulators. No score matrix beyond one 16 × 64 tile per m-tile
  * exists, in registers only. Masked: rows past the sequence's end, positions past a row's own (causal) or before
  * its sliding window. Until stop 35 a warp owned 16 rows with its queries in registers (three blocks of 64 rows per
- * SM): the 2048-token prefill's attention took 227 us per layer, now 174 (NOTES.md).
+ * SM): the 8B 2048-token prefill's attention took 227 us per layer, now about 162 (NOTES.md, stop 35).
  *
  * Grid: x = head (so the query heads that share a KV head run side by side and read its K/V once from DRAM, then
  * from L2), y = sequence × query tile, the last tiles of a sequence (the most positions) first. The host does not
