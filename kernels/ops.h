@@ -121,10 +121,12 @@ typedef struct tsr_ops {
     /* Optional (NULL, or returning 0 for shapes it does not take: callers run linear_many on gate and up, then
      * silu_linear_add_norm): the whole MLP of a layer, x[M][down->N] += (silu(h · Wgate) ⊙ (h · Wup)) · Wdown, then,
      * with w, out = rmsnorm(x) · w per row; out may alias h (read before out is written), never x. Returns 1 when
-     * done. Lets a backend run the three products without a pause in their weight streams (the GPU's one-row
-     * persistent launch). */
+     * done. scratch_gate and scratch_up are the caller's [M][gate->N] buffers for the two products, which the op
+     * may use as scratch in any format (their contents are undefined afterwards). Lets a backend run the three
+     * products without a pause in their weight streams (the GPU's one-row persistent launch) or keep the MLP's
+     * intermediates in its own format (the GPU's prefill: gate and up in fp16). */
     int (*mlp_add_norm)(const tsr_linear *gate, const tsr_linear *up, const tsr_linear *down, const float *h, int M,
-                        float *x, const tsr_dense *w, float eps, float *out);
+                        float *x, const tsr_dense *w, float eps, float *out, float *scratch_gate, float *scratch_up);
 } tsr_ops;
 
 #define TSR_TOP_MAX 64 /* candidates per row top_rows returns at most */

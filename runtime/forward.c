@@ -352,7 +352,8 @@ static void forward_body(void *arg)
         normed = l + 1 < m->part.layer1 && (ops->add_rmsnorm || ops->linear_add_norm);
         const tsr_dense *next_norm = normed ? &m->layers[l + 1].attn_norm : NULL;
         if (ops->mlp_add_norm && m->part.tp_size <= 1 &&
-            ops->mlp_add_norm(&ly->gate, &ly->up, &ly->down, c->h, T, c->x, next_norm, cfg->norm_eps, c->h))
+            ops->mlp_add_norm(&ly->gate, &ly->up, &ly->down, c->h, T, c->x, next_norm, cfg->norm_eps, c->h, c->gate,
+                              c->up))
             continue; /* the whole MLP in one backend call */
         const tsr_linear *gate_up[2] = {&ly->gate, &ly->up};
         float *const gate_up_out[2] = {c->gate, c->up};

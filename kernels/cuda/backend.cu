@@ -880,12 +880,12 @@ static void pf_silu_linear_add_norm(const tsr_linear *L, float *gate, const floa
     tsr_cuda_silu_linear_add_norm(L, gate, up, M, x, w, eps, out);
 }
 static int pf_mlp_add_norm(const tsr_linear *gate, const tsr_linear *up, const tsr_linear *down, const float *h, int M,
-                           float *x, const tsr_dense *w, float eps, float *out)
+                           float *x, const tsr_dense *w, float eps, float *out, float *scratch_gate, float *scratch_up)
 {
     if (M > g_win_maxM) g_win_maxM = M;
     const tsr_linear *three[3] = {gate, up, down};
     p_scope s(P_LINEAR, profile_mode() == 2 ? linear_class(three, 3, 4) : -1);
-    return tsr_cuda_mlp_add_norm(gate, up, down, h, M, x, w, eps, out);
+    return tsr_cuda_mlp_add_norm(gate, up, down, h, M, x, w, eps, out, scratch_gate, scratch_up);
 }
 static void pf_rope(const tsr_batch_layout *b, float *x, int nh, int hd, int rd)
 {
@@ -997,7 +997,7 @@ extern "C" const tsr_ops *tsr_ops_cuda(void)
      * as a launch of its own before the down projection), TSR_CUDA_ROPE_STORE=0 rope_store (rope of q, of k and the K/V
      * store as three launches), TSR_CUDA_ARGMAX=0 argmax_rows (greedy rows copied whole to the host and picked there),
      * TSR_CUDA_TOP=0 top_rows (sampled rows copied whole to the host), TSR_CUDA_MLP_FUSE=0 mlp_add_norm (a decode
-     * row's MLP as the GEMV launches, silu_mul and the residual pass) */
+     * row's MLP as the GEMV launches, silu_mul and the residual pass; prefill's gate and up in fp32) */
     static tsr_ops chosen;
     static int ready;
     if (!ready) {

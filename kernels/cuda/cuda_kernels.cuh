@@ -47,10 +47,15 @@ int tsr_cuda_norm_readers(const tsr_dense *w, const tsr_linear_dev **L);
 /* Whether two quantized matrices read their input rows in the same unit order (matmul.cu; compared once per pair,
  * outside graph recording: a pair first seen while recording counts as different). */
 bool tsr_cuda_same_unit_order(const tsr_linear_dev *a, const tsr_linear_dev *b);
-/* The MLP of one decode row as one persistent launch where the shapes allow it (mlp_decode.cu; ops.h mlp_add_norm):
- * returns 1 after launching it, 0 when the caller must run the steps. */
+/* ops.h mlp_add_norm: the MLP of one decode row as one persistent launch where the shapes allow it (mlp_decode.cu),
+ * rows on the dequantize path through tsr_cuda_mlp_half; returns 1 when done, 0 when the caller must run the steps. */
 int tsr_cuda_mlp_add_norm(const tsr_linear *gate, const tsr_linear *up, const tsr_linear *down, const float *h, int M,
-                          float *x, const tsr_dense *w, float eps, float *out);
+                          float *x, const tsr_dense *w, float eps, float *out, float *scratch_gate, float *scratch_up);
+/* The MLP of rows on the dequantize path with gate's and up's products in fp16 (matmul.cu; TSR_CUDA_MLP_HALF=0 leaves
+ * it out): into the caller's scratch_gate and scratch_up, which down's gated conversion then reads at half the bytes
+ * of fp32. Returns 0, having done nothing, for rows or matrices it does not take. */
+int tsr_cuda_mlp_half(const tsr_linear_dev *G, const tsr_linear_dev *U, const tsr_linear_dev *D, const float *h, int M,
+                      float *x, const tsr_dense *w, float eps, float *out, float *scratch_gate, float *scratch_up);
 /* Whether the environment variable `name` is set to 0: a switch that is on by default, turned off (backend.cu). */
 bool tsr_cuda_env_off(const char *name);
 /* Attribute attr of the current device, or fallback when it cannot be read (backend.cu). */

@@ -7,8 +7,9 @@
  * through the permutation as fp16 (for the down projection, silu(gate) · up is formed in the same pass); column slabs
  * of the matrix are dequantized to fp16 into one buffer reserved at model preparation (the largest layer matrix) and
  * multiplied by cuBLAS (fp16 operands, fp32 accumulation), as ExLlamaV2 does above 50 rows; the o and down
- * projections add their product to the residual stream in cuBLAS's epilogue (beta 1). kernels/cuda/NOTES.md has the
- * figures.
+ * projections add their product to the residual stream in cuBLAS's epilogue (beta 1). A layer's MLP on this path
+ * (tsr_cuda_mlp_half, for ops.h mlp_add_norm) has cuBLAS write gate's and up's products as fp16 into the caller's
+ * scratch, so that down's gated conversion reads half the bytes. kernels/cuda/NOTES.md has the figures.
  * Dense weights: a warp-per-column GEMV for M <= 8, cuBLAS (GemmEx, fp32 accumulation) above. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
@@ -29,17 +30,31 @@
 /* xp[m][k] = h(x[m][uperm[k]]) (GATED: h(silu(x) · up) at the same place, the MLP's gating folded into the down
  * projection's input pass): the activations in unit row order as fp16, 0 on padding rows. Each block keeps the
  * permutation in shared memory as 16-bit indices (loaded once, PERM_SMEM; K < 65535) and takes rows m = blockIdx.x,
- * + gridDim.x ...: a row is read whole (float4 where K allows), converted into shared memory, then gathered from
- * there, so that global reads and writes are both contiguous. Until stop 25 each block took one row and read the
- * permutation from global memory with it (4 bytes per value, as much as the row itself): 30 us for 2048 x 4096. */
+ * + gridDim.x ...: a row is read whole (four values at a time where K allows), converted into shared memory, then
+ * gathered from there, so that global reads and writes are both contiguous. Until stop 25 each block took one row
+ * and read the permutation from global memory with it (4 bytes per value, as much as the row itself): 30 us for
+ * 2048 x 4096. x and up are fp32, or fp16 (T = __half: gate's and up's products in tsr_cuda_mlp_half, with their
+ * biases bx and bu added here when not NULL). */
 __device__ __forceinline__ float silu_times(float g, float u)
 {
     return g / (1.0f + expf(-g)) * u;
 }
 
-template <bool GATED, bool PERM_SMEM>
+__device__ __forceinline__ float4 pm_load4(const float *p) { return *(const float4 *)p; }
+__device__ __forceinline__ float4 pm_load4(const __half *p)
+{
+    const uint2 r = *(const uint2 *)p;
+    const float2 a = __half22float2(bits_h2(r.x)), b = __half22float2(bits_h2(r.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ float pm_load1(const float *p) { return *p; }
+__device__ __forceinline__ float pm_load1(const __half *p) { return __half2float(*p); }
+__device__ __forceinline__ float pm_bias(const __half *b, int k) { return b ? __half2float(b[k]) : 0.0f; }
+
+template <bool GATED, bool PERM_SMEM, typename T>
 __global__ void __launch_bounds__(512)
-    permute_half_kernel(const float *x, const float *up, const int32_t *uperm, int M, int K, int Kp, __half *xp)
+    permute_half_kernel(const T *x, const T *up, const __half *bx, const __half *bu, const int32_t *uperm, int M, int K,
+                        int Kp, __half *xp)
 {
     extern __shared__ __align__(16) unsigned char pm_smem[];
     __half *row_h = (__half *)pm_smem;
@@ -47,23 +62,31 @@ __global__ void __launch_bounds__(512)
     if (PERM_SMEM)
         for (int k = threadIdx.x; k < Kp; k += blockDim.x)
             perm[k] = uperm[k] < 0 ? (uint16_t)0xffffu : (uint16_t)uperm[k];
-    const bool vec = (K & 3) == 0 && ((uintptr_t)x & 15) == 0 && (!GATED || ((uintptr_t)up & 15) == 0);
+    constexpr uintptr_t A4 = 4 * sizeof(T) - 1; /* alignment of four values */
+    const bool vec = (K & 3) == 0 && ((uintptr_t)x & A4) == 0 && (!GATED || ((uintptr_t)up & A4) == 0);
     for (int m = blockIdx.x; m < M; m += gridDim.x) {
-        const float *xm = x + (size_t)m * K, *um = GATED ? up + (size_t)m * K : NULL;
+        const T *xm = x + (size_t)m * K, *um = GATED ? up + (size_t)m * K : NULL;
         if (vec) {
             for (int k = 4 * threadIdx.x; k < K; k += 4 * blockDim.x) {
-                float4 v = *(const float4 *)(xm + k);
+                float4 v = pm_load4(xm + k);
                 if (GATED) {
-                    const float4 u = *(const float4 *)(um + k);
-                    v = make_float4(silu_times(v.x, u.x), silu_times(v.y, u.y), silu_times(v.z, u.z),
-                                    silu_times(v.w, u.w));
+                    const float4 u = pm_load4(um + k);
+                    if (bx) v.x += pm_bias(bx, k), v.y += pm_bias(bx, k + 1), v.z += pm_bias(bx, k + 2),
+                                                    v.w += pm_bias(bx, k + 3);
+                    const float4 ub = bu ? make_float4(pm_bias(bu, k), pm_bias(bu, k + 1), pm_bias(bu, k + 2),
+                                                       pm_bias(bu, k + 3))
+                                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    v = make_float4(silu_times(v.x, u.x + ub.x), silu_times(v.y, u.y + ub.y),
+                                    silu_times(v.z, u.z + ub.z), silu_times(v.w, u.w + ub.w));
                 }
                 *(__half2 *)(row_h + k) = __floats2half2_rn(v.x, v.y);
                 *(__half2 *)(row_h + k + 2) = __floats2half2_rn(v.z, v.w);
             }
         } else {
             for (int k = threadIdx.x; k < K; k += blockDim.x)
-                row_h[k] = __float2half_rn(GATED ? silu_times(xm[k], um[k]) : xm[k]);
+                row_h[k] = __float2half_rn(GATED ? silu_times(pm_load1(xm + k) + pm_bias(bx, k),
+                                                              pm_load1(um + k) + pm_bias(bu, k))
+                                                 : pm_load1(xm + k));
         }
         __syncthreads();
         __half2 *out = (__half2 *)(xp + (size_t)m * Kp); /* Kp is a multiple of 32 */
@@ -94,10 +117,12 @@ template <typename F> static int permute_blocks(F f, size_t smem)
     return per_sm > 0 ? per_sm * tsr_cuda_device_attr(cudaDevAttrMultiProcessorCount, 1) : 1;
 }
 
-/* permute_half_kernel over M rows; up non-NULL: the gated input silu(x) · up. The permutation stays in global memory
- * where it would not fit beside the row (at most 160 KB, and what the device allows: 70B's down projection needs
- * 114 KB, more than the 99 KB of the consumer cards) or K does not fit 16 bits. */
-static void permute_half(const float *x, const float *up, const int32_t *uperm, int M, int K, int Kp, __half *xp)
+/* permute_half_kernel over M rows; up non-NULL: the gated input silu(x + bx) · (up + bu). The permutation stays in
+ * global memory where it would not fit beside the row (at most 160 KB, and what the device allows: 70B's down
+ * projection needs 114 KB, more than the 99 KB of the consumer cards) or K does not fit 16 bits. */
+template <typename T>
+static void permute_half(const T *x, const T *up, const int32_t *uperm, int M, int K, int Kp, __half *xp,
+                         const __half *bx = NULL, const __half *bu = NULL)
 {
     const size_t row = ((size_t)K * sizeof(__half) + 15) & ~(size_t)15, with_perm = row + (size_t)Kp * sizeof(uint16_t);
     /* the most a block of the device may opt in to: 99 KB on sm_86/89, 227 KB on sm_90 (48 KB if unknown) */
@@ -109,13 +134,13 @@ static void permute_half(const float *x, const float *up, const int32_t *uperm, 
         auto it = fits.find(smem);
         const int chip = it != fits.end() ? it->second : (fits[smem] = permute_blocks(kernel, smem));
         const int grid = M < chip ? M : chip;
-        kernel<<<grid, 512, smem, tsr_cuda_stream()>>>(x, up, uperm, M, K, Kp, xp);
+        kernel<<<grid, 512, smem, tsr_cuda_stream()>>>(x, up, bx, bu, uperm, M, K, Kp, xp);
         TSR_CUDA_LAUNCHED();
     };
     if (up)
-        in_smem ? launch(permute_half_kernel<true, true>) : launch(permute_half_kernel<true, false>);
+        in_smem ? launch(permute_half_kernel<true, true, T>) : launch(permute_half_kernel<true, false, T>);
     else
-        in_smem ? launch(permute_half_kernel<false, true>) : launch(permute_half_kernel<false, false>);
+        in_smem ? launch(permute_half_kernel<false, true, T>) : launch(permute_half_kernel<false, false, T>);
 }
 
 /* dq[k][j] = W[k][32 cb0 + j] in unit row order for the slab's columns; one warp per (unit, column block): the
@@ -267,9 +292,11 @@ static void dq_account(int M, int K, int N)
 }
 
 /* y = xp · W (beta 1: y += xp · W, the residual add in cuBLAS's epilogue) through cuBLAS, xp being the activations
- * in unit row order (fp16, Kp = 32 units rows). */
-static void exl2_dq_gemm(const tsr_linear_dev *L, const __half *xp, int M, float *y, float beta)
+ * in unit row order (fp16, Kp = 32 units rows); y fp32, or fp16 (ytype CUDA_R_16F, beta 0). */
+static void exl2_dq_gemm(const tsr_linear_dev *L, const __half *xp, int M, void *y, float beta,
+                         cudaDataType_t ytype = CUDA_R_32F)
 {
+    const size_t ysize = ytype == CUDA_R_16F ? sizeof(__half) : sizeof(float);
     const float alpha = 1.0f;
     const int Kp = 32 * L->n_units;
     size_t slab = g_dq_bytes / ((size_t)Kp * sizeof(__half));
@@ -285,8 +312,8 @@ static void exl2_dq_gemm(const tsr_linear_dev *L, const __half *xp, int M, float
         TSR_CUDA_LAUNCHED();
         if (n0 == 0) dq_mark(2);
         cublasStatus_t st = cublasGemmEx(tsr_cuda_blas(), CUBLAS_OP_N, CUBLAS_OP_N, cols, M, Kp, &alpha, dq, CUDA_R_16F,
-                                         w, xp, CUDA_R_16F, Kp, &beta, y + n0, CUDA_R_32F, L->N, CUBLAS_COMPUTE_32F,
-                                         CUBLAS_GEMM_DEFAULT);
+                                         w, xp, CUDA_R_16F, Kp, &beta, (char *)y + (size_t)n0 * ysize, ytype, L->N,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (st != CUBLAS_STATUS_SUCCESS) tsr_cuda_fatal(__FILE__, __LINE__, "cublasGemmEx failed");
         tsr_cuda_launches++;
     }
@@ -538,4 +565,35 @@ void tsr_cuda_linear_many(const tsr_linear *const *Lh, int n, const float *x, in
             prev = NULL;
         }
     }
+}
+
+int tsr_cuda_mlp_half(const tsr_linear_dev *G, const tsr_linear_dev *U, const tsr_linear_dev *D, const float *h, int M,
+                      float *x, const tsr_dense *w, float eps, float *out, float *scratch_gate, float *scratch_up)
+{
+    /* off for comparisons, and where the gating is asked to run as a launch of its own (TSR_CUDA_SILU_FOLD=0) */
+    static const bool enabled = !tsr_cuda_env_off("TSR_CUDA_MLP_HALF") && !tsr_cuda_env_off("TSR_CUDA_SILU_FOLD");
+    if (!enabled || M <= 0 || !dq_path(M) || !scratch_gate || !scratch_up) return 0;
+    if (G->K != U->K || G->N != U->N || D->K != G->N) return 0;
+    /* gate's and up's products in fp16, each [M][N] in the first half of its fp32 buffer */
+    const int N = G->N, Kp = 32 * G->n_units;
+    __half *g16 = (__half *)scratch_gate, *u16 = (__half *)scratch_up;
+    __half *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * Kp * sizeof(__half));
+    permute_half(h, (const float *)NULL, G->uperm, M, G->K, Kp, xp);
+    exl2_dq_gemm(G, xp, M, g16, 0.0f, CUDA_R_16F);
+    if (!tsr_cuda_same_unit_order(G, U)) {
+        xp = (__half *)tsr_cuda_scratch(0, (size_t)M * 32 * U->n_units * sizeof(__half));
+        permute_half(h, (const float *)NULL, U->uperm, M, U->K, 32 * U->n_units, xp);
+    }
+    exl2_dq_gemm(U, xp, M, u16, 0.0f, CUDA_R_16F);
+    /* down's input: silu(gate + its bias) · (up + its bias) through down's permutation, fp16 */
+    const int Kpd = 32 * D->n_units;
+    __half *ap = (__half *)tsr_cuda_scratch(0, (size_t)M * Kpd * sizeof(__half));
+    permute_half((const __half *)g16, (const __half *)u16, D->uperm, M, N, Kpd, ap, G->bias, U->bias);
+    exl2_dq_gemm(D, ap, M, x, 1.0f);
+    if (D->bias) {
+        add_bias_kernel<<<tsr_div_up((size_t)M * D->N, 256), 256, 0, tsr_cuda_stream()>>>(x, M, D->N, D->bias, TSR_F16);
+        TSR_CUDA_LAUNCHED();
+    }
+    if (w) tsr_cuda_rmsnorm(x, w, eps, M, D->N, out);
+    return 1;
 }

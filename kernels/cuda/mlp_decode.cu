@@ -530,13 +530,14 @@ static int mlp_blocks(void (*kern)(const mlp_args), size_t smem)
 }
 
 int tsr_cuda_mlp_add_norm(const tsr_linear *gate, const tsr_linear *up, const tsr_linear *down, const float *h, int M,
-                          float *x, const tsr_dense *w, float eps, float *out)
+                          float *x, const tsr_dense *w, float eps, float *out, float *scratch_gate, float *scratch_up)
 {
-    if (M != 1 || !x) return 0;
     const tsr_linear_dev *G = (const tsr_linear_dev *)gate->dev, *U = (const tsr_linear_dev *)up->dev,
                          *D = (const tsr_linear_dev *)down->dev;
-    if (!G || !U || !D || G->kind != TSR_LINEAR_EXL2 || U->kind != TSR_LINEAR_EXL2 || D->kind != TSR_LINEAR_EXL2)
+    if (!x || !G || !U || !D || G->kind != TSR_LINEAR_EXL2 || U->kind != TSR_LINEAR_EXL2 ||
+        D->kind != TSR_LINEAR_EXL2)
         return 0;
+    if (M != 1) return tsr_cuda_mlp_half(G, U, D, h, M, x, w, eps, out, scratch_gate, scratch_up);
     if (G->gptq != U->gptq || G->gptq != D->gptq || G->K != U->K || G->N != U->N || D->K != G->N) return 0;
     if (G->n_units != U->n_units) return 0;
     const bool gptq = G->gptq != 0;

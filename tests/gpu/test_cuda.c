@@ -977,10 +977,15 @@ typedef struct {
     int M;
 } mlp_ctx;
 
+/* mlp_add_norm with poisoned scratch buffers for gate's and up's products */
 static void run_mlp_add_norm(const void *ctx, float *dx, const tsr_dense *w, float *dout)
 {
     const mlp_ctx *c = ctx;
-    assert_int_equal(gpu->mlp_add_norm(&c->ly->gate, &c->ly->up, &c->ly->down, c->dh, 1, dx, w, 1e-5f, dout), 1);
+    const size_t n = (size_t)c->M * c->ly->gate.N;
+    float *sg = dev_poisoned(n), *su = dev_poisoned(n);
+    assert_int_equal(gpu->mlp_add_norm(&c->ly->gate, &c->ly->up, &c->ly->down, c->dh, c->M, dx, w, 1e-5f, dout, sg, su),
+                     1);
+    gpu->release(sg), gpu->release(su);
 }
 
 /* The MLP as forward.c runs it without mlp_add_norm: linear_many on gate and up, then silu_linear_add_norm. */
@@ -1000,7 +1005,8 @@ static void run_mlp_separate(const void *ctx, float *dx, const tsr_dense *w, flo
 }
 
 /* A folded MLP (gate's and up's columns in down's stored-row order) through the separate launches at 1, 3 and 100
- * rows (one-row GEMV, bulk GEMV, dequantize path) and, at one row, through mlp_add_norm where the backend has it. */
+ * rows (one-row GEMV, bulk GEMV, dequantize path) and, where the backend has mlp_add_norm, through it at one row
+ * (the persistent launch) and at 100 (gate and up in fp16, unless TSR_CUDA_MLP_HALF=0 leaves that out). */
 static void check_mlp(const gpu_mlp *m, const char *label)
 {
     const int H = m->g.L.K, Ms[] = {1, 3, 100};
@@ -1012,10 +1018,11 @@ static void check_mlp(const gpu_mlp *m, const char *label)
         snprintf(what, sizeof what, "%s, separate launches M=%d", label, M);
         const residual_op sep = {run_mlp_separate, &c};
         check_residual(&sep, prod, M, m->d.L.N, what);
-        if (M == 1 && gpu->mlp_add_norm) {
-            snprintf(what, sizeof what, "%s, mlp_add_norm M=1", label);
+        const char *half = getenv("TSR_CUDA_MLP_HALF");
+        if (gpu->mlp_add_norm && (M == 1 || (M == 100 && !(half && atoi(half) == 0)))) {
+            snprintf(what, sizeof what, "%s, mlp_add_norm M=%d", label, M);
             const residual_op op = {run_mlp_add_norm, &c};
-            check_residual(&op, prod, 1, m->d.L.N, what);
+            check_residual(&op, prod, M, m->d.L.N, what);
         }
         gpu->release(dh);
         free(h), free(prod);
