@@ -4,8 +4,9 @@
 # and `generate` run it by default) under each variant of TSR_PREFILL_VARIANTS ("name:ENV=V,..."
 # with BIN=NAME for another build, as in scripts/device-gemv.sh), TSR_PREFILL_RUNS times each (default 2), then the
 # per-op device profile of that prefill (TSR_CUDA_PROFILE=2; the first forward left out) and the dequantize path's
-# parts (TSR_CUDA_DQ_TIMES=1) with this build (under TSR_PREFILL_PROFILE_ENV="ENV=V,..." when set). Pack first with TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh
-# (TSR_GPUPACK_ALT for other builds) and carry `.parpack`; logs go to $OUT. About two minutes.
+# parts (TSR_CUDA_DQ_TIMES=1) with this build (under TSR_PREFILL_PROFILE_ENV="ENV=V,..." when set). Pack first with
+# TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh (TSR_GPUPACK_ALT for other builds) and carry `.parpack`; logs go to
+# $OUT. About two minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}
@@ -30,15 +31,16 @@ for v in ${TSR_PREFILL_VARIANTS:-default:}; do
 done
 penv=${TSR_PREFILL_PROFILE_ENV:-} # "ENV=V,...": settings for the profile and ncu runs
 if [ "${TSR_PREFILL_PROFILE:-1}" = 1 ]; then
-  env ${penv//,/ } TSR_CUDA_PROFILE=2 timeout 120 "$bin" bench --model $m8 --device cuda --batch 1 --prompt-len 2048 --gen 2 \
-    --max-tokens 2048 > "$out/profile-prefill.txt" 2>&1
+  env ${penv//,/ } TSR_CUDA_PROFILE=2 timeout 120 "$bin" bench --model $m8 --device cuda --batch 1 --prompt-len 2048 \
+    --gen 2 --max-tokens 2048 > "$out/profile-prefill.txt" 2>&1
   grep -A20 "prefill (M" "$out/profile-prefill.txt"
-  env ${penv//,/ } TSR_CUDA_DQ_TIMES=1 timeout 120 "$bin" bench --model $m8 --device cuda --batch 1 --prompt-len 2048 --gen 2 \
-    --max-tokens 2048 > "$out/dq-times.txt" 2>&1
+  env ${penv//,/ } TSR_CUDA_DQ_TIMES=1 timeout 120 "$bin" bench --model $m8 --device cuda --batch 1 --prompt-len 2048 \
+    --gen 2 --max-tokens 2048 > "$out/dq-times.txt" 2>&1
   grep "dq path M 2048" "$out/dq-times.txt"
 fi
 if [ "${TSR_PREFILL_NCU:-0}" = 1 ] && command -v ncu > /dev/null; then # one prefill attention launch under ncu
-  env ${penv//,/ } TSR_CUDA_PDL=0 timeout 150 ncu --clock-control none -k regex:f[aq]_prefill_kernel -s 10 -c 1 --section SpeedOfLight \
+  env ${penv//,/ } TSR_CUDA_PDL=0 timeout 150 ncu --clock-control none -k regex:fa_prefill_kernel -s 10 -c 1 \
+    --section SpeedOfLight \
     --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis "$bin" bench --model $m8 --device cuda \
     --batch 1 --prompt-len 2048 --gen 1 --max-tokens 2048 > "$out/ncu-attention.txt" 2>&1
