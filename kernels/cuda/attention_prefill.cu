@@ -270,7 +270,8 @@ static void fa_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const t
     TSR_CUDA_LAUNCHED();
 }
 /* K/V tiles of 64 positions where a block may have the shared memory for them, else 32 (sm_86 and sm_89 allow 99 KB
- * per block: at D = 128 the 64-position tiles need 104 KB); TSR_CUDA_FA_BKV=32 asks for 32 everywhere (tests). */
+ * per block: at D = 128 the 64-position tiles need 104 KB), 0 where not even those fit (the caller then leaves the
+ * batch to attention.cu's general kernel); TSR_CUDA_FA_BKV=32 asks for 32 everywhere (tests). */
 static int fa_tile_positions(int D)
 {
     static int optin = -1, forced = -1;
@@ -280,7 +281,8 @@ static int fa_tile_positions(int D)
         TSR_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
         forced = getenv("TSR_CUDA_FA_BKV") && atoi(getenv("TSR_CUDA_FA_BKV")) == 32;
     }
-    return !forced && fa_smem_bytes(D, 64) <= (size_t)optin ? 64 : 32;
+    if (!forced && fa_smem_bytes(D, 64) <= (size_t)optin) return 64;
+    return fa_smem_bytes(D, 32) <= (size_t)optin ? 32 : 0;
 }
 
 int tsr_cuda_attention_prefill(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv,
@@ -288,6 +290,7 @@ int tsr_cuda_attention_prefill(const tsr_batch_layout *b, const tsr_attn_args *a
 {
     if (kv->dtype != TSR_F16 || a->n_heads % a->n_kv_heads) return 0;
     const int bkv = fa_tile_positions(a->head_dim);
+    if (!bkv) return 0;
     switch (a->head_dim * 2 + (bkv == 64)) {
     case 64 * 2 + 1:
         fa_launch<64, 64>(b, a, kv, q, out);
