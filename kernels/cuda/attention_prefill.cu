@@ -274,13 +274,8 @@ static void fa_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const t
  * batch to attention.cu's general kernel); TSR_CUDA_FA_BKV=32 asks for 32 everywhere (tests). */
 static int fa_tile_positions(int D)
 {
-    static int optin = -1, forced = -1;
-    if (optin < 0) {
-        int dev = 0;
-        TSR_CUDA_CHECK(cudaGetDevice(&dev));
-        TSR_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        forced = getenv("TSR_CUDA_FA_BKV") && atoi(getenv("TSR_CUDA_FA_BKV")) == 32;
-    }
+    static const int optin = tsr_cuda_device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
+    static const bool forced = getenv("TSR_CUDA_FA_BKV") && atoi(getenv("TSR_CUDA_FA_BKV")) == 32;
     if (!forced && fa_smem_bytes(D, 64) <= (size_t)optin) return 64;
     return fa_smem_bytes(D, 32) <= (size_t)optin ? 32 : 0;
 }
@@ -289,22 +284,12 @@ int tsr_cuda_attention_prefill(const tsr_batch_layout *b, const tsr_attn_args *a
                                const float *q, float *out)
 {
     if (kv->dtype != TSR_F16 || a->n_heads % a->n_kv_heads) return 0;
+    if (a->head_dim != 64 && a->head_dim != 128) return 0;
     const int bkv = fa_tile_positions(a->head_dim);
     if (!bkv) return 0;
-    switch (a->head_dim * 2 + (bkv == 64)) {
-    case 64 * 2 + 1:
-        fa_launch<64, 64>(b, a, kv, q, out);
-        return 1;
-    case 128 * 2 + 1:
-        fa_launch<128, 64>(b, a, kv, q, out);
-        return 1;
-    case 64 * 2:
-        fa_launch<64, 32>(b, a, kv, q, out);
-        return 1;
-    case 128 * 2:
-        fa_launch<128, 32>(b, a, kv, q, out);
-        return 1;
-    default:
-        return 0;
-    }
+    if (a->head_dim == 64)
+        bkv == 64 ? fa_launch<64, 64>(b, a, kv, q, out) : fa_launch<64, 32>(b, a, kv, q, out);
+    else
+        bkv == 64 ? fa_launch<128, 64>(b, a, kv, q, out) : fa_launch<128, 32>(b, a, kv, q, out);
+    return 1;
 }

@@ -589,11 +589,7 @@ int tsr_cuda_mlp_half(const tsr_linear_dev *G, const tsr_linear_dev *U, const ts
     const int Kpd = 32 * D->n_units;
     __half *ap = (__half *)tsr_cuda_scratch(0, (size_t)M * Kpd * sizeof(__half));
     permute_half((const __half *)g16, (const __half *)u16, D->uperm, M, N, Kpd, ap, G->bias, U->bias);
-    exl2_dq_gemm(D, ap, M, x, 1.0f);
-    if (D->bias) {
-        add_bias_kernel<<<tsr_div_up((size_t)M * D->N, 256), 256, 0, tsr_cuda_stream()>>>(x, M, D->N, D->bias, TSR_F16);
-        TSR_CUDA_LAUNCHED();
-    }
+    exl2_dq_linear(D, NULL, NULL, M, x, 0, 1.0f); /* x += ap · Wdown (+ its bias): ap is scratch slot 0 */
     if (w) tsr_cuda_rmsnorm(x, w, eps, M, D->N, out);
     return 1;
 }
