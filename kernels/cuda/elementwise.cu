@@ -9,6 +9,7 @@
 #include "kernels/cuda/stage_ahead.cuh"
 
 #include <cuda_bf16.h>
+#include <type_traits>
 
 __device__ __forceinline__ float load_elem(const void *p, int dtype, size_t i)
 {
@@ -294,49 +295,86 @@ void tsr_cuda_kv_store(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, c
     TSR_CUDA_LAUNCHED();
 }
 
+/* N neighbouring floats (N = 1 or 2: one float or one float2 access). */
+template <int N> struct floats {
+    float x[N];
+};
+template <int N> __device__ __forceinline__ floats<N> load_floats(const float *p)
+{
+    if constexpr (N == 2) {
+        const float2 v = *(const float2 *)p;
+        return {{v.x, v.y}};
+    } else {
+        return {{*p}};
+    }
+}
+template <int N> __device__ __forceinline__ void store_floats(float *p, const floats<N> &v)
+{
+    if constexpr (N == 2) *(float2 *)p = make_float2(v.x[0], v.x[1]);
+    else *p = v.x[0];
+}
+/* ... written to a cache row of T (fp16: one half2 store for N = 2) */
+template <typename T, int N> __device__ __forceinline__ void store_cache(T *p, const floats<N> &v)
+{
+    if constexpr (N == 2 && std::is_same<T, __half>::value) *(__half2 *)p = __floats2half2_rn(v.x[0], v.x[1]);
+    else if constexpr (N == 2) *(float2 *)p = make_float2(v.x[0], v.x[1]);
+    else *p = from_float<T>(v.x[0]);
+}
+
 /* rope_store's items of a row are, in order, the rotary pairs of every q head, then those of every k head (rotated
  * in place and written to the cache), then the k dims past the rotary ones, then every v element (both to the
- * cache). One item of row `row` (sequence seq, position pos, cache slot `slot`); cs: the row's cos and sin per
- * rotary pair index, attention factor applied ([2][half]), or NULL to compute them here. */
-template <typename T>
+ * cache). One item of row `row` (sequence seq, position pos, cache slot `slot`) covers N neighbouring values: N
+ * rotary pairs j .. j + N - 1, or N stored values (N = 2 where half and the unrotated dims are even and the rows
+ * 8-byte aligned: half the requests, in float2 and half2). cs: the row's cos and sin per rotary pair index,
+ * attention factor applied ([2][half]), or NULL (one value per item only) to compute them here. */
+template <typename T, int N>
 __device__ __forceinline__ void rope_store_item(const tsr_batch_layout &b, float *q, int n_heads, float *k,
                                                 const float *v, T *kc, T *vc, int n_kv, int head_dim, int half, int row,
                                                 int seq, int pos, size_t slot, int item, const float *cs)
 {
-    const int width = n_kv * head_dim, q_pairs = n_heads * half, k_pairs = n_kv * half, rest = head_dim - 2 * half;
-    if (item < q_pairs + k_pairs) {
-        const int is_k = item >= q_pairs;
-        if (is_k) item -= q_pairs;
-        const int h = item / half, j = item % half;
-        float s, c;
-        if (cs) {
-            c = cs[j];
-            s = cs[half + j];
-        } else {
-            sincosf((float)pos * b.inv_freq[(size_t)seq * half + j], &s, &c);
-            const float af = b.attn_factor[seq];
-            c *= af;
-            s *= af;
+    const int width = n_kv * head_dim, hn = half / N, q_items = n_heads * hn, k_items = n_kv * hn;
+    const int rest = (head_dim - 2 * half) / N;
+    if (item < q_items + k_items) {
+        const int is_k = item >= q_items;
+        if (is_k) item -= q_items;
+        const int h = item / hn, j = N * (item % hn);
+        float c[N], s[N];
+#pragma unroll
+        for (int e = 0; e < N; e++) {
+            if (N == 2 || cs) { /* the pairs' kernel always passes them */
+                c[e] = cs[j + e];
+                s[e] = cs[half + j + e];
+            } else {
+                sincosf((float)pos * b.inv_freq[(size_t)seq * half + j + e], &s[e], &c[e]);
+                const float af = b.attn_factor[seq];
+                c[e] *= af;
+                s[e] *= af;
+            }
         }
         float *x = is_k ? k + ((size_t)row * n_kv + h) * head_dim : q + ((size_t)row * n_heads + h) * head_dim;
-        const float p0 = x[j], p1 = x[j + half];
-        const float r0 = p0 * c - p1 * s, r1 = p1 * c + p0 * s;
-        x[j] = r0;
-        x[j + half] = r1;
+        const floats<N> p0 = load_floats<N>(x + j), p1 = load_floats<N>(x + j + half);
+        floats<N> r0, r1;
+#pragma unroll
+        for (int e = 0; e < N; e++) {
+            r0.x[e] = p0.x[e] * c[e] - p1.x[e] * s[e];
+            r1.x[e] = p1.x[e] * c[e] + p0.x[e] * s[e];
+        }
+        store_floats<N>(x + j, r0);
+        store_floats<N>(x + j + half, r1);
         if (is_k) {
-            kc[slot + (size_t)h * head_dim + j] = from_float<T>(r0);
-            kc[slot + (size_t)h * head_dim + j + half] = from_float<T>(r1);
+            store_cache<T, N>(kc + slot + (size_t)h * head_dim + j, r0);
+            store_cache<T, N>(kc + slot + (size_t)h * head_dim + j + half, r1);
         }
         return;
     }
-    item -= q_pairs + k_pairs;
+    item -= q_items + k_items;
     if (item < n_kv * rest) { /* k dims past the rotary ones (partial rotary embeddings) */
-        const int e = (item / rest) * head_dim + 2 * half + item % rest;
-        kc[slot + e] = from_float<T>(k[(size_t)row * width + e]);
+        const int e = (item / rest) * head_dim + 2 * half + N * (item % rest);
+        store_cache<T, N>(kc + slot + e, load_floats<N>(k + (size_t)row * width + e));
         return;
     }
-    item -= n_kv * rest;
-    vc[slot + item] = from_float<T>(v[(size_t)row * width + item]);
+    item = N * (item - n_kv * rest);
+    store_cache<T, N>(vc + slot + item, load_floats<N>(v + (size_t)row * width + item));
 }
 
 __device__ __forceinline__ size_t rope_store_slot(const tsr_batch_layout &b, int seq, int pos, int page_size, int width)
@@ -353,58 +391,13 @@ __global__ void rope_store_kernel(tsr_batch_layout b, float *q, int n_heads, flo
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)b.n_rows * per_row) return;
     const int row = (int)(i / per_row), seq = b.row_seq[row], pos = b.positions[row];
-    rope_store_item<T>(b, q, n_heads, k, v, kc, vc, n_kv, head_dim, half, row, seq, pos,
-                       rope_store_slot(b, seq, pos, page_size, n_kv * head_dim), (int)(i % per_row), NULL);
-}
-
-/* Two consecutive values of a cache row, from floats. */
-template <typename T> __device__ __forceinline__ void store_pair(T *p, float2 v);
-template <> __device__ __forceinline__ void store_pair<__half>(__half *p, float2 v)
-{
-    *(__half2 *)p = __floats2half2_rn(v.x, v.y);
-}
-template <> __device__ __forceinline__ void store_pair<float>(float *p, float2 v) { *(float2 *)p = v; }
-
-/* rope_store_item over two neighbouring values at a time (rotary pairs j and j + 1, or two stored values), where
- * half and the unrotated dims are even and the rows are 8-byte aligned: pair item `item` of the row; cs as in
- * rope_store_item (not NULL). Half the requests of the one-value items, in float2 and half2. */
-template <typename T>
-__device__ __forceinline__ void rope_store_item2(float *q, int n_heads, float *k, const float *v, T *kc, T *vc,
-                                                 int n_kv, int head_dim, int half, int row, size_t slot, int item,
-                                                 const float *cs)
-{
-    const int width = n_kv * head_dim, hh = half / 2, q_items = n_heads * hh, k_items = n_kv * hh;
-    const int rest2 = (head_dim - 2 * half) / 2;
-    if (item < q_items + k_items) {
-        const int is_k = item >= q_items;
-        if (is_k) item -= q_items;
-        const int h = item / hh, j = 2 * (item % hh);
-        const float c0 = cs[j], c1 = cs[j + 1], s0 = cs[half + j], s1 = cs[half + j + 1];
-        float *x = is_k ? k + ((size_t)row * n_kv + h) * head_dim : q + ((size_t)row * n_heads + h) * head_dim;
-        const float2 p0 = *(const float2 *)(x + j), p1 = *(const float2 *)(x + j + half);
-        const float2 r0 = make_float2(p0.x * c0 - p1.x * s0, p0.y * c1 - p1.y * s1);
-        const float2 r1 = make_float2(p1.x * c0 + p0.x * s0, p1.y * c1 + p0.y * s1);
-        *(float2 *)(x + j) = r0;
-        *(float2 *)(x + j + half) = r1;
-        if (is_k) {
-            store_pair<T>(kc + slot + (size_t)h * head_dim + j, r0);
-            store_pair<T>(kc + slot + (size_t)h * head_dim + j + half, r1);
-        }
-        return;
-    }
-    item -= q_items + k_items;
-    if (item < n_kv * rest2) { /* k dims past the rotary ones (partial rotary embeddings) */
-        const int e = (item / rest2) * head_dim + 2 * half + 2 * (item % rest2);
-        store_pair<T>(kc + slot + e, *(const float2 *)(k + (size_t)row * width + e));
-        return;
-    }
-    item = 2 * (item - n_kv * rest2);
-    store_pair<T>(vc + slot + item, *(const float2 *)(v + (size_t)row * width + item));
+    rope_store_item<T, 1>(b, q, n_heads, k, v, kc, vc, n_kv, head_dim, half, row, seq, pos,
+                          rope_store_slot(b, seq, pos, page_size, n_kv * head_dim), (int)(i % per_row), NULL);
 }
 
 /* rope_store for many rows (prefill): a block per row, which computes the row's cos and sin once per rotary pair
  * index (the per-item kernel computed them once per head: 40 times at 8B) and its cache slot once; pairs of values
- * per item where `pairs` (rope_store_item2). */
+ * per item where `pairs` (rope_store_item<T, 2>). */
 template <typename T>
 __global__ void rope_store_rows_kernel(tsr_batch_layout b, float *q, int n_heads, float *k, const float *v, T *kc,
                                        T *vc, int page_size, int n_kv, int head_dim, int half, int per_row, bool pairs)
@@ -423,11 +416,12 @@ __global__ void rope_store_rows_kernel(tsr_batch_layout b, float *q, int n_heads
     const size_t slot = rope_store_slot(b, seq, pos, page_size, n_kv * head_dim);
     if (pairs) {
         for (int item = threadIdx.x; item < per_row / 2; item += blockDim.x)
-            rope_store_item2<T>(q, n_heads, k, v, kc, vc, n_kv, head_dim, half, row, slot, item, rs_cs);
+            rope_store_item<T, 2>(b, q, n_heads, k, v, kc, vc, n_kv, head_dim, half, row, seq, pos, slot, item,
+                                  rs_cs);
         return;
     }
     for (int item = threadIdx.x; item < per_row; item += blockDim.x)
-        rope_store_item<T>(b, q, n_heads, k, v, kc, vc, n_kv, head_dim, half, row, seq, pos, slot, item, rs_cs);
+        rope_store_item<T, 1>(b, q, n_heads, k, v, kc, vc, n_kv, head_dim, half, row, seq, pos, slot, item, rs_cs);
 }
 
 /* From this many rows rope_store takes a block per row (TSR_CUDA_ROPE_ROWS_MIN overrides; tests set 1). */
