@@ -313,7 +313,7 @@ template <int N> __device__ __forceinline__ void store_floats(float *p, const fl
     if constexpr (N == 2) *(float2 *)p = make_float2(v.x[0], v.x[1]);
     else *p = v.x[0];
 }
-/* ... written to a cache row of T (fp16: one half2 store for N = 2) */
+/* N floats stored into a cache row of T (fp16: one half2 store for N = 2). */
 template <typename T, int N> __device__ __forceinline__ void store_cache(T *p, const floats<N> &v)
 {
     if constexpr (N == 2 && std::is_same<T, __half>::value) *(__half2 *)p = __floats2half2_rn(v.x[0], v.x[1]);
