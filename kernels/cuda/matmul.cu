@@ -407,24 +407,39 @@ static void dense_gemm(const tsr_linear_dev *L, const float *x, int M, float *y)
     }
 }
 
-/* The dequantize path of one EXL2/GPTQ matrix, on x or (up non-NULL) on silu(x) · up, into y (beta 0) or added to
- * it (beta 1); permute = 0 when scratch slot 0 already holds the input in this matrix's unit row order (the matrix
- * before it in a group had the same permutation). */
-static void exl2_dq_linear(const tsr_linear_dev *L, const float *x, const float *up, int M, float *y, int permute,
-                           float beta = 0.0f)
+/* The dequantize path's product of one EXL2/GPTQ matrix: its input (x, or with up the gated silu(x + bx) · (up + bu);
+ * fp32 or fp16) permuted into scratch slot 0, then y = xp · W (beta 1: y +=) in ytype, each call timed under
+ * TSR_CUDA_DQ_TIMES; permute = 0 when the slot already holds the input in this matrix's unit row order (the matrix
+ * before it in a group had the same permutation). No bias. */
+template <typename T>
+static void dq_product(const tsr_linear_dev *L, const T *x, const T *up, const __half *bx, const __half *bu, int M,
+                       void *y, int permute, float beta, cudaDataType_t ytype)
 {
     const int Kp = 32 * L->n_units;
     __half *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * Kp * sizeof(__half));
     dq_mark(0);
-    if (permute) permute_half(x, up, L->uperm, M, L->K, Kp, xp);
+    if (permute) permute_half(x, up, L->uperm, M, L->K, Kp, xp, bx, bu);
     dq_mark(1);
-    exl2_dq_gemm(L, xp, M, y, beta);
+    exl2_dq_gemm(L, xp, M, y, beta, ytype);
     dq_mark(3);
     dq_account(M, L->K, L->N);
-    if (L->bias) {
-        add_bias_kernel<<<tsr_div_up((size_t)M * L->N, 256), 256, 0, tsr_cuda_stream()>>>(y, M, L->N, L->bias, TSR_F16);
-        TSR_CUDA_LAUNCHED();
-    }
+}
+
+/* y[M][N] += L's fp16 bias, where it has one. */
+static void dq_add_bias(const tsr_linear_dev *L, float *y, int M)
+{
+    if (!L->bias) return;
+    add_bias_kernel<<<tsr_div_up((size_t)M * L->N, 256), 256, 0, tsr_cuda_stream()>>>(y, M, L->N, L->bias, TSR_F16);
+    TSR_CUDA_LAUNCHED();
+}
+
+/* The dequantize path of one EXL2/GPTQ matrix, on x or (up non-NULL) on silu(x) · up, into y (beta 0) or added to
+ * it (beta 1), bias included; permute as dq_product's. */
+static void exl2_dq_linear(const tsr_linear_dev *L, const float *x, const float *up, int M, float *y, int permute,
+                           float beta = 0.0f)
+{
+    dq_product(L, x, up, (const __half *)NULL, (const __half *)NULL, M, y, permute, beta, CUDA_R_32F);
+    dq_add_bias(L, y, M);
 }
 
 /* Whether two matrices put their input rows in the same unit order (q, k and v, or gate and up, usually do: one
@@ -575,21 +590,13 @@ int tsr_cuda_mlp_half(const tsr_linear_dev *G, const tsr_linear_dev *U, const ts
     if (!enabled || M <= 0 || !dq_path(M) || !scratch_gate || !scratch_up) return 0;
     if (G->K != U->K || G->N != U->N || D->K != G->N) return 0;
     /* gate's and up's products in fp16, each [M][N] in the first half of its fp32 buffer */
-    const int N = G->N, Kp = 32 * G->n_units;
     __half *g16 = (__half *)scratch_gate, *u16 = (__half *)scratch_up;
-    __half *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * Kp * sizeof(__half));
-    permute_half(h, (const float *)NULL, G->uperm, M, G->K, Kp, xp);
-    exl2_dq_gemm(G, xp, M, g16, 0.0f, CUDA_R_16F);
-    if (!tsr_cuda_same_unit_order(G, U)) {
-        xp = (__half *)tsr_cuda_scratch(0, (size_t)M * 32 * U->n_units * sizeof(__half));
-        permute_half(h, (const float *)NULL, U->uperm, M, U->K, 32 * U->n_units, xp);
-    }
-    exl2_dq_gemm(U, xp, M, u16, 0.0f, CUDA_R_16F);
-    /* down's input: silu(gate + its bias) · (up + its bias) through down's permutation, fp16 */
-    const int Kpd = 32 * D->n_units;
-    __half *ap = (__half *)tsr_cuda_scratch(0, (size_t)M * Kpd * sizeof(__half));
-    permute_half((const __half *)g16, (const __half *)u16, D->uperm, M, N, Kpd, ap, G->bias, U->bias);
-    exl2_dq_linear(D, NULL, NULL, M, x, 0, 1.0f); /* x += ap · Wdown (+ its bias): ap is scratch slot 0 */
+    const __half *none = NULL;
+    dq_product(G, h, (const float *)NULL, none, none, M, g16, 1, 0.0f, CUDA_R_16F);
+    dq_product(U, h, (const float *)NULL, none, none, M, u16, !tsr_cuda_same_unit_order(G, U), 0.0f, CUDA_R_16F);
+    /* x += (silu(gate + its bias) · (up + its bias)) · Wdown, down's input formed in fp16 through its permutation */
+    dq_product(D, (const __half *)g16, (const __half *)u16, G->bias, U->bias, M, x, 1, 1.0f, CUDA_R_32F);
+    dq_add_bias(D, x, M);
     if (w) tsr_cuda_rmsnorm(x, w, eps, M, D->N, out);
     return 1;
 }
