@@ -117,17 +117,17 @@ int main()
                 {"down 8B (4096 x 14336)", 128, 448, 8},
                 {"q 8B (4096 x 4096)", 128, 128, 8},
                 {"gate+up 70B (57344 x 8192)", 1792, 256, 1}};
+    float (*const runs[])(const shape &, char *, size_t, unsigned *, int, bool) = {run<4>, run<6>, run<8>};
+    const int rings[] = {4, 6, 8}; /* ring slots: one fewer steps in flight */
     printf("%-28s %-7s %4s %10s %10s %10s %10s\n", "matrix", "layout", "ring", "alone us", "TB/s", "b2b us", "TB/s");
     for (auto &m : mats)
         for (int layout = 0; layout < 3; layout++)
             for (int d = 0; d < 3; d++) {
                 const shape s = {m.ncb, m.U, m.split, 512, layout};
                 const double mb = (double)s.U * s.ncb * s.ub;
-                float alone, b2b;
-                if (d == 0) alone = run<4>(s, buf, buf_bytes, out, 21, true), b2b = run<4>(s, buf, buf_bytes, out, 200, false);
-                else if (d == 1) alone = run<6>(s, buf, buf_bytes, out, 21, true), b2b = run<6>(s, buf, buf_bytes, out, 200, false);
-                else alone = run<8>(s, buf, buf_bytes, out, 21, true), b2b = run<8>(s, buf, buf_bytes, out, 200, false);
-                const int ring = d == 0 ? 4 : d == 1 ? 6 : 8;
+                const float alone = runs[d](s, buf, buf_bytes, out, 21, true);
+                const float b2b = runs[d](s, buf, buf_bytes, out, 200, false);
+                const int ring = rings[d];
                 printf("%-28s %-7s %4d %10.2f %10.2f %10.2f %10.2f\n", m.name,
                        layout == 0 ? "unit" : layout == 1 ? "pair" : "band16", ring, alone, mb / alone / 1e6, b2b,
                        mb / b2b / 1e6);
