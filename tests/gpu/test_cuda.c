@@ -1018,8 +1018,10 @@ static void check_mlp(const gpu_mlp *m, const char *label)
         snprintf(what, sizeof what, "%s, separate launches M=%d", label, M);
         const residual_op sep = {run_mlp_separate, &c};
         check_residual(&sep, prod, M, m->d.L.N, what);
-        const char *half = getenv("TSR_CUDA_MLP_HALF");
-        if (gpu->mlp_add_norm && (M == 1 || (M == 100 && !(half && atoi(half) == 0)))) {
+        /* the fp16 MLP is left out under either switch (matmul.cu tsr_cuda_mlp_half) */
+        const char *half = getenv("TSR_CUDA_MLP_HALF"), *fold = getenv("TSR_CUDA_SILU_FOLD");
+        const int half_on = !(half && atoi(half) == 0) && !(fold && atoi(fold) == 0);
+        if (gpu->mlp_add_norm && (M == 1 || (M == 100 && half_on))) {
             snprintf(what, sizeof what, "%s, mlp_add_norm M=%d", label, M);
             const residual_op op = {run_mlp_add_norm, &c};
             check_residual(&op, prod, M, m->d.L.N, what);
