@@ -18,11 +18,13 @@
  * halves only up to 4 rows (fg_exact), in 1 to 4 or 8 token tiles of 8; from 9 rows (GPTQ: 33) the group scales
  * are multiplied into the fp16 A operands (fg_fold) rather than into fp32 sums per group, and from 17 rows (GPTQ:
  * 33) each unit's activations travel through the ring beside its weights (ft_xring) instead of being staged for the
- * block's K range. */
+ * block's K range. At one row, GPTQ's 4-bit units (EXL2's too with TSR_CUDA_GEMV_IMMA=1) go through integer tensor
+ * cores instead of the fp16 decode (gemv_imma.cuh). */
 #include "kernels/cuda/bulk.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/exl2_frag.cuh"
+#include "kernels/cuda/gemv_imma.cuh"
 #include "kernels/cuda/gemv_warp.cuh"
 #include "kernels/cuda/launch.cuh"
 
@@ -236,10 +238,12 @@ __device__ __forceinline__ int2 fg_slice(const uint2 *units, int u0, int u1, int
     return r;
 }
 
-template <bool ONE, bool PK, bool GPTQ, int NT>
+/* IMMA (one row only): 4-bit units on integer tensor cores (gemv_imma.cuh), the other widths as below. */
+template <bool ONE, bool PK, bool GPTQ, int NT, bool IMMA = false>
 __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     frag_gemv_kernel(const __grid_constant__ fg_group G, const float *x, int M, int stage_words)
 {
+    static_assert(!IMMA || (ONE && PK && NT == 1), "the integer path serves one row");
     extern __shared__ uint4 fg_smem[];
     int b = blockIdx.x;
     const fg_part &P = G.p[group_part(G, b)];
@@ -250,8 +254,8 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     const int ncb = L.Npad / 32;
     const int2 slice = fg_slice<GPTQ>(L.units, u0, u1, wk, lane);
     const int wa = slice.x, n = slice.y - slice.x;
-    uint32_t *wsm =
-        (uint32_t *)fg_smem + stage_words + warp * (FG_RING * FG_STEP_WORDS + 2 * FG_WARP_UNITS + FG_SCALE_WORDS);
+    constexpr int warp_words = FG_RING * FG_STEP_WORDS + 2 * FG_WARP_UNITS + FG_SCALE_WORDS;
+    uint32_t *wsm = (uint32_t *)fg_smem + stage_words + warp * warp_words;
     fg_warp W;
     W.meta = (const uint2 *)wsm;
     W.ring = wsm + 2 * FG_WARP_UNITS;
@@ -273,8 +277,16 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     const int rb0 = n > 0 ? fg_next_end(ends, 0) : 0;
     const int bits0 = n > 0 ? (GPTQ ? 4 : (int)(W.meta[0].y >> 24)) : 0;
     if (n > 0) fg_prologue_any(bits0, W, wa, wa + rb0);
+    const uint32_t int_entries = IMMA ? fi_int_entries<GPTQ>(L, u0, nu) : 0u;
     fg_stage_block<NT == 1>(P, x, M, u0, nu, fg_smem, S0);
     __syncthreads();
+    fi_lane K = {};
+    if constexpr (IMMA) { /* the 4-bit units' activations to fixed point, in place (the warps' scratch free yet) */
+        float *scratch0 = (float *)fg_smem + stage_words + 2 * FG_WARP_UNITS + FG_RING * FG_STEP_WORDS; /* warp 0's */
+        const float xscale = fi_stage<GPTQ>(nu, int_entries, fg_smem, scratch0, warp_words);
+        __syncthreads();
+        K = fi_lane_of(lane, xscale);
+    }
 
     float acc[NT][4][4], tot[NT][4][4];
     fg_zero<NT>(acc, tot);
@@ -284,7 +296,18 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
         const int bits = (int)(W.meta[ra].y >> 24);
         const int rb = fg_next_end(ends, ra);
         const bool issued = ra == 0;
-        if (GPTQ) {
+        if constexpr (IMMA) { /* runs end groups: each run's sums are flushed at its end */
+            frag_with_width(GPTQ ? 4 : bits, [&](auto w) {
+                constexpr int B = decltype(w)::value;
+                if constexpr (B == 4) {
+                    fi_run<GPTQ>(L, W, wa + ra, wa + rb, issued, (const uint32_t *)fg_smem, K, tot[0]);
+                } else if constexpr (!GPTQ) {
+                    int rcur = -1;
+                    fg_run<B, false, ONE, PK, NT>(L, W, wa + ra, wa + rb, issued, rcur, sc, acc, tot);
+                    if (rcur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
+                }
+            });
+        } else if (GPTQ) {
             fg_run<4, true, ONE, PK, NT>(L, W, wa + ra, wa + rb, issued, cur, sc, acc, tot);
         } else {
             frag_with_width(bits, [&](auto w) {
@@ -585,6 +608,20 @@ static bool fg_exact(int M, bool bulk)
     return M <= 8 && (!bulk || M <= max(most, 4));
 }
 
+/* Whether one row takes its 4-bit units on integer tensor cores (gemv_imma.cuh): TSR_CUDA_GEMV_IMMA=1 for both
+ * formats, 0 for neither, by default GPTQ's only. 8B GPTQ 4-bit g128 at batch 1 +4-6 %; 8B EXL2 4.0 bpw 4 % slower,
+ * where the converter's 4-bit groups of 32-64 rows flush the int sums every one or two units and the block's
+ * conversion of its activations costs more than the decode saves (NOTES.md, stop 37). */
+static bool fg_imma(bool gptq)
+{
+    static int on = -2;
+    if (on == -2) {
+        const char *e = getenv("TSR_CUDA_GEMV_IMMA");
+        on = e ? atoi(e) != 0 : -1;
+    }
+    return on < 0 ? gptq : on != 0;
+}
+
 /* Whether launches whose rows are exact (fg_exact) stage them once per launch too (hi + lo halves, by
  * fg_prestage_kernel), each block then copying its stretch, rather than gathering x through the permutation in every
  * block: TSR_CUDA_GEMV_PRESTAGE, default 1 (0: the gather in every block). 70B 4.0 bpw batch 1 57.4 -> 63.1 tok/s,
@@ -806,6 +843,7 @@ static void fg_allow_smem(fg_kernel_t kern, size_t bytes)
  * (TSR_CUDA_GEMV_PACK=0: two mma's per tile, hi and lo, up to 8 rows). */
 template <bool GPTQ> static void (*fg_kernel(int M))(const fg_group, const float *, int, int)
 {
+    if (M == 1 && fg_pack() && fg_imma(GPTQ)) return frag_gemv_kernel<true, true, GPTQ, 1, true>;
     if (M == 1) return fg_pack() ? frag_gemv_kernel<true, true, GPTQ, 1> : frag_gemv_kernel<true, false, GPTQ, 1>;
     if (M <= 4 && fg_pack()) return frag_gemv_kernel<false, true, GPTQ, 1>;
     if (M <= 8) return frag_gemv_kernel<false, false, GPTQ, 1>;

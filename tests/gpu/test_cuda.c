@@ -915,6 +915,31 @@ static void test_linear_waves(void **state)
     gpu_head_close(&h);
 }
 
+/* 4-bit groups of 1024 and 2080 rows in a matrix of 16384 columns, so that at one row each warp of the GEMV streams
+ * a dozen units of one group over several ring steps and the integer path (with TSR_CUDA_GEMV_IMMA=1, as
+ * test_cuda_imma runs: gemv_imma.cuh) flushes its int sums inside a group (every 8 units) as well as at group ends, K
+ * split over two blocks. */
+static void test_linear_long_groups(void **state)
+{
+    (void)state;
+    const int bits[] = {6, 4, 4, 3};
+    const int rows[] = {64, 1024, 2080, 96};
+    gpu_head h;
+    gpu_head_open(&h, 16384, 16000, 4, bits, rows);
+    const tsr_linear L = h.L;
+    const int Ms[] = {1, 2};
+    for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
+        const int M = Ms[t];
+        float *x = rand_host((size_t)M * L.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
+        cpu->linear(&L, x, M, want);
+        float *dx = dev_copy(x, (size_t)M * L.K * 4);
+        check_linear(&h, dx, want, M, 2, quant_tol(M), "long 4-bit groups");
+        free(x), free(want);
+        gpu->release(dx);
+    }
+    gpu_head_close(&h);
+}
+
 /* Whether a decode GEMV of M rows takes activations staged ahead by the launch before it (stage_ahead.cuh): not with
  * TSR_CUDA_STAGE_AHEAD=0, nor for exact rows (up to 4) with TSR_CUDA_GEMV_PRESTAGE=0, where its blocks gather
  * theirs; never above 8 rows. */
@@ -1612,6 +1637,7 @@ int main(void)
         cmocka_unit_test(test_linear_exl2),
         cmocka_unit_test(test_linear_add_norm_splits),
         cmocka_unit_test(test_linear_waves),
+        cmocka_unit_test(test_linear_long_groups),
         cmocka_unit_test(test_mlp_fused),
         cmocka_unit_test(test_stage_ahead),
         cmocka_unit_test(test_merge_stage),
