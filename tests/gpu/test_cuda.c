@@ -891,28 +891,34 @@ static void test_linear_add_norm_splits(void **state)
     gpu_head_close(&h);
 }
 
+/* A matrix of N columns (the first `used` in use) and the given groups against the CPU at each of the nM row counts,
+ * alone and as two parts of one launch (check_linear); label names the case. */
+static void check_linear_rows(int N, int used, int G, const int *bits, const int *rows, const int *Ms, int nM,
+                              const char *label)
+{
+    gpu_head h;
+    gpu_head_open(&h, N, used, G, bits, rows);
+    const tsr_linear L = h.L;
+    for (int t = 0; t < nM; t++) {
+        const int M = Ms[t];
+        float *x = rand_host((size_t)M * L.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
+        cpu->linear(&L, x, M, want);
+        float *dx = dev_copy(x, (size_t)M * L.K * 4);
+        check_linear(&h, dx, want, M, 2, quant_tol(M), label);
+        free(x), free(want);
+        gpu->release(dx);
+    }
+    gpu_head_close(&h);
+}
+
 /* A matrix wider than one wave of GEMV blocks (313 column groups of 128, more than two per SM on any current GPU),
  * so that the one-row GEMV splits K to balance its waves (fg_plan), alone and as two parts of one launch (as 70B's
  * gate and up), against the CPU; from 2 rows sm_90 takes the bulk kernel and its own plan. */
 static void test_linear_waves(void **state)
 {
     (void)state;
-    const int bits[] = {6, 4, 4, 3};
-    const int rows[] = {256, 256, 256, 256};
-    gpu_head h;
-    gpu_head_open(&h, 40064, 40000, 4, bits, rows);
-    const tsr_linear L = h.L;
-    const int Ms[] = {1, 4};
-    for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
-        const int M = Ms[t];
-        float *x = rand_host((size_t)M * L.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
-        cpu->linear(&L, x, M, want);
-        float *dx = dev_copy(x, (size_t)M * L.K * 4);
-        check_linear(&h, dx, want, M, 2, 1e-5, "40000 columns");
-        free(x), free(want);
-        gpu->release(dx);
-    }
-    gpu_head_close(&h);
+    const int bits[] = {6, 4, 4, 3}, rows[] = {256, 256, 256, 256}, Ms[] = {1, 4};
+    check_linear_rows(40064, 40000, 4, bits, rows, Ms, 2, "40000 columns");
 }
 
 /* 4-bit groups of 1024 and 2080 rows in a matrix of 16384 columns, so that at one row each warp of the GEMV streams
@@ -922,22 +928,8 @@ static void test_linear_waves(void **state)
 static void test_linear_long_groups(void **state)
 {
     (void)state;
-    const int bits[] = {6, 4, 4, 3};
-    const int rows[] = {64, 1024, 2080, 96};
-    gpu_head h;
-    gpu_head_open(&h, 16384, 16000, 4, bits, rows);
-    const tsr_linear L = h.L;
-    const int Ms[] = {1, 2};
-    for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
-        const int M = Ms[t];
-        float *x = rand_host((size_t)M * L.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
-        cpu->linear(&L, x, M, want);
-        float *dx = dev_copy(x, (size_t)M * L.K * 4);
-        check_linear(&h, dx, want, M, 2, quant_tol(M), "long 4-bit groups");
-        free(x), free(want);
-        gpu->release(dx);
-    }
-    gpu_head_close(&h);
+    const int bits[] = {6, 4, 4, 3}, rows[] = {64, 1024, 2080, 96}, Ms[] = {1, 2};
+    check_linear_rows(16384, 16000, 4, bits, rows, Ms, 2, "long 4-bit groups");
 }
 
 /* Whether a decode GEMV of M rows takes activations staged ahead by the launch before it (stage_ahead.cuh): not with
