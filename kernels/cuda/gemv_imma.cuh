@@ -7,14 +7,15 @@
  * two column blocks so take 16 LOP3 and 4 IMMA per lane, where the fp16 path spends ~80 instructions decoding.
  *
  * B must be integer too. After staging, the block turns the exact activations (hi + lo halves) of its 4-bit units
- * into 23-bit fixed point under one power-of-two scale (2^22 over the block's largest magnitude) and splits each
- * value into three balanced signed bytes (digits), in place of its staged entry. Digits 0, 1 and 2 take B-columns
- * 0, 1 and 4, so C-columns 0 and 1 (lane t = 0) and 4 (lane t = 2) hold their sums: lane 0 folds digits 0 and 1 into
- * one int (exact while a flush covers at most FI_FLUSH_UNITS units), lane 2's digit carries its weight 65536 in its
- * scales, and the final exchange of the fp16 path (fg_unpack adds lane t + 2 into lane t, as it adds the hi and lo
- * products there) adds the two. The codes are unsigned, so each flush removes the zero point (EXL2: 8; GPTQ: per
- * column) as zero times the sum of the flushed units' fixed-point activations, which the staging stores per unit.
- * The other lanes' C-columns see zero digits or that sum; their scales are zero, so they add nothing. */
+ * into 23-bit fixed point X under one power-of-two scale (2^22 over the block's largest magnitude), offset to
+ * X + 2^23 (24 bits, never negative), whose three bytes (digits) replace the staged entry. Digits 0, 1 and 2 take
+ * B-columns 0, 1 and 4, and B-column 5 is all ones, so C-columns 0 and 1 (lane t = 0) hold digit 0's and 1's sums, C
+ * 4 and 5 (lane t = 2) digit 2's and the codes' own sum. Lane 0 folds its two into one int (c0 + 256 c1, exact while
+ * a flush covers at most FI_FLUSH_UNITS units); lane 2 takes the offset off (c0 − 128 c1: 2^23 = 65536 · 128) and
+ * carries the weight 65536 in its scales; the final exchange of the fp16 path (fg_unpack adds lane t + 2 into lane
+ * t, as it adds the hi and lo products there) adds the two. The codes are unsigned, so each flush removes the zero
+ * point (EXL2: 8; GPTQ: per column) as zero times the sum of the flushed units' X, which the staging stores per unit.
+ * The other lanes' C-columns see other words; their scales are zero, so they add nothing. */
 #ifndef TSR_CUDA_GEMV_IMMA_CUH
 #define TSR_CUDA_GEMV_IMMA_CUH
 
@@ -22,19 +23,19 @@
 
 #include <stdint.h>
 
-/* Units per flush at most: |code| ≤ 240 (A-row g + 8), |digit| ≤ 128 and 32 rows give ≤ 2^19.9 per unit and C
- * entry; digits 0 and 1 folded as c0 + 256 c1 stay below 2^31 for 8 units. */
-#define FI_FLUSH_UNITS 8
+/* Units per flush at most: codes ≤ 240 (A-row g + 8), digits ≤ 255 and 32 rows give < 2^21 per unit and C entry;
+ * digits 0 and 1 folded as c0 + 256 c1 stay below 2^31 for 4 units. */
+#define FI_FLUSH_UNITS 4
 /* In a converted unit (32 words where its 8 staged entries were), entry (ks, t)'s words 0-2 are the digits of
  * rows 16 ks + 2t + {0, 8, 1, 9} (byte j: the j-th row of that list) and its word 3 is zero, except in entry (0, 0),
- * where it holds the unit's sum of fixed-point values (a float). */
+ * where it holds the unit's sum of X (a float). */
 #define FI_WORD_SUM 3
 
-/* D += A · B for one m16n8k32 tile: unsigned 8-bit A, signed 8-bit B, int32 accumulators. */
+/* D += A · B for one m16n8k32 tile: unsigned 8-bit A and B, int32 accumulators. */
 __device__ __forceinline__ void imma_16832(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                            uint32_t b0, uint32_t b1)
 {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
@@ -48,10 +49,6 @@ __device__ __forceinline__ void fi_entry_values(uint4 e, float (&v)[4])
     v[0] = hx.x + lx.x, v[1] = hy.x + ly.x, v[2] = hx.y + lx.y, v[3] = hy.y + ly.y;
 }
 
-__device__ __forceinline__ uint32_t fi_bytes(int a, int b, int c, int d)
-{
-    return (uint32_t)(a & 255) | (uint32_t)(b & 255) << 8 | (uint32_t)(c & 255) << 16 | (uint32_t)d << 24;
-}
 
 /* Whether staged unit i of the block (its record: units[u0 + i]) is converted: GPTQ's all, EXL2's 4-bit ones. */
 template <bool GPTQ> __device__ __forceinline__ bool fi_unit_is_int(const tsr_linear_dev &L, int u)
@@ -97,24 +94,22 @@ __device__ float fi_stage(int nu, uint32_t mask, uint4 *stage, float *red, int r
         const bool live = i < items && (mask >> k & 1);
         float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (live) fi_entry_values(stage[i], v);
-        int d[3][4], sum = 0;
+        uint32_t u[4];
+        int sum = 0;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const int x = __float2int_rn(v[j] * inv); /* |x| <= 2^22 */
             sum += x;
-            d[0][j] = (int)(int8_t)x;
-            const int x1 = (x - d[0][j]) >> 8;
-            d[1][j] = (int)(int8_t)x1;
-            d[2][j] = (x1 - d[1][j]) >> 8;
+            u[j] = (uint32_t)(x + (1 << 23));
         }
+        const uint32_t lo01 = __byte_perm(u[0], u[1], 0x5140), lo23 = __byte_perm(u[2], u[3], 0x5140); /* bytes 0, 1 */
+        const uint32_t hi01 = __byte_perm(u[0], u[1], 0x0062), hi23 = __byte_perm(u[2], u[3], 0x0062); /* byte 2 */
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         sum += __shfl_xor_sync(0xffffffffu, sum, 4);
         if (live)
-            stage[i] = make_uint4(fi_bytes(d[0][0], d[0][1], d[0][2], d[0][3]),
-                                  fi_bytes(d[1][0], d[1][1], d[1][2], d[1][3]),
-                                  fi_bytes(d[2][0], d[2][1], d[2][2], d[2][3]),
-                                  (i & 7) == 0 ? __float_as_uint((float)sum) : 0u);
+            stage[i] = make_uint4(__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
+                                  __byte_perm(hi01, hi23, 0x5410), (i & 7) == 0 ? __float_as_uint((float)sum) : 0u);
     }
     return m > 0.0f ? ldexpf(1.0f, e - 22) : 0.0f;
 }
@@ -123,7 +118,8 @@ __device__ float fi_stage(int nu, uint32_t mask, uint4 *stage, float *red, int r
  * scales and zero points (see the head of the file). */
 struct fi_lane {
     int boff;       /* word of entry (0, t) holding the lane's digit (words 0-2) or zero / the unit sum (word 3) */
-    int k1;         /* weight of C-column 2t + 1 in the lane's int: 256 (lane t = 0) or 0 */
+    bool ones;      /* B-column 5: all ones instead of a word */
+    int k1;         /* weight of C-column 2t + 1 in the lane's int: 256 (lane t = 0), −128 (t = 2) or 0 */
     float se, so;   /* scale factor of A-rows g (even j) and g + 8 (odd j, whose codes are times 16) */
     float ze, zo;   /* zero-point factor of the same rows: 1 and 16 in lane t = 0, else 0 */
 };
@@ -133,7 +129,8 @@ __device__ __forceinline__ fi_lane fi_lane_of(int lane, float xscale)
     const int t = lane & 3, g = lane >> 2;
     fi_lane K;
     K.boff = 4 * t + (g == 0 ? 0 : g == 1 ? 1 : g == 4 ? 2 : FI_WORD_SUM);
-    K.k1 = t == 0 ? 256 : 0;
+    K.ones = g == 5;
+    K.k1 = t == 0 ? 256 : t == 2 ? -128 : 0;
     K.se = t == 0 ? xscale : t == 2 ? 65536.0f * xscale : 0.0f;
     K.so = K.se * (1.0f / 16.0f);
     K.ze = t == 0 ? 1.0f : 0.0f;
@@ -189,12 +186,12 @@ __device__ __forceinline__ void fi_flush(int (&acc)[4][4], float (&tot)[4][4], c
 
 /* One 4-bit unit: both column blocks' words from the ring slot, the lane's digits and the unit's sum from the
  * converted stage (dig: the unit's 32 words). */
-__device__ __forceinline__ void fi_unit(const uint32_t *words, const uint32_t *dig, int lane, int boff,
+__device__ __forceinline__ void fi_unit(const uint32_t *words, const uint32_t *dig, int lane, const fi_lane &K,
                                         int (&acc)[4][4], float &xs)
 {
     const uint4 v0 = *(const uint4 *)(words + lane * 4), v1 = *(const uint4 *)(words + 128 + lane * 4);
     const uint32_t w[2][4] = {{v0.x, v0.y, v0.z, v0.w}, {v1.x, v1.y, v1.z, v1.w}};
-    const uint32_t b0 = dig[boff], b1 = dig[16 + boff];
+    const uint32_t b0 = K.ones ? 0x01010101u : dig[K.boff], b1 = K.ones ? 0x01010101u : dig[16 + K.boff];
     xs += __uint_as_float(dig[FI_WORD_SUM]);
 #pragma unroll
     for (int c = 0; c < 2; c++)
@@ -236,7 +233,7 @@ __device__ __forceinline__ void fi_run(const tsr_linear_dev &L, const fg_warp &W
                 if (grp != cur) fi_group<GPTQ>(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS, L.zero_add, W.scratch, W.lane, K, S);
                 cur = grp;
             }
-            fi_unit(slot + uu * 2 * 32 * 4, dig + (i - W.u0) * 32, W.lane, K.boff, acc, xs);
+            fi_unit(slot + uu * 2 * 32 * 4, dig + (i - W.u0) * 32, W.lane, K, acc, xs);
             since++;
         }
     }
