@@ -32,8 +32,8 @@
 #define FI_WORD_SUM 3
 
 /* D += A · B for one m16n8k32 tile: unsigned 8-bit A and B, int32 accumulators. */
-__device__ __forceinline__ void imma_16832(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                           uint32_t b0, uint32_t b1)
+__device__ __forceinline__ void imma_16832(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                           uint32_t b1)
 {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
@@ -49,8 +49,7 @@ __device__ __forceinline__ void fi_entry_values(uint4 e, float (&v)[4])
     v[0] = hx.x + lx.x, v[1] = hy.x + ly.x, v[2] = hx.y + lx.y, v[3] = hy.y + ly.y;
 }
 
-
-/* Whether staged unit i of the block (its record: units[u0 + i]) is converted: GPTQ's all, EXL2's 4-bit ones. */
+/* Whether unit u of the matrix is converted when staged: GPTQ's all, EXL2's 4-bit ones. */
 template <bool GPTQ> __device__ __forceinline__ bool fi_unit_is_int(const tsr_linear_dev &L, int u)
 {
     return GPTQ || (int)(L.units[u].y >> 24) == 4;
@@ -68,9 +67,9 @@ template <bool GPTQ> __device__ __forceinline__ uint32_t fi_int_entries(const ts
 
 /* Converts the block's staged 4-bit units [u0, u0 + nu) in place (every thread of the block; shared memory
  * settled before, a __syncthreads needed after; mask: fi_int_entries). red: one float per warp (scratch).
- * Returns the scale of the fixed point (value = fixed · scale), 0 when all those activations are zero. */
-template <bool GPTQ>
-__device__ float fi_stage(int nu, uint32_t mask, uint4 *stage, float *red, int red_stride)
+ * Returns the scale of the fixed point (value = fixed · scale), 0 when all those activations are zero (or below
+ * 2^-100, or the largest is not finite: then the products are taken as zero). */
+template <bool GPTQ> __device__ float fi_stage(int nu, uint32_t mask, uint4 *stage, float *red, int red_stride)
 {
     const int items = nu * 8, warps = (int)blockDim.x >> 5, lane = threadIdx.x & 31;
     float m = 0.0f;
@@ -79,15 +78,18 @@ __device__ float fi_stage(int nu, uint32_t mask, uint4 *stage, float *red, int r
         float v[4];
         fi_entry_values(stage[i], v);
 #pragma unroll
-        for (int j = 0; j < 4; j++) m = fmaxf(m, fabsf(v[j]));
+        for (int j = 0; j < 4; j++)
+            m = fmaxf(m, fabsf(v[j]));
     }
     m = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(m))); /* magnitudes order as their bits */
     if (lane == 0) red[(threadIdx.x >> 5) * red_stride] = m;
     __syncthreads();
-    for (int w = 0; w < warps; w++) m = fmaxf(m, red[w * red_stride]);
+    for (int w = 0; w < warps; w++)
+        m = fmaxf(m, red[w * red_stride]);
     int e = 0;
-    (void)frexpf(m, &e); /* m < 2^e */
-    const float inv = m > 0.0f ? ldexpf(1.0f, 22 - e) : 0.0f;
+    (void)frexpf(m, &e); /* m < 2^e; below 2^-100 (or not finite) the activations count as zero */
+    const bool scaled = m >= 0x1p-100f && m <= 0x1p100f;
+    const float inv = scaled ? ldexpf(1.0f, 22 - e) : 0.0f;
     /* the 8 entries of a unit sit in 8 neighbouring lanes (blockDim.x is a multiple of 8), which add their sums */
     for (int k = 0, base = 0; base < items; k++, base += blockDim.x) {
         const int i = base + (int)threadIdx.x;
@@ -111,17 +113,17 @@ __device__ float fi_stage(int nu, uint32_t mask, uint4 *stage, float *red, int r
             stage[i] = make_uint4(__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
                                   __byte_perm(hi01, hi23, 0x5410), (i & 7) == 0 ? __float_as_uint((float)sum) : 0u);
     }
-    return m > 0.0f ? ldexpf(1.0f, e - 22) : 0.0f;
+    return scaled ? ldexpf(1.0f, e - 22) : 0.0f;
 }
 
 /* A lane's constants: where it reads its B-column's digits, how its C entries combine, and its share of the
  * scales and zero points (see the head of the file). */
 struct fi_lane {
-    int boff;       /* word of entry (0, t) holding the lane's digit (words 0-2) or zero / the unit sum (word 3) */
-    bool ones;      /* B-column 5: all ones instead of a word */
-    int k1;         /* weight of C-column 2t + 1 in the lane's int: 256 (lane t = 0), −128 (t = 2) or 0 */
-    float se, so;   /* scale factor of A-rows g (even j) and g + 8 (odd j, whose codes are times 16) */
-    float ze, zo;   /* zero-point factor of the same rows: 1 and 16 in lane t = 0, else 0 */
+    int boff;     /* word of entry (0, t) holding the lane's digit (words 0-2) or zero / the unit sum (word 3) */
+    bool ones;    /* B-column 5: all ones instead of a word */
+    int k1;       /* weight of C-column 2t + 1 in the lane's int: 256 (lane t = 0), −128 (t = 2) or 0 */
+    float se, so; /* scale factor of A-rows g (even j) and g + 8 (odd j, whose codes are times 16) */
+    float ze, zo; /* zero-point factor of the same rows: 1 and 16 in lane t = 0, else 0 */
 };
 
 __device__ __forceinline__ fi_lane fi_lane_of(int lane, float xscale)
@@ -180,7 +182,8 @@ __device__ __forceinline__ void fi_flush(int (&acc)[4][4], float (&tot)[4][4], c
             tot[t][2 * h] = fmaf(S.s[c][j], fmaf(-S.z[c][j], xs, (float)v), tot[t][2 * h]);
         }
 #pragma unroll
-        for (int i = 0; i < 4; i++) acc[t][i] = 0;
+        for (int i = 0; i < 4; i++)
+            acc[t][i] = 0;
     }
 }
 
@@ -198,8 +201,7 @@ __device__ __forceinline__ void fi_unit(const uint32_t *words, const uint32_t *d
 #pragma unroll
         for (int ct = 0; ct < 2; ct++) {
             const uint32_t k0 = w[c][2 * ct], k1 = w[c][2 * ct + 1];
-            imma_16832(acc[2 * c + ct], k0 & 0x0f0f0f0fu, k0 & 0xf0f0f0f0u, k1 & 0x0f0f0f0fu, k1 & 0xf0f0f0f0u, b0,
-                       b1);
+            imma_16832(acc[2 * c + ct], k0 & 0x0f0f0f0fu, k0 & 0xf0f0f0f0u, k1 & 0x0f0f0f0fu, k1 & 0xf0f0f0f0u, b0, b1);
         }
 }
 
@@ -230,7 +232,8 @@ __device__ __forceinline__ void fi_run(const tsr_linear_dev &L, const fg_warp &W
             if (grp != cur || since == FI_FLUSH_UNITS) {
                 if (cur >= 0) fi_flush(acc, tot, S, xs, K.k1);
                 xs = 0.0f, since = 0;
-                if (grp != cur) fi_group<GPTQ>(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS, L.zero_add, W.scratch, W.lane, K, S);
+                if (grp != cur)
+                    fi_group<GPTQ>(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS, L.zero_add, W.scratch, W.lane, K, S);
                 cur = grp;
             }
             fi_unit(slot + uu * 2 * 32 * 4, dig + (i - W.u0) * 32, W.lane, K, acc, xs);
