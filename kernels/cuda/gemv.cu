@@ -825,7 +825,7 @@ static int fg_frag_n(void)
 }
 
 /* Lets kernel use up to `bytes` of dynamic shared memory, once per kernel: the table has room for every GEMV
- * instance of this file (34: 12 of frag_gemv_kernel, 22 of the bulk kernel), and were it ever full, the attribute
+ * instance of this file (36: 14 of frag_gemv_kernel, 22 of the bulk kernel), and were it ever full, the attribute
  * would be set on every call rather than skipped. */
 #define FG_KERNELS 40
 typedef void (*fg_kernel_t)(const fg_group, const float *, int, int);
