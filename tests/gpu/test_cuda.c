@@ -923,7 +923,7 @@ static void test_linear_waves(void **state)
 
 /* 4-bit groups of 1024 and 2080 rows in a matrix of 16384 columns, so that at one row each warp of the GEMV streams
  * a dozen units of one group over several ring steps and the integer path (with TSR_CUDA_GEMV_IMMA=1, as
- * test_cuda_imma runs: gemv_imma.cuh) flushes its int sums inside a group (every 8 units) as well as at group ends, K
+ * test_cuda_imma runs: gemv_imma.cuh) flushes its int sums inside a group (every 4 units) as well as at group ends, K
  * split over two blocks. */
 static void test_linear_long_groups(void **state)
 {
