@@ -76,6 +76,7 @@ template <uint32_t MASK> __device__ __forceinline__ uint32_t and_exp(uint32_t a)
  * the scales into its A operands (the GEMV's FOLD) instead of into fp32 sums per group. */
 struct frag_scales {
     float s[4];
+    float z[4]; /* GPTQ's zero points (code + zero_add), for the integer path (gemv_imma.cuh); EXL2: unset */
     __half2 zc[4][2];
     __half2 h[4];
 };
@@ -160,6 +161,7 @@ __device__ __forceinline__ void frag_scales_decode(uint4 q, const void *tab, boo
         const int code = (int)((wq[j] >> (4 * g)) & 0xfu);
         if (gptq) {
             const float zero = (float)(code + zero_add);
+            out.z[j] = zero;
             out.s[j] = __half2float(((const __half *)tab)[8 * j + g]);
             out.zc[j][0] = __float2half2_rn(-(1024.0f + zero));
             out.zc[j][1] = __float2half2_rn(-(64.0f + zero));

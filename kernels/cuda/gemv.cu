@@ -609,9 +609,9 @@ static bool fg_exact(int M, bool bulk)
 }
 
 /* Whether one row takes its 4-bit units on integer tensor cores (gemv_imma.cuh): TSR_CUDA_GEMV_IMMA=1 for both
- * formats, 0 for neither, by default GPTQ's only. 8B GPTQ 4-bit g128 at batch 1 +5-6 %; 8B EXL2 4.0 bpw 4 % slower,
- * where the converter's 4-bit groups of 32-64 rows flush the int sums every one or two units and the block's
- * conversion of its activations costs more than the decode saves (NOTES.md, stop 37). */
+ * formats, 0 for neither, by default GPTQ's only. 8B GPTQ 4-bit at batch 1: +5-6 % with groups of 128 rows, +6 %
+ * with groups of 32. 8B EXL2 4.0 bpw: 5-6 % slower, whether its 4-bit groups are 32-64 rows (the converter's mix)
+ * or all 128 (NOTES.md, stops 37-38). */
 static bool fg_imma(bool gptq)
 {
     static int on = -2;

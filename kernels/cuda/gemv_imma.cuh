@@ -151,20 +151,13 @@ __device__ __forceinline__ void fi_group(const uint32_t *hdr, int zero_add, floa
                                          fi_scales &S)
 {
     frag_scales sc[2];
-    if constexpr (!GPTQ) fg_exl2_scales(hdr, (const float *)(hdr + 8), scratch, lane, sc);
-    const int g = lane >> 2;
+    fg_group_from_hdr<4, GPTQ>(hdr, zero_add, scratch, lane, sc);
 #pragma unroll
     for (int c = 0; c < 2; c++)
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            float s = 0.0f, z = 8.0f; /* EXL2's 4-bit zero point */
-            if constexpr (GPTQ) {
-                z = (float)((int)((hdr[4 * c + j] >> (4 * g)) & 0xfu) + zero_add);
-                s = __half2float(((const __half *)(hdr + 8 + 16 * c))[8 * j + g]);
-            } else {
-                s = sc[c].s[j];
-            }
-            S.s[c][j] = s * (j & 1 ? K.so : K.se);
+            const float z = GPTQ ? sc[c].z[j] : 8.0f; /* EXL2's 4-bit zero point */
+            S.s[c][j] = sc[c].s[j] * (j & 1 ? K.so : K.se);
             S.z[c][j] = z * (j & 1 ? K.zo : K.ze);
         }
 }
@@ -211,38 +204,22 @@ template <bool GPTQ>
 __device__ __forceinline__ void fi_run(const tsr_linear_dev &L, const fg_warp &W, int ra, int rb, bool issued,
                                        const uint32_t *dig, const fi_lane &K, float (&tot)[4][4])
 {
-    const int steps = (rb - ra + 1) / 2;
-    if (!issued) fg_prologue<4>(W, ra, rb);
-    const fg_span R = fg_span_of<4>(W, ra, rb);
     int acc[4][4] = {};
     fi_scales S = {};
     float xs = 0.0f;
     int cur = -1, since = 0;
-    for (int st = 0; st < steps; st++) {
-        cp_async_wait<FG_RING - 2>();
-        __syncwarp();
-        if (st + FG_RING - 1 < steps) fg_issue<4>(W, R, st + FG_RING - 1, (st + FG_RING - 1) % FG_RING);
-        cp_async_commit();
-        const uint32_t *slot = W.ring + (st % FG_RING) * FG_STEP_WORDS;
-#pragma unroll
-        for (int uu = 0; uu < 2; uu++) {
-            const int i = ra + st * 2 + uu;
-            if (i >= rb) break;
-            const int grp = (int)(W.meta[i - W.wa].y & 0xffffffu);
-            if (grp != cur || since == FI_FLUSH_UNITS) {
-                if (cur >= 0) fi_flush(acc, tot, S, xs, K.k1);
-                xs = 0.0f, since = 0;
-                if (grp != cur)
-                    fi_group<GPTQ>(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS, L.zero_add, W.scratch, W.lane, K, S);
-                cur = grp;
-            }
-            fi_unit(slot + uu * 2 * 32 * 4, dig + (i - W.u0) * 32, W.lane, K, acc, xs);
-            since++;
+    fg_walk<4>(W, ra, rb, issued, [&](const uint32_t *slot, int uu, int i) {
+        const int grp = (int)(W.meta[i - W.wa].y & 0xffffffu);
+        if (grp != cur || since == FI_FLUSH_UNITS) {
+            if (cur >= 0) fi_flush(acc, tot, S, xs, K.k1);
+            xs = 0.0f, since = 0;
+            if (grp != cur) fi_group<GPTQ>(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS, L.zero_add, W.scratch, W.lane, K, S);
+            cur = grp;
         }
-    }
+        fi_unit(slot + uu * 2 * 32 * 4, dig + (i - W.u0) * 32, W.lane, K, acc, xs);
+        since++;
+    });
     if (cur >= 0) fi_flush(acc, tot, S, xs, K.k1);
-    cp_async_wait<0>();
-    __syncwarp();
 }
 
 #endif

@@ -412,11 +412,11 @@ __device__ __forceinline__ int fg_next_end(uint64_t ends, int ra)
     return ra + __ffsll((long long)(ends >> ra));
 }
 
-/* The warp's units [ra, rb) (all of width B) through the ring, FG_RING - 1 steps in flight; the ring starts at
- * slot 0 and drains at the end (a warp sees 2-3 runs). `issued`: the prologue is already in flight. */
-template <int B, bool GPTQ, bool ONE, bool PK, int NT>
-__device__ __forceinline__ void fg_run(const tsr_linear_dev &L, const fg_warp &W, int ra, int rb, bool issued, int &cur,
-                                       frag_scales (&sc)[2], float (&acc)[NT][4][4], float (&tot)[NT][4][4])
+/* The ring walk of a run of width-B units [ra, rb): FG_RING - 1 steps in flight, the ring starting at slot 0 and
+ * draining at the end (a warp sees 2-3 runs); `issued`: the prologue is already in flight. For each unit i of
+ * the run, in order, unit(slot, uu, i): slot is the step's ring slot and uu the unit's place in it. */
+template <int B, class U>
+__device__ __forceinline__ void fg_walk(const fg_warp &W, int ra, int rb, bool issued, U &&unit)
 {
     constexpr int NU = B <= 4 ? 2 : 1;
     const int steps = (rb - ra + NU - 1) / NU;
@@ -432,17 +432,28 @@ __device__ __forceinline__ void fg_run(const tsr_linear_dev &L, const fg_warp &W
         for (int uu = 0; uu < NU; uu++) {
             const int i = ra + st * NU + uu;
             if (i >= rb) break;
-            const int grp = (int)(W.meta[i - W.wa].y & 0xffffffu);
-            if (grp != cur) {
-                if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
-                fg_group_from_hdr<B, GPTQ>(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS, L.zero_add, W.scratch, W.lane, sc);
-                cur = grp;
-            }
-            fg_unit<B, GPTQ, NT, PK>(slot + uu * 2 * 32 * B, W.bs, i - W.u0, W.M, W.lane, sc, acc);
+            unit(slot, uu, i);
         }
     }
     cp_async_wait<0>();
     __syncwarp();
+}
+
+/* The warp's units [ra, rb) (all of width B) through the ring (fg_walk), each group's sums flushed into tot as the
+ * next group starts; cur: the group whose scales sc holds (-1: none yet). */
+template <int B, bool GPTQ, bool ONE, bool PK, int NT>
+__device__ __forceinline__ void fg_run(const tsr_linear_dev &L, const fg_warp &W, int ra, int rb, bool issued, int &cur,
+                                       frag_scales (&sc)[2], float (&acc)[NT][4][4], float (&tot)[NT][4][4])
+{
+    fg_walk<B>(W, ra, rb, issued, [&](const uint32_t *slot, int uu, int i) {
+        const int grp = (int)(W.meta[i - W.wa].y & 0xffffffu);
+        if (grp != cur) {
+            if (cur >= 0) fg_flush<ONE, NT>(acc, tot, sc);
+            fg_group_from_hdr<B, GPTQ>(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS, L.zero_add, W.scratch, W.lane, sc);
+            cur = grp;
+        }
+        fg_unit<B, GPTQ, NT, PK>(slot + uu * 2 * 32 * B, W.bs, i - W.u0, W.M, W.lane, sc, acc);
+    });
 }
 
 #endif
