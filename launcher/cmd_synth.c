@@ -29,7 +29,9 @@ static void usage(FILE *f)
             "  --format F      exl2 (default) or gptq: 4-bit GPTQ decoder layers (v1 checkpoint format), fp16 lm_head\n"
             "  --bpw B         EXL2: average bits per weight of the decoder layers' linear layers (default 4.0)\n"
             "  --head-bits     EXL2: lm_head option of the converter: 2, 3, 4, 5, 6 or 8 (default 6)\n"
-            "  --group-size G  GPTQ: rows per group, a power of two 8..65536, or -1 for one group (default 128)\n"
+            "  --group-size G  GPTQ: rows per group, a power of two 8..65536, or -1 for one group (default 128);\n"
+            "                  EXL2: 32, 64 or 128 rows per group at every width but the 8-bit top slice\n"
+            "                  (default: 32 or 64 for the higher width, 64 or 128 for the lower, per matrix)\n"
             "  --act-order     GPTQ: desc_act checkpoint (g_idx assigns rows to groups in a random order)\n"
             "  --sym           GPTQ: symmetric (every zero point 8; default: random zero points 6..10)\n"
             "  --head-dim D    default hidden / heads\n"
@@ -45,6 +47,7 @@ int tsr_cmd_synth(int argc, char **argv)
     const char *out = NULL, *arch = NULL;
     long hidden = 0, layers = 0, heads = 0, kv = 0, inter = 0, vocab = 0, head_dim = 0, head_bits = 6, seed = 0;
     long max_pos = 4096, shard_mb = 0, group_size = 0, threads = 0;
+    int group_set = 0;
     double bpw = 4.0;
     const char *format = "exl2", *exl2_opt = NULL, *gptq_opt = NULL; /* the last option of each format given */
     for (int i = 1; i < argc; i++) {
@@ -71,14 +74,7 @@ int tsr_cmd_synth(int argc, char **argv)
             if (!(v = tsr_cli_value("synth", argc, argv, &i)) ||
                 tsr_cli_int("synth", "--group-size", v, -1, 65536, &group_size))
                 return 2;
-            if (group_size == 0 || (group_size != -1 && (group_size < 8 || (group_size & (group_size - 1))))) {
-                fprintf(stderr,
-                        "tessera synth: --group-size %ld: use a power of two from 8 to 65536, or -1 for one group "
-                        "per matrix\n",
-                        group_size);
-                return 2;
-            }
-            gptq_opt = a;
+            group_set = 1;
         } else if (!strcmp(a, "--act-order")) {
             o.act_order = 1;
             gptq_opt = a;
@@ -125,9 +121,21 @@ int tsr_cmd_synth(int argc, char **argv)
                     exl2_opt);
             return 2;
         }
+        if (group_set && (group_size == 0 || (group_size != -1 && (group_size < 8 || (group_size & (group_size - 1)))))) {
+            fprintf(stderr,
+                    "tessera synth: --group-size %ld: use a power of two from 8 to 65536, or -1 for one group "
+                    "per matrix\n",
+                    group_size);
+            return 2;
+        }
     } else if (!strcmp(format, "exl2")) {
         if (gptq_opt) {
             fprintf(stderr, "tessera synth: %s is a GPTQ option; add --format gptq\n", gptq_opt);
+            return 2;
+        }
+        if (group_set && group_size != 32 && group_size != 64 && group_size != 128) {
+            fprintf(stderr, "tessera synth: --group-size %ld: EXL2 groups are 32, 64 or 128 rows (the converter's)\n",
+                    group_size);
             return 2;
         }
     } else {

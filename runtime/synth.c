@@ -389,15 +389,17 @@ static tsr_status add_gptq_matrix(synth_ctx *c, const char *key, const char *per
     return TSR_OK;
 }
 
-/* Plans one decoder matrix against target_bits; the variant (group sizes, 8-bit top slice) comes from rng. */
-static tsr_status plan_layer_matrix(int K, int N, double target_bits, rng_t *rng, tsr_synth_qplan *p)
+/* Plans one decoder matrix against target_bits; the variant (group sizes, 8-bit top slice) comes from rng, the
+ * group sizes of both widths from gs instead where it is not 0. */
+static tsr_status plan_layer_matrix(int K, int N, double target_bits, int gs, rng_t *rng, tsr_synth_qplan *p)
 {
     uint64_t r = rng_next(rng);
-    int top8 = (int)(r & 1), gs_hi = (r >> 1) & 1 ? 64 : 32, gs_lo = (r >> 2) & 1 ? 64 : 128;
+    int top8 = (int)(r & 1), gs_hi = gs ? gs : (r >> 1) & 1 ? 64 : 32, gs_lo = gs ? gs : (r >> 2) & 1 ? 64 : 128;
     option_pick best = search_option(K, N, target_bits, top8, gs_hi, gs_lo);
     if (fabs(best.err) > 0.02 * (double)K * N) /* the random variant cannot get close: try them all */
         for (int v = 0; v < 8; v++) {
-            option_pick o = search_option(K, N, target_bits, v & 1, (v >> 1) & 1 ? 64 : 32, (v >> 2) & 1 ? 64 : 128);
+            const int vh = gs ? gs : (v >> 1) & 1 ? 64 : 32, vl = gs ? gs : (v >> 2) & 1 ? 64 : 128;
+            option_pick o = search_option(K, N, target_bits, v & 1, vh, vl);
             if (fabs(o.err) < fabs(best.err)) best = o;
         }
     memset(p, 0, sizeof *p);
@@ -456,8 +458,10 @@ static tsr_status check_opts(const tsr_synth_opts *o)
     if (o->max_pos <= 0) return tsr_fail(TSR_ERR_ARG, "synth: --max-pos must be positive");
     if (o->format == TSR_SYNTH_GPTQ) return check_gptq_opts(o);
     if (o->format != TSR_SYNTH_EXL2) return tsr_fail(TSR_ERR_ARG, "synth: unknown format %d", (int)o->format);
-    if (o->group_size || o->act_order || o->sym)
-        return tsr_fail(TSR_ERR_ARG, "synth: group size, act-order and sym are GPTQ options (EXL2 was asked for)");
+    if (o->act_order || o->sym)
+        return tsr_fail(TSR_ERR_ARG, "synth: act-order and sym are GPTQ options (EXL2 was asked for)");
+    if (o->group_size && o->group_size != 32 && o->group_size != 64 && o->group_size != 128)
+        return tsr_fail(TSR_ERR_ARG, "synth: EXL2 group size %d: the converter's are 32, 64 and 128 rows", o->group_size);
     if (o->hidden % 32 || o->intermediate % 32 || qd % 32)
         return tsr_fail(TSR_ERR_ARG,
                         "synth: hidden (%d), intermediate (%d) and heads*head_dim (%d) must be multiples of 32 (EXL2 "
@@ -503,7 +507,7 @@ static tsr_status build_inventory(synth_ctx *c, tsr_synth_result *res)
                 int Np = (N + 31) / 32 * 32;
                 double target = o->bpw * (double)K * Np + carry;
                 tsr_synth_qplan p;
-                TSR_TRY(plan_layer_matrix(K, Np, target, &prng, &p));
+                TSR_TRY(plan_layer_matrix(K, Np, target, o->group_size, &prng, &p));
                 double bits = (double)tsr_synth_qplan_bits(&p);
                 carry = target - bits;
                 layer_bits += bits;

@@ -65,8 +65,10 @@ typedef struct tsr_synth_opts {
     tsr_synth_format format;  /* TSR_SYNTH_EXL2 (0) or TSR_SYNTH_GPTQ */
     double bpw;               /* EXL2: target average of the decoder layers' linear layers (ignored for GPTQ) */
     int head_bits;            /* EXL2: converter -hb option for lm_head (default 6; ignored for GPTQ) */
+    /* GPTQ: rows per group, a power of two 8..65536, -1 one group per matrix, 0 = 128; EXL2: 32, 64 or 128 rows
+     * for both widths of every decoder matrix (not the 8-bit top slice), 0 = a random variant per matrix */
+    int group_size;
     /* GPTQ only (must stay 0 for EXL2): */
-    int group_size;           /* rows per group: a power of two 8..65536, -1 one group per matrix, 0 = 128 */
     int act_order;            /* desc_act: g_idx a random non-monotonic assignment (else g_idx[k] = k / gs) */
     int sym;                  /* symmetric: every zero point 8 (else random zero points 6..10) */
     uint64_t seed;

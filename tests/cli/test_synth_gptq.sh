@@ -29,7 +29,7 @@ expect_exit 2 "--format must be" --format gguf "${geo[@]}"
 expect_exit 2 "--group-size 100" "${gptq[@]}" --group-size 100
 expect_exit 2 "--group-size 0" "${gptq[@]}" --group-size 0
 expect_exit 2 "--act-order is a GPTQ option" "${geo[@]}" --act-order
-expect_exit 2 "--group-size is a GPTQ option" "${geo[@]}" --group-size 128
+expect_exit 2 "EXL2 groups are 32, 64 or 128" "${geo[@]}" --group-size 256
 expect_exit 2 "--bpw is an EXL2 option" "${gptq[@]}" --bpw 4.0
 expect_exit 2 "--head-bits is an EXL2 option" "${gptq[@]}" --head-bits 8
 expect_exit 1 "multiples of 8" "${gptq[@]}" --intermediate 340

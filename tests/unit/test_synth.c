@@ -290,6 +290,29 @@ static void test_tiny_model(void **state)
     tsr_st_set_free(s3);
     tsr_model_free(m);
 
+    /* --group-size for EXL2: every group of every decoder matrix is 128 rows but the last of each width (the 8-bit
+     * top slice of 32 rows, a width's remainder); other sizes than the converter's are refused */
+    snprintf(d3, sizeof d3, "%s/g", base);
+    o.group_size = 128;
+    assert_int_equal(tsr_synth_write(&o, d3, &r3), TSR_OK);
+    assert_int_equal(tsr_model_load(d3, &m), TSR_OK);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const tsr_linear *L[] = {&m->layers[l].q, &m->layers[l].k, &m->layers[l].v, &m->layers[l].o,
+                                 &m->layers[l].gate, &m->layers[l].up, &m->layers[l].down};
+        for (int i = 0; i < 7; i++)
+            for (int g = 0; g < L[i]->q.G; g++) {
+                const tsr_qgroup *q = &L[i]->q.groups[g];
+                const int last = g == L[i]->q.G - 1 || q->bits != L[i]->q.groups[g + 1].bits;
+                if (last) assert_true(q->rows <= 128); /* the top slice is the last (and only) 8-bit group */
+                else assert_int_equal(q->rows, 128);
+            }
+    }
+    tsr_model_free(m);
+    o.group_size = 96;
+    assert_int_equal(tsr_synth_write(&o, d4, &r3), TSR_ERR_ARG);
+    assert_non_null(strstr(tsr_last_error(), "32, 64 and 128"));
+    o.group_size = 0;
+
     /* unreachable target, bad geometry */
     o.bpw = 2.0;
     o.hidden = 64;
