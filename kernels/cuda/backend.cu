@@ -56,16 +56,45 @@ static int profile_mode(void)
     return mode;
 }
 
-/* Programmatic dependent launch (see launch.cuh): on by default on sm_90 and newer; TSR_CUDA_PDL=0 turns it off,
- * and profiling turns it off. */
+/* A kernel of this library, whose attributes tell which PTX architecture the device's code came from. */
+__global__ void sm90_probe_kernel(void) {}
+
+static int g_sm90 = -1; /* tsr_cuda_sm90: -1 until settled for the current device */
+
+/* The sm_90 paths (bulk copies, PDL) exist only in code compiled for sm_90. A build whose TSR_CUDA_ARCHS stop below
+ * 90 still runs on an H100 or H200, by JIT-compiling its newest PTX, in which those paths are compiled out: taking
+ * them there would hang the bulk GEMV and race every PDL launch, so such a device runs the sm_80 paths. */
+bool tsr_cuda_sm90(void)
+{
+    static bool warned;
+    if (g_sm90 >= 0) return g_sm90 > 0;
+    int dev = 0, major = 0;
+    cudaFuncAttributes a;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaFuncGetAttributes(&a, sm90_probe_kernel) != cudaSuccess) {
+        cudaGetLastError();
+        return false; /* settled later, once a device answers */
+    }
+    g_sm90 = major >= 9 && a.ptxVersion >= 90;
+    if (major >= 9 && !g_sm90 && !warned) {
+        warned = true;
+        fprintf(stderr,
+                "tessera: this build has no sm_90 code (TSR_CUDA_ARCHS; its newest PTX is %d.%d): the GPU runs the "
+                "sm_80 kernels, without bulk copies or programmatic launch\n",
+                a.ptxVersion / 10, a.ptxVersion % 10);
+    }
+    return g_sm90 > 0;
+}
+
+/* Programmatic dependent launch (see launch.cuh): on by default with sm_90 code (tsr_cuda_sm90); TSR_CUDA_PDL=0
+ * turns it off, and profiling turns it off. */
 extern "C" int tsr_cuda_pdl(void)
 {
     static int on = -1;
     if (on < 0) {
         const char *v = getenv("TSR_CUDA_PDL");
-        int major = 0;
-        if (g_device >= 0) cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, g_device);
-        on = major >= 9 && !(v && !strcmp(v, "0")) && profile_mode() == 0;
+        on = tsr_cuda_sm90() && !(v && !strcmp(v, "0")) && profile_mode() == 0;
     }
     return on;
 }
@@ -93,6 +122,8 @@ extern "C" tsr_status tsr_cuda_init(int device)
     if (cublasCreate(&g_blas) != CUBLAS_STATUS_SUCCESS) return tsr_fail(TSR_ERR_IO, "cuBLAS initialization failed");
     cublasSetStream(g_blas, g_stream);
     g_device = device;
+    g_sm90 = -1; /* settled again for this device */
+    (void)tsr_cuda_sm90();
     return TSR_OK;
 }
 
@@ -103,8 +134,9 @@ extern "C" void tsr_cuda_describe(char *buf, size_t cap)
         snprintf(buf, cap, "no CUDA device");
         return;
     }
-    snprintf(buf, cap, "%s (sm_%d%d, %d SMs, %.1f GiB)", p.name, p.major, p.minor, p.multiProcessorCount,
-             (double)p.totalGlobalMem / (1024.0 * 1024 * 1024));
+    snprintf(buf, cap, "%s (sm_%d%d, %d SMs, %.1f GiB%s)", p.name, p.major, p.minor, p.multiProcessorCount,
+             (double)p.totalGlobalMem / (1024.0 * 1024 * 1024),
+             p.major >= 9 && !tsr_cuda_sm90() ? "; no sm_90 code in this build: sm_80 kernels" : "");
 }
 
 extern "C" void tsr_cuda_memory(size_t *free_bytes, size_t *total_bytes)

@@ -60,6 +60,9 @@ int tsr_cuda_mlp_half(const tsr_linear_dev *G, const tsr_linear_dev *U, const ts
 bool tsr_cuda_env_off(const char *name);
 /* Attribute attr of the current device, or fallback when it cannot be read (backend.cu). */
 int tsr_cuda_device_attr(cudaDeviceAttr attr, int fallback);
+/* Whether the device is sm_90 or newer and this build has sm_90 code for it (else, JIT-compiled from older PTX, it
+ * runs the sm_80 paths); false before tsr_cuda_init (backend.cu). */
+bool tsr_cuda_sm90(void);
 /* Whether M rows run the sm_90 bulk-copy GEMV (TSR_CUDA_GEMV_BULK; gemv.cu). */
 bool tsr_cuda_gemv_bulk(int M);
 /* Rows one GEMV launch takes: 64 where the bulk kernel runs 33-64 rows, else TSR_GEMV_MAX_M (gemv.cu). */

@@ -7,12 +7,15 @@
 # TSR_GPUPACK_SLIM=1 packs for single-GPU calls only (scripts/device-gemv.sh, device-matrix.sh): no Open MPI, no
 # logits_diff, none of the libraries only Open MPI's components load (about 5 MB instead of 6.7, leaving room in a
 # device call's 64 MiB for other builds to A/B against). TSR_GPUPACK_ALT="NAME=FILE ..." then copies each stripped,
-# xz-compressed tessera FILE to .parpack/tessera-NAME.xz (device-gemv.sh's BIN=NAME variants).
+# xz-compressed tessera FILE to .parpack/tessera-NAME.xz (device-gemv.sh's BIN=NAME variants). TSR_GPUPACK_ARCHS
+# (default 90) builds for other architectures: 80 makes the H200 JIT-compile sm_80 code, which runs the kernels
+# and paths of consumer cards (no bulk copies, no programmatic launch: backend.cu tsr_cuda_sm90).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 build=${TSR_GPUPACK_BUILD:-$root/build-gpu-par}
-cmake -S "$root" -B "$build" -DTSR_NATIVE=OFF -DTSR_CUDA=ON -DTSR_CUDA_ARCHS=90 -DTSR_NCCL=ON > "$build.configure.log"
+cmake -S "$root" -B "$build" -DTSR_NATIVE=OFF -DTSR_CUDA=ON -DTSR_CUDA_ARCHS="${TSR_GPUPACK_ARCHS:-90}" -DTSR_NCCL=ON \
+  > "$build.configure.log"
 grep -q "NCCL for GPU workers" "$build.configure.log" || { echo "gpu-pack: this build found no NCCL" >&2; exit 1; }
 cmake --build "$build" -j "$(nproc)" --target tessera logits_diff test_cuda test_peer_ipc > "$build.log"
 out=$root/.parbin
