@@ -309,8 +309,8 @@ static int ad_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const ts
     const size_t smem = ad_smem_bytes(D, G);
     static bool configured = false;
     if (!configured) {
-        TSR_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel<D, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)ad_smem_bytes(D, AD_MAX_G)));
+        tsr_cuda_allow_smem((const void *)attn_decode_kernel<D, NT>, ad_smem_bytes(D, AD_MAX_G),
+                            "the decode attention");
         configured = true;
     }
     /* enough splits for about AD_TARGET_BLOCKS blocks, at most one per round of the longest visible span (in a

@@ -258,8 +258,7 @@ static void fa_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const t
     const size_t smem = fa_smem_bytes(D, BKV);
     static bool configured = false;
     if (!configured) {
-        TSR_CUDA_CHECK(
-            cudaFuncSetAttribute(fa_prefill_kernel<D, BKV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        tsr_cuda_allow_smem((const void *)fa_prefill_kernel<D, BKV>, smem, "the prefill attention");
         configured = true;
     }
     /* the longest sequence has at most n_rows - (n_seqs - 1) rows */
@@ -274,7 +273,7 @@ static void fa_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const t
  * batch to attention.cu's general kernel); TSR_CUDA_FA_BKV=32 asks for 32 everywhere (tests). */
 static int fa_tile_positions(int D)
 {
-    static const int optin = tsr_cuda_device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
+    static const int optin = tsr_cuda_smem_block();
     static const bool forced = getenv("TSR_CUDA_FA_BKV") && atoi(getenv("TSR_CUDA_FA_BKV")) == 32;
     if (!forced && fa_smem_bytes(D, 64) <= (size_t)optin) return 64;
     return fa_smem_bytes(D, 32) <= (size_t)optin ? 32 : 0;

@@ -1000,6 +1000,40 @@ static const tsr_ops cuda_ops_profiled = {
     pf_mlp_add_norm,
 };
 
+/* TSR_CUDA_SMEM_OPTIN when set to a positive number of bytes, else 0. */
+static int smem_cap(void)
+{
+    static int cap = -1;
+    if (cap < 0) {
+        const char *e = getenv("TSR_CUDA_SMEM_OPTIN");
+        cap = e && atoi(e) > 0 ? atoi(e) : 0;
+    }
+    return cap;
+}
+
+int tsr_cuda_smem_block(void)
+{
+    const int dev = tsr_cuda_device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 * 1024);
+    return smem_cap() && smem_cap() < dev ? smem_cap() : dev;
+}
+
+int tsr_cuda_smem_sm(void)
+{
+    const int dev = tsr_cuda_device_attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor, 64 * 1024);
+    return smem_cap() && smem_cap() + 1024 < dev ? smem_cap() + 1024 : dev;
+}
+
+void tsr_cuda_allow_smem(const void *kernel, size_t bytes, const char *what)
+{
+    if (bytes > (size_t)tsr_cuda_smem_block()) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s asks for %zu bytes of shared memory per block; the device allows %d", what, bytes,
+                 tsr_cuda_smem_block());
+        tsr_cuda_fatal(__FILE__, __LINE__, msg);
+    }
+    TSR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
 int tsr_cuda_device_attr(cudaDeviceAttr attr, int fallback)
 {
     int dev = 0, v = 0;

@@ -60,6 +60,15 @@ int tsr_cuda_mlp_half(const tsr_linear_dev *G, const tsr_linear_dev *U, const ts
 bool tsr_cuda_env_off(const char *name);
 /* Attribute attr of the current device, or fallback when it cannot be read (backend.cu). */
 int tsr_cuda_device_attr(cudaDeviceAttr attr, int fallback);
+/* The shared memory the kernels plan with, per block (opt-in) and per SM: the device's, or less where
+ * TSR_CUDA_SMEM_OPTIN caps a block at that many bytes (and an SM at 1 KB more), so that a larger GPU plans as a
+ * consumer card does (99 KB on sm_86/sm_89; with a build for sm_80, tests/parallel/gpu-pack.sh TSR_GPUPACK_ARCHS)
+ * (backend.cu). */
+int tsr_cuda_smem_block(void);
+int tsr_cuda_smem_sm(void);
+/* Opts `kernel` in to `bytes` of dynamic shared memory per block; a fatal error naming `what` where that is more
+ * than tsr_cuda_smem_block (a planning bug: the callers size their needs from it) (backend.cu). */
+void tsr_cuda_allow_smem(const void *kernel, size_t bytes, const char *what);
 /* Whether the device is sm_90 or newer and this build has sm_90 code for it (else, JIT-compiled from older PTX, it
  * runs the sm_80 paths); false before tsr_cuda_init (backend.cu). */
 bool tsr_cuda_sm90(void);

@@ -718,8 +718,30 @@ __global__ void exl2_reduce_group_kernel(const __grid_constant__ red_group G, in
     P.y[i] = s;
 }
 
-/* Bytes of staged activations per block, and per unit and token: hi + lo halves where fg_exact, else hi halves. */
-static int fg_stage_max(int M) { return M <= 8 ? FG_STAGE_MAX : FG_STAGE_WIDE; }
+/* Shared memory of frag_gemv_kernel's warps (rings, unit records, scale scratch), beside the staged activations. */
+static int fg_warps_bytes(void)
+{
+    return FG_WARPS * (FG_RING * FG_STEP_WORDS + 2 * FG_WARP_UNITS + FG_SCALE_WORDS) * 4;
+}
+
+/* Bytes of staged activations per block: FG_STAGE_MAX up to 8 rows, FG_STAGE_WIDE above, or what the device's
+ * shared memory per block leaves beside the warps' (frag_gemv_kernel) or the ring's (bulk) share: on sm_86/sm_89
+ * (99 KB) the one-row kernel stages 19 KB, so its blocks take fewer units and K splits into more pieces. */
+static int fg_stage_max(int M, bool bulk)
+{
+    const int room = tsr_cuda_smem_block() - (bulk ? (int)sizeof(ft_shared) : fg_warps_bytes());
+    return max(0, min(M <= 8 ? FG_STAGE_MAX : FG_STAGE_WIDE, room));
+}
+
+/* frag_gemv_kernel's blocks per SM for M rows: two up to 8 rows where the SM's shared memory holds two (H100,
+ * H200), else one (A100, sm_86/sm_89: the launch bounds' second block would not fit). */
+static int fg_blocks_per_sm(int M)
+{
+    const int block = fg_stage_max(M, false) + fg_warps_bytes() + 1024; /* 1 KB per block kept by the system */
+    return M <= 8 && 2 * block <= tsr_cuda_smem_sm() ? 2 : 1;
+}
+
+/* Bytes per unit and token of the staged activations: hi + lo halves where fg_exact, else hi halves. */
 static int fg_unit_bytes(int M, bool bulk) { return (fg_exact(M, bulk) ? 128 : 64) * M; }
 
 /* Whether gemv_plan balances launches of several waves (below): TSR_CUDA_GEMV_BALANCE, default 1. */
@@ -761,7 +783,8 @@ static int gemv_plan(int col_blocks, int n_units, int sp_max, int ub_max, int ta
 /* frag_gemv_kernel's plan (gemv_plan): at least two units per warp, the staged activations within the stage limit. */
 static int fg_plan(int col_blocks, int n_units, int M, int target, int sms)
 {
-    const int ub_max = min(fg_stage_max(M) / fg_unit_bytes(M, false), FG_WARP_UNITS * FG_WK);
+    const int ub_max = min(fg_stage_max(M, false) / fg_unit_bytes(M, false), FG_WARP_UNITS * FG_WK);
+    if (ub_max < 1) tsr_cuda_fatal(__FILE__, __LINE__, "the device's shared memory cannot hold the decode GEMV");
     return gemv_plan(col_blocks, n_units, n_units / (2 * FG_WK), ub_max, target, sms);
 }
 
@@ -784,7 +807,9 @@ static int fg_target(void)
  * units of k's and v's and set the launch's time. */
 static int ft_plan(int col_blocks, int n_units, int M, bool gptq, int target, int sms)
 {
-    const int ub_max = ft_xring(M, gptq) ? FT_MAX_UNITS : min(fg_stage_max(M) / fg_unit_bytes(M, true), FT_MAX_UNITS);
+    const int ub_max =
+        ft_xring(M, gptq) ? FT_MAX_UNITS : min(fg_stage_max(M, true) / fg_unit_bytes(M, true), FT_MAX_UNITS);
+    if (ub_max < 1) tsr_cuda_fatal(__FILE__, __LINE__, "the device's shared memory cannot hold the bulk GEMV");
     return gemv_plan(col_blocks, n_units, n_units / FT_MIN_UNITS, ub_max, target, sms);
 }
 
@@ -833,7 +858,7 @@ static void fg_allow_smem(fg_kernel_t kern, size_t bytes)
     int i = 0;
     while (i < FG_KERNELS && allowed[i] && allowed[i] != kern) i++;
     if (i < FG_KERNELS && allowed[i] == kern) return;
-    TSR_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    tsr_cuda_allow_smem((const void *)kern, bytes, "the decode GEMV");
     if (i < FG_KERNELS) allowed[i] = kern;
 }
 
@@ -853,12 +878,11 @@ template <bool GPTQ> static void (*fg_kernel(int M))(const fg_group, const float
  * unit records and its ring (the final reduction reuses the start). */
 static void fg_launch_warps(const fg_group &G, bool gptq, const float *x, int M, unsigned blocks, int stage_words)
 {
-    const size_t warp_words = (size_t)FG_RING * FG_STEP_WORDS + 2 * FG_WARP_UNITS + FG_SCALE_WORDS;
-    size_t smem = ((size_t)stage_words + FG_WARPS * warp_words) * 4;
+    size_t smem = (size_t)stage_words * 4 + fg_warps_bytes();
     const size_t red_bytes = (size_t)FG_WK * M * FG_COLS * sizeof(float);
     if (smem < red_bytes) smem = red_bytes;
     fg_kernel_t kern = gptq ? fg_kernel<true>(M) : fg_kernel<false>(M);
-    fg_allow_smem(kern, fg_stage_max(M) + FG_WARPS * warp_words * 4);
+    fg_allow_smem(kern, (size_t)fg_stage_max(M, false) + fg_warps_bytes());
     tsr_launch_smem(kern, dim3(blocks), dim3(FG_WARPS * 32), smem, G, x, M, stage_words);
 }
 
@@ -1001,7 +1025,7 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
     const int cols = bulk ? ft_cols(M) : FG_COLS;
     int all_col_blocks = 0; /* the plan is the group's */
     for (int i = 0; i < n; i++) all_col_blocks += (int)tsr_div_up(Ls[i]->Npad, cols);
-    const int target = (M <= 8 ? 2 : 1) * fg_target();
+    const int target = (M <= 8 ? (bulk ? 2 : fg_blocks_per_sm(M)) : 1) * fg_target();
     const int ub = bulk ? ft_plan(all_col_blocks, Ls[0]->n_units, M, Ls[0]->gptq != 0, target, fg_target())
                         : fg_plan(all_col_blocks, Ls[0]->n_units, M, target, fg_target());
     G.n = n;
@@ -1038,7 +1062,7 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
         const size_t xr_bytes = xr ? (size_t)FT_RING * FT_X_WORDS * 4 : 0;
         const size_t smem = (size_t)stage_words * 4 + sizeof(ft_shared) + xr_bytes;
         fg_kernel_t kern = Ls[0]->gptq ? ft_kernel<true>(M) : ft_kernel<false>(M);
-        fg_allow_smem(kern, (xr ? 0 : (size_t)fg_stage_max(M)) + sizeof(ft_shared) + xr_bytes);
+        fg_allow_smem(kern, (xr ? 0 : (size_t)fg_stage_max(M, true)) + sizeof(ft_shared) + xr_bytes);
         tsr_launch_smem(kern, dim3(blocks), dim3(ft_threads(M)), smem, G, x, M, stage_words);
     } else {
         fg_launch_warps(G, Ls[0]->gptq != 0, x, M, blocks, stage_words);

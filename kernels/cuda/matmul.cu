@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(512)
  * chip at once with it (at least 1). */
 template <typename F> static int permute_blocks(F f, size_t smem)
 {
-    TSR_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    tsr_cuda_allow_smem((const void *)f, smem, "the activations' permutation");
     int per_sm = 0;
     TSR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, 512, smem));
     return per_sm > 0 ? per_sm * tsr_cuda_device_attr(cudaDevAttrMultiProcessorCount, 1) : 1;
@@ -126,7 +126,7 @@ static void permute_half(const T *x, const T *up, const int32_t *uperm, int M, i
 {
     const size_t row = ((size_t)K * sizeof(__half) + 15) & ~(size_t)15, with_perm = row + (size_t)Kp * sizeof(uint16_t);
     /* the most a block of the device may opt in to: 99 KB on sm_86/89, 227 KB on sm_90 (48 KB if unknown) */
-    static const size_t optin = (size_t)tsr_cuda_device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 * 1024);
+    static const size_t optin = (size_t)tsr_cuda_smem_block();
     const bool in_smem = K < 0xffff && with_perm <= 160 * 1024 && with_perm <= optin;
     const size_t smem = in_smem ? with_perm : row;
     auto launch = [&](auto kernel) {

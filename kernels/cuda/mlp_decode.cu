@@ -516,13 +516,17 @@ static void mlp_trace_report(void)
 }
 
 /* Blocks of the grid: all that are resident at once (TSR_CUDA_MLP_BLOCKS caps it, for tests of small grids), or 0
- * when none fits or the device predates sm_80 (cp.async). Asked once per kernel instance: the device is fixed. */
+ * when none fits (tsr_cuda_smem_block) or the device predates sm_80 (cp.async). Asked once per kernel instance: the
+ * device is fixed. */
 static int mlp_blocks(void (*kern)(const mlp_args), size_t smem)
 {
-    if (tsr_cuda_device_attr(cudaDevAttrComputeCapabilityMajor, 0) < 8) return 0;
+    if (tsr_cuda_device_attr(cudaDevAttrComputeCapabilityMajor, 0) < 8 || smem > (size_t)tsr_cuda_smem_block())
+        return 0;
     int occ = 0;
-    TSR_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    tsr_cuda_allow_smem((const void *)kern, smem, "the fused decode MLP");
     TSR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, MLP_WARPS * 32, smem));
+    const int fit = tsr_cuda_smem_sm() / (int)(smem + 1024); /* a cap (TSR_CUDA_SMEM_OPTIN) plans as that device */
+    if (fit < occ) occ = fit;
     int blocks = occ * tsr_cuda_device_attr(cudaDevAttrMultiProcessorCount, 0);
     const char *e = getenv("TSR_CUDA_MLP_BLOCKS");
     if (e && atoi(e) > 0 && atoi(e) < blocks) blocks = atoi(e);
