@@ -74,6 +74,9 @@ void tsr_cuda_allow_smem(const void *kernel, size_t bytes, const char *what);
 bool tsr_cuda_sm90(void);
 /* Whether M rows run the sm_90 bulk-copy GEMV (TSR_CUDA_GEMV_BULK; gemv.cu). */
 bool tsr_cuda_gemv_bulk(int M);
+/* Whether the decode GEMV's instances for 9-32 rows stage less than 32 KB of activations per block, as where blocks
+ * have 99 KB of shared memory (sm_86, sm_89): their K then splits into many pieces (gemv.cu). */
+bool tsr_cuda_gemv_narrow_stage(void);
 /* Rows one GEMV launch takes: 64 where the bulk kernel runs 33-64 rows, else TSR_GEMV_MAX_M (gemv.cu). */
 int tsr_cuda_gemv_rows(void);
 /* ops.h linear_add_norm: the decode GEMV's K-split parts are added in the residual pass; on the dequantize path

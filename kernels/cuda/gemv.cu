@@ -741,6 +741,12 @@ static int fg_blocks_per_sm(int M)
     return M <= 8 && 2 * block <= tsr_cuda_smem_sm() ? 2 : 1;
 }
 
+/* Whether the one-row kernel's wide instances (9-32 rows) stage less than FG_STAGE_MAX (cuda_kernels.cuh). */
+bool tsr_cuda_gemv_narrow_stage(void)
+{
+    return fg_stage_max(FG_MAX_M, false) < FG_STAGE_MAX;
+}
+
 /* Bytes per unit and token of the staged activations: hi + lo halves where fg_exact, else hi halves. */
 static int fg_unit_bytes(int M, bool bulk) { return (fg_exact(M, bulk) ? 128 : 64) * M; }
 

@@ -199,8 +199,9 @@ __global__ void __launch_bounds__(128) frag_dequant_kernel(tsr_linear_dev L, int
 }
 
 /* The smallest M that takes this path: TSR_CUDA_DQ_MIN_M (1 to 129) for every matrix when set; else 33 (below it
- * the GEMV), and 97 with the bulk GEMV (sm_90), which runs up to 64 rows in one launch streaming the weights once
- * (tsr_cuda_gemv_rows; 65 where it is held to 32 rows, TSR_CUDA_GEMV_BULK). Measured (NOTES.md, stops 19, 23 and 28):
+ * the GEMV; 30 where the GEMV stages little, tsr_cuda_gemv_narrow_stage), and 97 with the bulk GEMV (sm_90), which
+ * runs up to 64 rows in one launch streaming the weights once (tsr_cuda_gemv_rows; 65 where it is held to 32 rows,
+ * TSR_CUDA_GEMV_BULK). Measured (NOTES.md, stops 19, 23 and 28):
  * 64 rows as two chunks of 32 beat this path already (70B geometry +9 %, 8B +6 %); as one launch of 64, 8B +36 % and
  * 70B +71 % over two chunks; at 80 and 96 rows (a launch of 64 and one of the rest) 8B +25 % / +5 %, 70B +37 % / +26 %
  * over this path; at 128 rows 8B -9 %. */
@@ -214,7 +215,11 @@ static int dq_min_m(void)
     }
     if (v) return v;
     if (tsr_cuda_gemv_rows() > TSR_GEMV_MAX_M) return 3 * TSR_GEMV_MAX_M + 1;
-    return tsr_cuda_gemv_bulk(TSR_GEMV_MAX_M) ? 2 * TSR_GEMV_MAX_M + 1 : TSR_GEMV_MAX_M + 1;
+    if (tsr_cuda_gemv_bulk(TSR_GEMV_MAX_M)) return 2 * TSR_GEMV_MAX_M + 1;
+    /* blocks of 99 KB (sm_86/sm_89), 8B 4.0 bpw planned as such a card on the H200 (NOTES.md, stop 38): the GEMV's
+     * step grows ~0.5 ms per row (12.3-12.5 ms at 24 rows, 13.3 at 26, 16.4 at 32), this path's takes 13.5 ms at
+     * 32 rows but 14.3 at 27; 28-31 were not measured */
+    return tsr_cuda_gemv_narrow_stage() ? 30 : TSR_GEMV_MAX_M + 1;
 }
 
 /* The widest slab in columns (TSR_CUDA_DQ_SLAB_COLS, a multiple of 128; default: as wide as the buffer allows).
