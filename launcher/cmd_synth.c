@@ -121,7 +121,8 @@ int tsr_cmd_synth(int argc, char **argv)
                     exl2_opt);
             return 2;
         }
-        if (group_set && (group_size == 0 || (group_size != -1 && (group_size < 8 || (group_size & (group_size - 1)))))) {
+        const int pow2 = group_size >= 8 && !(group_size & (group_size - 1));
+        if (group_set && group_size != -1 && !pow2) {
             fprintf(stderr,
                     "tessera synth: --group-size %ld: use a power of two from 8 to 65536, or -1 for one group "
                     "per matrix\n",

@@ -461,7 +461,8 @@ static tsr_status check_opts(const tsr_synth_opts *o)
     if (o->act_order || o->sym)
         return tsr_fail(TSR_ERR_ARG, "synth: act-order and sym are GPTQ options (EXL2 was asked for)");
     if (o->group_size && o->group_size != 32 && o->group_size != 64 && o->group_size != 128)
-        return tsr_fail(TSR_ERR_ARG, "synth: EXL2 group size %d: the converter's are 32, 64 and 128 rows", o->group_size);
+        return tsr_fail(TSR_ERR_ARG, "synth: EXL2 group size %d: the converter's are 32, 64 and 128 rows",
+                        o->group_size);
     if (o->hidden % 32 || o->intermediate % 32 || qd % 32)
         return tsr_fail(TSR_ERR_ARG,
                         "synth: hidden (%d), intermediate (%d) and heads*head_dim (%d) must be multiples of 32 (EXL2 "

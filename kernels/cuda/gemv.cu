@@ -819,11 +819,11 @@ static int ft_plan(int col_blocks, int n_units, int M, bool gptq, int target, in
     return gemv_plan(col_blocks, n_units, n_units / FT_MIN_UNITS, ub_max, target, sms);
 }
 
-/* Whether M rows take frag_gemv_bulk_kernel: with sm_90 code (tsr_cuda_sm90), from TSR_CUDA_GEMV_BULK_MIN (default 3, at least
- * 2) up to TSR_CUDA_GEMV_BULK rows (default and most FT_MAX_M; 0 keeps frag_gemv_kernel for all). One
- * and two rows stay with frag_gemv_kernel: 2-4 % faster at one row when the bulk kernel came (NOTES.md, stop 18),
- * 7-9 % at two rows since the one-row kernel's later gains; from 3 rows the bulk kernel is as fast or faster (stop
- * 27). */
+/* Whether M rows take frag_gemv_bulk_kernel: with sm_90 code (tsr_cuda_sm90), from TSR_CUDA_GEMV_BULK_MIN
+ * (default 3, at least 2) up to TSR_CUDA_GEMV_BULK rows (default and most FT_MAX_M; 0 keeps frag_gemv_kernel for
+ * all). One and two rows stay with frag_gemv_kernel: 2-4 % faster at one row when the bulk kernel came (NOTES.md,
+ * stop 18), 7-9 % at two rows since the one-row kernel's later gains; from 3 rows the bulk kernel is as fast or
+ * faster (stop 27). */
 bool tsr_cuda_gemv_bulk(int M)
 {
     static int most = -1, least = 3;

@@ -213,7 +213,8 @@ __device__ __forceinline__ void fi_run(const tsr_linear_dev &L, const fg_warp &W
         if (grp != cur || since == FI_FLUSH_UNITS) {
             if (cur >= 0) fi_flush(acc, tot, S, xs, K.k1);
             xs = 0.0f, since = 0;
-            if (grp != cur) fi_group<GPTQ>(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS, L.zero_add, W.scratch, W.lane, K, S);
+            if (grp != cur)
+                fi_group<GPTQ>(slot + FG_SLOT_WORDS + uu * FG_HDR_WORDS, L.zero_add, W.scratch, W.lane, K, S);
             cur = grp;
         }
         fi_unit(slot + uu * 2 * 32 * 4, dig + (i - W.u0) * 32, W.lane, K, acc, xs);
