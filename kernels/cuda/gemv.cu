@@ -727,10 +727,14 @@ static int fg_warps_bytes(void)
 /* Bytes of staged activations per block: FG_STAGE_MAX up to 8 rows, FG_STAGE_WIDE above, or what the device's
  * shared memory per block leaves beside the warps' (frag_gemv_kernel) or the ring's (bulk) share: on sm_86/sm_89
  * (99 KB) the one-row kernel stages 19 KB, so its blocks take fewer units and K splits into more pieces. */
+static int fg_stage_room(int M, bool bulk, int smem_block)
+{
+    const int room = smem_block - (bulk ? (int)sizeof(ft_shared) : fg_warps_bytes());
+    return max(0, min(M <= 8 ? FG_STAGE_MAX : FG_STAGE_WIDE, room));
+}
 static int fg_stage_max(int M, bool bulk)
 {
-    const int room = tsr_cuda_smem_block() - (bulk ? (int)sizeof(ft_shared) : fg_warps_bytes());
-    return max(0, min(M <= 8 ? FG_STAGE_MAX : FG_STAGE_WIDE, room));
+    return fg_stage_room(M, bulk, tsr_cuda_smem_block());
 }
 
 /* frag_gemv_kernel's blocks per SM for M rows: two up to 8 rows where the SM's shared memory holds two (H100,
@@ -749,6 +753,22 @@ bool tsr_cuda_gemv_narrow_stage(void)
 
 /* Bytes per unit and token of the staged activations: hi + lo halves where fg_exact, else hi halves. */
 static int fg_unit_bytes(int M, bool bulk) { return (fg_exact(M, bulk) ? 128 : 64) * M; }
+
+/* What a launch of M rows asks of a device whose blocks may have smem_block bytes (ops_cuda.h): the opt-in that
+ * fg_launch_warps or the bulk branch of tsr_cuda_gemv requests, and the units one block can stage. */
+extern "C" size_t tsr_cuda_gemv_smem(int M, int bulk, int gptq, int smem_block, int *units_per_block)
+{
+    const int stage = fg_stage_room(M, bulk != 0, smem_block);
+    if (bulk) {
+        const bool xr = ft_xring(M, gptq != 0);
+        *units_per_block = xr ? FT_MAX_UNITS : min(stage / fg_unit_bytes(M, true), FT_MAX_UNITS);
+        return (xr ? 0 : (size_t)stage) + sizeof(ft_shared) + (xr ? (size_t)FT_RING * FT_X_WORDS * 4 : 0);
+    }
+    *units_per_block = min(stage / fg_unit_bytes(M, false), FG_WARP_UNITS * FG_WK);
+    const size_t red_bytes = (size_t)FG_WK * M * FG_COLS * sizeof(float);
+    const size_t need = (size_t)stage + fg_warps_bytes();
+    return need > red_bytes ? need : red_bytes;
+}
 
 /* Whether gemv_plan balances launches of several waves (below): TSR_CUDA_GEMV_BALANCE, default 1. */
 static bool fg_balance(void)

@@ -25,6 +25,10 @@ const tsr_ops *tsr_ops_cuda(void);
 void tsr_cuda_describe(char *buf, size_t cap);
 /* Free and total device memory in bytes. */
 void tsr_cuda_memory(size_t *free_bytes, size_t *total_bytes);
+/* The shared memory per block that the decode GEMV asks for at M rows (bulk: the sm_90 bulk-copy kernel; gptq: the
+ * matrices' format) on a device whose blocks may opt in to smem_block bytes, and in *units_per_block the 32-row units
+ * of activations one block can stage (0: the GEMV cannot run there). Needs no device (tests). */
+size_t tsr_cuda_gemv_smem(int M, int bulk, int gptq, int smem_block, int *units_per_block);
 /* Peak device memory allocated through the backend, in bytes. */
 size_t tsr_cuda_peak_allocated(void);
 /* Waits for all queued work. */
