@@ -60,6 +60,9 @@ static int profile_mode(void)
 __global__ void sm90_probe_kernel(void) {}
 
 static int g_sm90 = -1; /* tsr_cuda_sm90: -1 until settled for the current device */
+/* tsr_cuda_smem_block / _sm: the device's limits, asked once per bound device (every GEMV launch plans with them);
+ * 0 until then */
+static int g_smem_block, g_smem_sm;
 
 /* The sm_90 paths (bulk copies, PDL) exist only in code compiled for sm_90. A build whose TSR_CUDA_ARCHS stop below
  * 90 still runs on an H100 or H200, by JIT-compiling its newest PTX, in which those paths are compiled out: taking
@@ -122,7 +125,7 @@ extern "C" tsr_status tsr_cuda_init(int device)
     if (cublasCreate(&g_blas) != CUBLAS_STATUS_SUCCESS) return tsr_fail(TSR_ERR_IO, "cuBLAS initialization failed");
     cublasSetStream(g_blas, g_stream);
     g_device = device;
-    g_sm90 = -1; /* settled again for this device */
+    g_sm90 = -1, g_smem_block = g_smem_sm = 0; /* settled again for this device */
     (void)tsr_cuda_sm90();
     return TSR_OK;
 }
@@ -1013,14 +1016,20 @@ static int smem_cap(void)
 
 int tsr_cuda_smem_block(void)
 {
-    const int dev = tsr_cuda_device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 * 1024);
-    return smem_cap() && smem_cap() < dev ? smem_cap() : dev;
+    if (!g_smem_block) {
+        const int dev = tsr_cuda_device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 * 1024);
+        g_smem_block = smem_cap() && smem_cap() < dev ? smem_cap() : dev;
+    }
+    return g_smem_block;
 }
 
 int tsr_cuda_smem_sm(void)
 {
-    const int dev = tsr_cuda_device_attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor, 64 * 1024);
-    return smem_cap() && smem_cap() + 1024 < dev ? smem_cap() + 1024 : dev;
+    if (!g_smem_sm) {
+        const int dev = tsr_cuda_device_attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor, 64 * 1024);
+        g_smem_sm = smem_cap() && smem_cap() + 1024 < dev ? smem_cap() + 1024 : dev;
+    }
+    return g_smem_sm;
 }
 
 void tsr_cuda_allow_smem(const void *kernel, size_t bytes, const char *what)

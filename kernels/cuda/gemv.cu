@@ -39,6 +39,8 @@
 #define FG_STAGE_MAX 32768 /* bytes of staged activations per block, M <= 8 (two blocks per SM) */
 #define FG_STAGE_WIDE 131072 /* the same for 8 < M <= 32 (one block per SM) */
 #define FG_MAX_M      TSR_GEMV_MAX_M /* rows per launch at most: 1, 2 or 4 mma n-tiles of 8 tokens */
+/* shared-memory words per warp, after the staged activations: unit records, ring, scale scratch (fg_warp) */
+#define FG_WARP_WORDS (FG_RING * FG_STEP_WORDS + 2 * FG_WARP_UNITS + FG_SCALE_WORDS)
 
 /* One matrix of a launch: its blocks are col_blocks × splits of the grid, after those of the parts before. */
 struct fg_part {
@@ -254,8 +256,7 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     const int ncb = L.Npad / 32;
     const int2 slice = fg_slice<GPTQ>(L.units, u0, u1, wk, lane);
     const int wa = slice.x, n = slice.y - slice.x;
-    constexpr int warp_words = FG_RING * FG_STEP_WORDS + 2 * FG_WARP_UNITS + FG_SCALE_WORDS;
-    uint32_t *wsm = (uint32_t *)fg_smem + stage_words + warp * warp_words;
+    uint32_t *wsm = (uint32_t *)fg_smem + stage_words + warp * FG_WARP_WORDS;
     fg_warp W;
     W.meta = (const uint2 *)wsm;
     W.ring = wsm + 2 * FG_WARP_UNITS;
@@ -283,7 +284,7 @@ __global__ void __launch_bounds__(FG_WARPS * 32, NT == 1 ? 2 : 1)
     fi_lane K = {};
     if constexpr (IMMA) { /* the 4-bit units' activations to fixed point, in place (the warps' scratch free yet) */
         float *scratch0 = (float *)fg_smem + stage_words + 2 * FG_WARP_UNITS + FG_RING * FG_STEP_WORDS; /* warp 0's */
-        const float xscale = fi_stage<GPTQ>(nu, int_entries, fg_smem, scratch0, warp_words);
+        const float xscale = fi_stage<GPTQ>(nu, int_entries, fg_smem, scratch0, FG_WARP_WORDS);
         __syncthreads();
         K = fi_lane_of(lane, xscale);
     }
@@ -721,7 +722,7 @@ __global__ void exl2_reduce_group_kernel(const __grid_constant__ red_group G, in
 /* Shared memory of frag_gemv_kernel's warps (rings, unit records, scale scratch), beside the staged activations. */
 static int fg_warps_bytes(void)
 {
-    return FG_WARPS * (FG_RING * FG_STEP_WORDS + 2 * FG_WARP_UNITS + FG_SCALE_WORDS) * 4;
+    return FG_WARPS * FG_WARP_WORDS * 4;
 }
 
 /* Bytes of staged activations per block: FG_STAGE_MAX up to 8 rows, FG_STAGE_WIDE above, or what the device's
@@ -754,20 +755,33 @@ bool tsr_cuda_gemv_narrow_stage(void)
 /* Bytes per unit and token of the staged activations: hi + lo halves where fg_exact, else hi halves. */
 static int fg_unit_bytes(int M, bool bulk) { return (fg_exact(M, bulk) ? 128 : 64) * M; }
 
-/* What a launch of M rows asks of a device whose blocks may have smem_block bytes (ops_cuda.h): the opt-in that
- * fg_launch_warps or the bulk branch of tsr_cuda_gemv requests, and the units one block can stage. */
+/* The units of activations one block of M rows stages, at most (bulk: frag_gemv_bulk_kernel), on a device whose
+ * blocks may have smem_block bytes: the plans' limit (fg_plan, ft_plan). */
+static int fg_units_max(int M, bool bulk, bool gptq, int smem_block)
+{
+    const int stage = fg_stage_room(M, bulk, smem_block);
+    if (bulk) return ft_xring(M, gptq) ? FT_MAX_UNITS : min(stage / fg_unit_bytes(M, true), FT_MAX_UNITS);
+    return min(stage / fg_unit_bytes(M, false), FG_WARP_UNITS * FG_WK);
+}
+
+/* The shared memory a kernel of M rows opts in to there, for its largest stage: the bulk kernel's ring state and
+ * (XR) activation slots, or frag_gemv_kernel's warps and, at least, the final reduction's room. */
+static size_t fg_optin_bytes(int M, bool bulk, bool gptq, int smem_block)
+{
+    const size_t stage = (size_t)fg_stage_room(M, bulk, smem_block);
+    if (bulk) {
+        const bool xr = ft_xring(M, gptq);
+        return (xr ? 0 : stage) + sizeof(ft_shared) + (xr ? (size_t)FT_RING * FT_X_WORDS * 4 : 0);
+    }
+    const size_t red_bytes = (size_t)FG_WK * M * FG_COLS * sizeof(float);
+    return stage + fg_warps_bytes() > red_bytes ? stage + fg_warps_bytes() : red_bytes;
+}
+
+/* What a launch of M rows asks of such a device (ops_cuda.h; tests): the same two helpers the launches use. */
 extern "C" size_t tsr_cuda_gemv_smem(int M, int bulk, int gptq, int smem_block, int *units_per_block)
 {
-    const int stage = fg_stage_room(M, bulk != 0, smem_block);
-    if (bulk) {
-        const bool xr = ft_xring(M, gptq != 0);
-        *units_per_block = xr ? FT_MAX_UNITS : min(stage / fg_unit_bytes(M, true), FT_MAX_UNITS);
-        return (xr ? 0 : (size_t)stage) + sizeof(ft_shared) + (xr ? (size_t)FT_RING * FT_X_WORDS * 4 : 0);
-    }
-    *units_per_block = min(stage / fg_unit_bytes(M, false), FG_WARP_UNITS * FG_WK);
-    const size_t red_bytes = (size_t)FG_WK * M * FG_COLS * sizeof(float);
-    const size_t need = (size_t)stage + fg_warps_bytes();
-    return need > red_bytes ? need : red_bytes;
+    *units_per_block = fg_units_max(M, bulk != 0, gptq != 0, smem_block);
+    return fg_optin_bytes(M, bulk != 0, gptq != 0, smem_block);
 }
 
 /* Whether gemv_plan balances launches of several waves (below): TSR_CUDA_GEMV_BALANCE, default 1. */
@@ -809,7 +823,7 @@ static int gemv_plan(int col_blocks, int n_units, int sp_max, int ub_max, int ta
 /* frag_gemv_kernel's plan (gemv_plan): at least two units per warp, the staged activations within the stage limit. */
 static int fg_plan(int col_blocks, int n_units, int M, int target, int sms)
 {
-    const int ub_max = min(fg_stage_max(M, false) / fg_unit_bytes(M, false), FG_WARP_UNITS * FG_WK);
+    const int ub_max = fg_units_max(M, false, false, tsr_cuda_smem_block());
     if (ub_max < 1) tsr_cuda_fatal(__FILE__, __LINE__, "the device's shared memory cannot hold the decode GEMV");
     return gemv_plan(col_blocks, n_units, n_units / (2 * FG_WK), ub_max, target, sms);
 }
@@ -833,8 +847,7 @@ static int fg_target(void)
  * units of k's and v's and set the launch's time. */
 static int ft_plan(int col_blocks, int n_units, int M, bool gptq, int target, int sms)
 {
-    const int ub_max =
-        ft_xring(M, gptq) ? FT_MAX_UNITS : min(fg_stage_max(M, true) / fg_unit_bytes(M, true), FT_MAX_UNITS);
+    const int ub_max = fg_units_max(M, true, gptq, tsr_cuda_smem_block());
     if (ub_max < 1) tsr_cuda_fatal(__FILE__, __LINE__, "the device's shared memory cannot hold the bulk GEMV");
     return gemv_plan(col_blocks, n_units, n_units / FT_MIN_UNITS, ub_max, target, sms);
 }
@@ -908,7 +921,7 @@ static void fg_launch_warps(const fg_group &G, bool gptq, const float *x, int M,
     const size_t red_bytes = (size_t)FG_WK * M * FG_COLS * sizeof(float);
     if (smem < red_bytes) smem = red_bytes;
     fg_kernel_t kern = gptq ? fg_kernel<true>(M) : fg_kernel<false>(M);
-    fg_allow_smem(kern, (size_t)fg_stage_max(M, false) + fg_warps_bytes());
+    fg_allow_smem(kern, fg_optin_bytes(M, false, gptq, tsr_cuda_smem_block()));
     tsr_launch_smem(kern, dim3(blocks), dim3(FG_WARPS * 32), smem, G, x, M, stage_words);
 }
 
@@ -1088,7 +1101,7 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
         const size_t xr_bytes = xr ? (size_t)FT_RING * FT_X_WORDS * 4 : 0;
         const size_t smem = (size_t)stage_words * 4 + sizeof(ft_shared) + xr_bytes;
         fg_kernel_t kern = Ls[0]->gptq ? ft_kernel<true>(M) : ft_kernel<false>(M);
-        fg_allow_smem(kern, (xr ? 0 : (size_t)fg_stage_max(M, true)) + sizeof(ft_shared) + xr_bytes);
+        fg_allow_smem(kern, fg_optin_bytes(M, true, Ls[0]->gptq != 0, tsr_cuda_smem_block()));
         tsr_launch_smem(kern, dim3(blocks), dim3(ft_threads(M)), smem, G, x, M, stage_words);
     } else {
         fg_launch_warps(G, Ls[0]->gptq != 0, x, M, blocks, stage_words);
