@@ -136,14 +136,12 @@ __global__ void attn_kernel(tsr_batch_layout b, tsr_attn_args a, const T *kc, co
     store_result<DPL>(acc, mx, sum, item, warp, lane, d, n_splits, out, part_ml, part_acc);
 }
 
-/* One thread per (item, dim). The splits' partials are read MERGE_AT_ONCE at a time, every load of a batch issued
- * before any is used (a loop that loaded, tested and added one split at a time left the loads to the compiler's
- * scheduling: 1.8 % slower at 8B batch 1, where a split count sized for the longest context leaves most splits of
- * a short one empty); empty splits (sum 0) load nothing and add nothing. The sums run in split order, as before.
- * With uinv (o's inverse unit permutation; S its staging plan), the value also goes to o's staged activations
- * (stage_ahead_scatter), its place read before the PDL wait, which spares o's GEMV its staging launch (8B at 4.0
- * bpw: +1-1.5 % at batches 2-8, none at 1). (A block per item that read the (max, sum) pairs once into shared memory
- * measured 2.6 % slower at 8B batch 1: NOTES.md, stop 33.) */
+/* One thread per (item, dim), the splits in order: for up to MERGE_AT_ONCE splits, and where attn_merge_item_kernel
+ * below does not serve (head sizes that are not a multiple of 32 or above MERGE_MAX_DPL · 32). The
+ * splits' partials are read MERGE_AT_ONCE at a time, every load of a batch issued before any is used; empty
+ * splits (sum 0) load nothing and add nothing. With uinv (o's inverse unit permutation; S its staging plan), the
+ * value also goes to o's staged activations (stage_ahead_scatter), its place read before the PDL wait, which
+ * spares o's GEMV its staging launch (8B at 4.0 bpw: +1-1.5 % at batches 2-8, none at 1). */
 #define MERGE_AT_ONCE 8
 __global__ void attn_merge_kernel(size_t items, int d, int n_splits, const float2 *part_ml, const float *part_acc,
                                   float *out, const int32_t *uinv, int n_heads,
@@ -190,6 +188,94 @@ __global__ void attn_merge_kernel(size_t items, int d, int n_splits, const float
     const float y = L > 0.0f ? acc / L : 0.0f;
     out[i] = y;
     if (place >= 0) stage_ahead_scatter(S, place, (int)(item / n_heads), y);
+}
+
+/* A block per (row, head) item, the splits spread over its warps. The kernel above walks an item's splits one
+ * batch after another in every thread: 8 batches of (max, sum) pairs and 8 of partial outputs for the 64 splits of
+ * a batch-1 decode at 8 KV heads, each an L2 round trip, 11 us per layer (ncu, NOTES.md stop 39) against ~2 us of
+ * bytes. Here the pairs are read once, a thread per split, and reduced across the block to the common maximum and
+ * the total weight; each warp then adds the outputs of every MERGE_WARPS-th split (lane: dims lane + 32 i, all of
+ * a warp's loads issued before they are used), and the warps' sums meet in shared memory. Three round trips
+ * whatever the split count: at 8 K positions +12 % batch-1 decode on the 8B shape, none lost at 512 (stop 33's
+ * block per item, which looped over the splits in each thread, lost 2.6 % there). The additions run in a fixed
+ * order (per warp by split, then warp by warp), so the result does not change from run to run; it differs from
+ * the kernel above only by rounding. TSR_CUDA_MERGE_ITEM=0 leaves it out. */
+#define MERGE_WARPS 8
+#define MERGE_MAX_DPL 8 /* head sizes up to 256 */
+#define MERGE_UNROLL 4  /* splits per warp whose loads are in flight together */
+template <int DPL>
+__global__ void __launch_bounds__(MERGE_WARPS * 32)
+    attn_merge_item_kernel(int n_splits, const float2 *part_ml, const float *part_acc, float *out,
+                           const int32_t *uinv, int n_heads, const __grid_constant__ tsr_stage_ahead S)
+{
+    constexpr int D = DPL * 32, NT = MERGE_WARPS * 32;
+    extern __shared__ float mg_smem[];
+    float *fac = mg_smem;                  /* [n_splits] exp(m_s - M), 0 for empty splits */
+    float *wsum = fac + n_splits;          /* [MERGE_WARPS][D] */
+    float *red = wsum + MERGE_WARPS * D;   /* [MERGE_WARPS] max, then [MERGE_WARPS] weight */
+    tsr_pdl_trigger();
+    const size_t item = blockIdx.x;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int place0 = uinv && tid < D ? uinv[(int)(item % n_heads) * D + tid] : -1;
+    const int place1 = uinv && tid + NT < D ? uinv[(int)(item % n_heads) * D + tid + NT] : -1;
+    tsr_pdl_wait();
+    const float2 *ml = part_ml + item * n_splits;
+    float m = -INFINITY;
+    for (int s = tid; s < n_splits; s += NT) {
+        const float2 v = ml[s];
+        if (v.y != 0.0f) m = fmaxf(m, v.x);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    float M = red[0];
+#pragma unroll
+    for (int w = 1; w < MERGE_WARPS; w++) M = fmaxf(M, red[w]);
+    float l = 0.0f;
+    for (int s = tid; s < n_splits; s += NT) {
+        const float2 v = ml[s]; /* from L1 */
+        const float f = v.y != 0.0f ? __expf(v.x - M) : 0.0f;
+        fac[s] = f;
+        l += v.y * f;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+    if (lane == 0) red[MERGE_WARPS + warp] = l;
+    __syncthreads();
+
+    float acc[DPL] = {};
+    const float *pa = part_acc + item * n_splits * D + lane;
+    for (int s0 = warp; s0 < n_splits; s0 += MERGE_WARPS * MERGE_UNROLL) {
+        float v[MERGE_UNROLL][DPL], f[MERGE_UNROLL];
+#pragma unroll
+        for (int u = 0; u < MERGE_UNROLL; u++) {
+            const int s = s0 + u * MERGE_WARPS;
+            f[u] = s < n_splits ? fac[s] : 0.0f;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) v[u][i] = f[u] != 0.0f ? pa[(size_t)s * D + 32 * i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < MERGE_UNROLL; u++)
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[i] = fmaf(v[u][i], f[u], acc[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < DPL; i++) wsum[warp * D + lane + 32 * i] = acc[i];
+    __syncthreads();
+    float L = 0.0f;
+#pragma unroll
+    for (int w = 0; w < MERGE_WARPS; w++) L += red[MERGE_WARPS + w];
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    for (int k = tid; k < D; k += NT) {
+        float y = 0.0f;
+#pragma unroll
+        for (int w = 0; w < MERGE_WARPS; w++) y += wsum[w * D + k];
+        y *= inv;
+        out[item * D + k] = y;
+        const int place = k == tid ? place0 : place1;
+        if (place >= 0) stage_ahead_scatter(S, place, (int)(item / n_heads), y);
+    }
 }
 
 /* ---- quantized caches ---- */
@@ -535,7 +621,24 @@ void tsr_cuda_attn_merge(size_t items, int d, int n_splits, const float2 *part_m
     tsr_stage_ahead plan = {};
     const bool ahead = L && L->uinv && L->K == a->n_heads * d && (size_t)rows * a->n_heads == items &&
                        tsr_cuda_gemv_stage_plan(&L, 1, rows, &plan);
-    tsr_launch(attn_merge_kernel, dim3(tsr_div_up(items * d, 256)), dim3(256), items, d, n_splits, part_ml, part_acc,
-               out, ahead ? L->uinv : (const int32_t *)NULL, a->n_heads, plan);
+    const int32_t *uinv = ahead ? L->uinv : (const int32_t *)NULL;
+    const size_t smem = ((size_t)n_splits + (size_t)MERGE_WARPS * d + 2 * MERGE_WARPS) * sizeof(float);
+    static const bool by_item = !tsr_cuda_env_off("TSR_CUDA_MERGE_ITEM");
+    /* up to MERGE_AT_ONCE splits the kernel of a thread per value needs no more round trips than the item kernel,
+     * with a quarter of the threads idle: it stays (batch 32 at 8 KV heads has 2 splits) */
+    const bool item = by_item && n_splits > MERGE_AT_ONCE && d % 32 == 0 && d <= 32 * MERGE_MAX_DPL &&
+                      smem <= 48 * 1024;
+    const int dpl = item ? d / 32 : 0;
+    switch (dpl) {
+    case 2: tsr_launch_smem(attn_merge_item_kernel<2>, dim3((unsigned)items), dim3(MERGE_WARPS * 32), smem, n_splits,
+                            part_ml, part_acc, out, uinv, a->n_heads, plan); break;
+    case 4: tsr_launch_smem(attn_merge_item_kernel<4>, dim3((unsigned)items), dim3(MERGE_WARPS * 32), smem, n_splits,
+                            part_ml, part_acc, out, uinv, a->n_heads, plan); break;
+    case 8: tsr_launch_smem(attn_merge_item_kernel<8>, dim3((unsigned)items), dim3(MERGE_WARPS * 32), smem, n_splits,
+                            part_ml, part_acc, out, uinv, a->n_heads, plan); break;
+    default:
+        tsr_launch(attn_merge_kernel, dim3(tsr_div_up(items * d, 256)), dim3(256), items, d, n_splits, part_ml,
+                   part_acc, out, uinv, a->n_heads, plan);
+    }
     if (ahead) tsr_cuda_gemv_stage_done(&L, 1, out, &plan);
 }

@@ -24,6 +24,7 @@
 #include "kernels/cuda/kv_tile.cuh"
 
 #include <math.h>
+#include <stdlib.h>
 
 #define AD_CHUNK 64       /* positions per round */
 #define AD_THREADS 256
@@ -321,6 +322,8 @@ static int ad_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const ts
     const int rounds = (span + AD_CHUNK - 1) / AD_CHUNK;
     int n_splits = AD_TARGET_BLOCKS / (b->n_rows * a->n_kv_heads);
     if (n_splits > rounds) n_splits = rounds;
+    static const int cap = getenv("TSR_CUDA_ATTN_SPLITS") ? atoi(getenv("TSR_CUDA_ATTN_SPLITS")) : 0;
+    if (cap > 0 && n_splits > cap) n_splits = cap; /* tests: many rounds per split (test_cuda_splits3) */
     if (n_splits < 1) n_splits = 1;
     const size_t items = (size_t)b->n_rows * a->n_heads;
     float2 *ml = NULL;

@@ -489,6 +489,7 @@ static void test_attention(void **state)
     check_attention(64, TSR_F16, 100, 2);
     check_attention(128, TSR_F16, 0, 2);
     check_attention(96, TSR_F16, 0, 0); /* no tensor-core kernel for d96: the general one */
+    check_attention(256, TSR_F16, 0, 1); /* the general kernel's splits, merged by item (8 values per lane) */
     /* attention_decode.cu's tensor-core path by group size: 8 heads per KV head (two n-tiles), 1 and 3 (padded
      * columns), 12 (the scalar path) */
     check_attention_heads(128, TSR_F16, 0, 1, 16, 2, 16);
