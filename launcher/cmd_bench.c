@@ -6,7 +6,8 @@
  * (each row's pick made on the device when the backend can, so that only the picks come back, as in serving; a
  * non-finite logit is then noticed only as a non-finite maximum). Before timing, one token is run through the model so
  * page faults of the mapped weights are not billed to prefill. Bytes per decode step = stored bytes of every linear
- * layer (the head included) + the embedding rows of the step's tokens. The CPU reference bandwidth is the best of a few
+ * layer (the head included) + the embedding rows of the step's tokens; the K/V bytes its attention reads are shown
+ * beside them (kv_read_bytes), and the copy-bandwidth fraction of both together. The CPU reference bandwidth is the best of a few
  * 256 MiB memcpy runs, counted as read + write bytes (STREAM "copy" convention), measured in a child process so its
  * buffers do not count toward this process's peak RSS (VmHWM). Exit codes: 0 ok, 1 failure, 2 usage error. */
 #include "kernels/cpu/threadpool.h"
@@ -119,11 +120,26 @@ typedef struct {
     int batch;
     double prefill_s, prefill_tps;
     double decode_s, decode_tps, ms_per_step;
-    uint64_t bytes_per_step;
-    double bandwidth, bw_fraction;
+    uint64_t bytes_per_step, kv_read_per_step;
+    double bandwidth, bw_fraction, all_fraction;
     uint64_t kv_bytes, peak_rss, peak_dev;
     int nonfinite;
 } bench_row;
+
+/* K/V bytes the attention of one decode step reads, averaged over the gen steps: step i's rows (one per sequence)
+ * attend to prompt_len + i + 1 positions each, or the layer's window, every layer's K and V rows at the cache's
+ * bytes per position (codes and scales for quantized caches). */
+static uint64_t kv_read_bytes(const tsr_model_config *c, tsr_dtype kv_dtype, int batch, int prompt_len, int gen)
+{
+    if (gen <= 0) return 0;
+    const double per_layer = (double)tsr_kv_bytes_per_token(1, c->n_kv_heads, c->head_dim, kv_dtype);
+    double positions = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const int w = tsr_config_layer_window(c, l);
+        for (int i = 0; i < gen; i++) positions += w > 0 && prompt_len + i + 1 > w ? w : prompt_len + i + 1;
+    }
+    return (uint64_t)(positions / gen * per_layer * batch);
+}
 
 /* Stored bytes of every linear layer of the model, the head included. */
 static uint64_t linear_bytes(const tsr_model *m)
@@ -230,6 +246,10 @@ static tsr_status run_batch(const tsr_ops *ops, const char *model, int batch, in
         row->bytes_per_step = linear_bytes(e->model) + (uint64_t)batch * c->hidden * tsr_dtype_size(e->model->embed.dtype);
         row->bandwidth = (double)row->bytes_per_step / (t_dec / gen);
         row->bw_fraction = memcpy_bw > 0 ? row->bandwidth / memcpy_bw : 0;
+        row->kv_read_per_step = kv_read_bytes(c, kv_dtype, batch, prompt_len, gen);
+        row->all_fraction = memcpy_bw > 0 ? (double)(row->bytes_per_step + row->kv_read_per_step) / (t_dec / gen) /
+                                                memcpy_bw
+                                          : 0;
     }
     row->peak_rss = peak_rss();
 #ifdef TSR_HAVE_CUDA
@@ -394,12 +414,13 @@ int tsr_cmd_bench(int argc, char **argv)
             printf("setup    %s, kv %s, prompt %ld, gen %ld, max-tokens %ld; %s copy %.2f GB/s (read+write)\n", desc,
                    tsr_kv_dtype_name(kv_dtype), prompt_len, gen, max_tokens, on_gpu ? "device" : "memcpy",
                    bw / 1e9);
-            printf("%5s %13s %12s %9s %9s %8s %8s %9s %9s %9s\n", "batch", "prefill tok/s", "decode tok/s", "ms/step",
-                   "MB/step", "GB/s", "%copy", "KV MB", "peak MB", "dev MB");
+            printf("%5s %13s %12s %9s %9s %8s %8s %9s %8s %9s %9s %9s\n", "batch", "prefill tok/s", "decode tok/s",
+                   "ms/step", "MB/step", "GB/s", "%copy", "KV rd MB", "+KV %", "KV MB", "peak MB", "dev MB");
         }
         bench_row *r = &rows[b];
-        printf("%5d %13.1f %12.2f %9.2f %9.1f %8.2f %7.1f%% %9.1f %9.1f %9.1f\n", r->batch, r->prefill_tps,
-               r->decode_tps, r->ms_per_step, (double)r->bytes_per_step / 1e6, r->bandwidth / 1e9, 100.0 * r->bw_fraction,
+        printf("%5d %13.1f %12.2f %9.2f %9.1f %8.2f %7.1f%% %9.1f %7.1f%% %9.1f %9.1f %9.1f\n", r->batch,
+               r->prefill_tps, r->decode_tps, r->ms_per_step, (double)r->bytes_per_step / 1e6, r->bandwidth / 1e9,
+               100.0 * r->bw_fraction, (double)r->kv_read_per_step / 1e6, 100.0 * r->all_fraction,
                (double)r->kv_bytes / 1e6, (double)r->peak_rss / 1e6, (double)r->peak_dev / 1e6);
         fflush(stdout);
         if (r->nonfinite) fprintf(stderr, "tessera bench: warning: non-finite logits at batch %d\n", r->batch);
@@ -429,6 +450,8 @@ int tsr_cmd_bench(int argc, char **argv)
             json_object_set_new(o, "bytes_per_decode_step", json_integer((json_int_t)r->bytes_per_step));
             json_object_set_new(o, "bandwidth_bytes_per_s", json_real(r->bandwidth));
             json_object_set_new(o, "bandwidth_fraction_of_memcpy", json_real(r->bw_fraction));
+            json_object_set_new(o, "kv_bytes_read_per_decode_step", json_integer((json_int_t)r->kv_read_per_step));
+            json_object_set_new(o, "weights_and_kv_fraction_of_memcpy", json_real(r->all_fraction));
             json_object_set_new(o, "kv_pool_bytes", json_integer((json_int_t)r->kv_bytes));
             json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)r->peak_rss));
             json_object_set_new(o, "peak_device_bytes", json_integer((json_int_t)r->peak_dev));

@@ -67,6 +67,9 @@ assert [r["batch"] for r in j["runs"]] == [1, 2], j["runs"]
 for r in j["runs"]:
     assert r["decode_tokens_per_s"] > 0 and r["prefill_tokens_per_s"] > 0 and r["bytes_per_decode_step"] > 0
     assert r["peak_rss_bytes"] > 0 and r["logits_finite"]
+    # K/V read per step: steps attend 9, 10 and 11 positions; 2 layers x 2 KV heads x 32 dims x K and V x 2 bytes
+    assert r["kv_bytes_read_per_decode_step"] == r["batch"] * 10 * 2 * 2 * 32 * 2 * 2, r
+    assert r["weights_and_kv_fraction_of_memcpy"] > r["bandwidth_fraction_of_memcpy"] > 0, r
 EOF
 
 # a prompt and generation beyond the model's context is refused before any work, naming the context
