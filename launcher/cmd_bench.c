@@ -7,9 +7,10 @@
  * non-finite logit is then noticed only as a non-finite maximum). Before timing, one token is run through the model so
  * page faults of the mapped weights are not billed to prefill. Bytes per decode step = stored bytes of every linear
  * layer (the head included) + the embedding rows of the step's tokens; the K/V bytes its attention reads are shown
- * beside them (kv_read_bytes), and the copy-bandwidth fraction of both together. The CPU reference bandwidth is the best of a few
- * 256 MiB memcpy runs, counted as read + write bytes (STREAM "copy" convention), measured in a child process so its
- * buffers do not count toward this process's peak RSS (VmHWM). Exit codes: 0 ok, 1 failure, 2 usage error. */
+ * beside them (kv_read_bytes), and the copy-bandwidth fraction of both together. The CPU reference bandwidth is the
+ * best of a few 256 MiB memcpy runs, counted as read + write bytes (STREAM "copy" convention), measured in a child
+ * process so its buffers do not count toward this process's peak RSS (VmHWM). Exit codes: 0 ok, 1 failure, 2 usage
+ * error. */
 #include "kernels/cpu/threadpool.h"
 #ifdef TSR_HAVE_CUDA
 #include "kernels/cuda/ops_cuda.h"

@@ -624,8 +624,9 @@ void tsr_cuda_attn_merge(size_t items, int d, int n_splits, const float2 *part_m
     const int32_t *uinv = ahead ? L->uinv : (const int32_t *)NULL;
     const size_t smem = ((size_t)n_splits + (size_t)MERGE_WARPS * d + 2 * MERGE_WARPS) * sizeof(float);
     static const bool by_item = !tsr_cuda_env_off("TSR_CUDA_MERGE_ITEM");
-    /* up to MERGE_AT_ONCE splits the kernel of a thread per value needs no more round trips than the item kernel,
-     * with a quarter of the threads idle: it stays (batch 32 at 8 KV heads has 2 splits) */
+    /* up to MERGE_AT_ONCE splits the kernel of a thread per value needs two round trips, as the item kernel does,
+     * and keeps every thread busy, where most of the item kernel's warps would have no split (batch 32 at 8 KV
+     * heads has 2 splits) */
     const bool item = by_item && n_splits > MERGE_AT_ONCE && d % 32 == 0 && d <= 32 * MERGE_MAX_DPL &&
                       smem <= 48 * 1024;
     const int dpl = item ? d / 32 : 0;
