@@ -209,6 +209,7 @@ __global__ void __launch_bounds__(MERGE_WARPS * 32)
                            const int32_t *uinv, int n_heads, const __grid_constant__ tsr_stage_ahead S)
 {
     constexpr int D = DPL * 32, NT = MERGE_WARPS * 32;
+    static_assert(D <= NT, "a thread per output value at the end");
     extern __shared__ float mg_smem[];
     float *fac = mg_smem;                  /* [n_splits] exp(m_s - M), 0 for empty splits */
     float *wsum = fac + n_splits;          /* [MERGE_WARPS][D] */
@@ -216,8 +217,7 @@ __global__ void __launch_bounds__(MERGE_WARPS * 32)
     tsr_pdl_trigger();
     const size_t item = blockIdx.x;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int place0 = uinv && tid < D ? uinv[(int)(item % n_heads) * D + tid] : -1;
-    const int place1 = uinv && tid + NT < D ? uinv[(int)(item % n_heads) * D + tid + NT] : -1;
+    const int place = uinv && tid < D ? uinv[(int)(item % n_heads) * D + tid] : -1;
     tsr_pdl_wait();
     const float2 *ml = part_ml + item * n_splits;
     float m = -INFINITY;
@@ -267,15 +267,22 @@ __global__ void __launch_bounds__(MERGE_WARPS * 32)
 #pragma unroll
     for (int w = 0; w < MERGE_WARPS; w++) L += red[MERGE_WARPS + w];
     const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-    for (int k = tid; k < D; k += NT) {
+    if (tid < D) {
         float y = 0.0f;
 #pragma unroll
-        for (int w = 0; w < MERGE_WARPS; w++) y += wsum[w * D + k];
+        for (int w = 0; w < MERGE_WARPS; w++) y += wsum[w * D + tid];
         y *= inv;
-        out[item * D + k] = y;
-        const int place = k == tid ? place0 : place1;
+        out[item * D + tid] = y;
         if (place >= 0) stage_ahead_scatter(S, place, (int)(item / n_heads), y);
     }
+}
+
+template <int DPL>
+static void merge_item_launch(size_t items, size_t smem, int n_splits, const float2 *part_ml, const float *part_acc,
+                              float *out, const int32_t *uinv, int n_heads, const tsr_stage_ahead &plan)
+{
+    tsr_launch_smem(attn_merge_item_kernel<DPL>, dim3((unsigned)items), dim3(MERGE_WARPS * 32), smem, n_splits,
+                    part_ml, part_acc, out, uinv, n_heads, plan);
 }
 
 /* ---- quantized caches ---- */
@@ -631,12 +638,9 @@ void tsr_cuda_attn_merge(size_t items, int d, int n_splits, const float2 *part_m
                       smem <= 48 * 1024;
     const int dpl = item ? d / 32 : 0;
     switch (dpl) {
-    case 2: tsr_launch_smem(attn_merge_item_kernel<2>, dim3((unsigned)items), dim3(MERGE_WARPS * 32), smem, n_splits,
-                            part_ml, part_acc, out, uinv, a->n_heads, plan); break;
-    case 4: tsr_launch_smem(attn_merge_item_kernel<4>, dim3((unsigned)items), dim3(MERGE_WARPS * 32), smem, n_splits,
-                            part_ml, part_acc, out, uinv, a->n_heads, plan); break;
-    case 8: tsr_launch_smem(attn_merge_item_kernel<8>, dim3((unsigned)items), dim3(MERGE_WARPS * 32), smem, n_splits,
-                            part_ml, part_acc, out, uinv, a->n_heads, plan); break;
+    case 2: merge_item_launch<2>(items, smem, n_splits, part_ml, part_acc, out, uinv, a->n_heads, plan); break;
+    case 4: merge_item_launch<4>(items, smem, n_splits, part_ml, part_acc, out, uinv, a->n_heads, plan); break;
+    case 8: merge_item_launch<8>(items, smem, n_splits, part_ml, part_acc, out, uinv, a->n_heads, plan); break;
     default:
         tsr_launch(attn_merge_kernel, dim3(tsr_div_up(items * d, 256)), dim3(256), items, d, n_splits, part_ml,
                    part_acc, out, uinv, a->n_heads, plan);

@@ -322,7 +322,8 @@ static int ad_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const ts
     const int rounds = (span + AD_CHUNK - 1) / AD_CHUNK;
     int n_splits = AD_TARGET_BLOCKS / (b->n_rows * a->n_kv_heads);
     if (n_splits > rounds) n_splits = rounds;
-    static const int cap = getenv("TSR_CUDA_ATTN_SPLITS") ? atoi(getenv("TSR_CUDA_ATTN_SPLITS")) : 0;
+    static const char *cap_env = getenv("TSR_CUDA_ATTN_SPLITS");
+    static const int cap = cap_env ? atoi(cap_env) : 0;
     if (cap > 0 && n_splits > cap) n_splits = cap; /* tests: many rounds per split (test_cuda_splits3) */
     if (n_splits < 1) n_splits = 1;
     const size_t items = (size_t)b->n_rows * a->n_heads;
