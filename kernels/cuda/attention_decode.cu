@@ -17,7 +17,8 @@
  * its format.
  * Launched with programmatic dependent launch: the first round's K and V rows of earlier steps are requested before
  * the wait for the kernels before it (so they travel while the q/k/v reduction and rope_store finish), the rows this
- * step writes and q after it (+1 % at batch 1, +3 % at batch 8 on the 8B shape). */
+ * step writes and q after it (+1 % at batch 1, +3 % at batch 8 on the 8B shape). A round's page-table entries are
+ * read during the round before it (kv_tile_pages), so that its copies start without a table round trip. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -37,6 +38,14 @@ static size_t ad_smem_bytes(int D, int G)
 {
     return (size_t)G * D * 4 + (size_t)G * AD_CHUNK * 4 + (size_t)G * 4 * 4 + 2 * (size_t)AD_CHUNK * (D + 8) * 2;
 }
+
+/* Blocks per SM the registers must allow (__launch_bounds__): with 128-dim heads 4 (64 registers; shared memory
+ * would allow 5), 3 for the two-tile path of 5-8 heads per KV head, which needs more; with 64-dim heads, whose
+ * tiles are half as large, 5 (48 registers, as ptxas chose before stop 40). Measured at stop 40 on the 8B shape,
+ * the same kernel at 80, 64 and 48 registers: 3 blocks per SM decoded 8K-32K contexts 3-19 % slower than 4; 5
+ * blocks were slower at 512 positions, batch 8 (-7 %), and no faster at 8K-32K. The bound keeps an edit of the
+ * kernel from dropping it to fewer blocks unnoticed (a stop-40 build with one more kernel argument took 80). */
+__host__ __device__ constexpr int ad_min_blocks(int d, int nt) { return d == 64 ? 5 : nt == 2 ? 3 : 4; }
 
 /* The tensor-core path (NT > 0, groups of up to 8 query heads): scores S^T = K · q^T and the output O^T = V^T · P^T
  * as mma.m16n8k16 tiles, K and V (A operands) straight from the round's tiles by ldmatrix, q and P (B operands) in
@@ -65,7 +74,7 @@ __device__ __forceinline__ void ad_bfrag(const float *src, int r, bool valid, bo
 }
 
 template <int D, int NT>
-__global__ void __launch_bounds__(AD_THREADS)
+__global__ void __launch_bounds__(AD_THREADS, ad_min_blocks(D, NT))
     attn_decode_kernel(tsr_batch_layout b, tsr_attn_args a, const __half *kc, const __half *vc, int page_size,
                        const float *q, float *out, float2 *part_ml, float *part_acc, int n_splits)
 {
@@ -100,12 +109,16 @@ __global__ void __launch_bounds__(AD_THREADS)
     const int seq = b.row_seq[row], p0 = b.positions[b.seq_row0[seq]];
     const int32_t *table = b.page_tables + (size_t)seq * b.max_pages;
     const int width = a.n_kv_heads * D;
-    const int first = lo + split * AD_CHUNK, n_first = min(AD_CHUNK, p + 1 - first);
+    const int first = lo + split * AD_CHUNK, n_first = min(AD_CHUNK, p + 1 - first), stride = n_splits * AD_CHUNK;
     const int earlier = max(0, min(n_first, p0 - first)); /* rows of the first round written by earlier steps */
-    kv_tile_gather<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, table, page_size, width, kvh, first, n_first, 0, earlier);
+    /* the page-table entries of the thread's rows in the round to copy next (the page tables are in place before
+     * the wait too): each round reads the next round's while its own rows travel and its scores are computed */
+    int32_t pages[kv_tile_share<D, AD_CHUNK, AD_THREADS>::NP];
+    kv_tile_pages<D, AD_CHUNK, AD_THREADS>(table, page_size, first, n_first, pages);
+    kv_tile_copy<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, pages, page_size, width, kvh, first, n_first, 0, earlier);
     tsr_pdl_wait();
-    kv_tile_gather<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, table, page_size, width, kvh, first, n_first, earlier,
-                                            AD_CHUNK);
+    kv_tile_copy<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, pages, page_size, width, kvh, first, n_first, earlier,
+                                          AD_CHUNK);
 
     const int d2 = tid % (D / 2), hg = tid / (D / 2); /* P·V: output dims 2 d2, 2 d2 + 1 of heads hg + HG j */
     float2 o[NH];
@@ -122,9 +135,12 @@ __global__ void __launch_bounds__(AD_THREADS)
         for (int i = 0; i < 4; i++) oc[t][i] = 0.0f;
     const int g = lane >> 2, qd = lane & 3;
 
-    for (int t0 = first; t0 <= p; t0 += n_splits * AD_CHUNK) {
+    for (int t0 = first; t0 <= p; t0 += stride) {
         const int n = min(AD_CHUNK, p + 1 - t0);
-        if (t0 != first) kv_tile_gather<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, table, page_size, width, kvh, t0, n);
+        if (t0 != first) kv_tile_copy<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, pages, page_size, width, kvh, t0, n);
+        if (t0 + stride <= p)
+            kv_tile_pages<D, AD_CHUNK, AD_THREADS>(table, page_size, t0 + stride, min(AD_CHUNK, p + 1 - t0 - stride),
+                                                   pages);
         if (t0 == first) { /* the first round (its rows requested above): q while they are on their way */
             for (int i = tid; i < G * D; i += AD_THREADS) qs[i] = q[item0 * D + i] * a.scale;
             if (tid < G) m_run[tid] = -INFINITY, l_run[tid] = 0.0f;

@@ -7,35 +7,79 @@
  * reads fall in different banks). Rows r >= n are written as zeros and read nothing. The NT threads of the block
  * share the requests; the call commits them as one cp.async group, which the caller waits for. r0 and r1 restrict
  * the call to rows r0 .. r1 - 1 (decode attention copies the rows of earlier steps before its programmatic-launch
- * wait and the rest after it). */
+ * wait and the rest after it).
+ *
+ * A gather is two halves: kv_tile_pages reads the page-table entries of the thread's rows (all of them issued
+ * before any is used), kv_tile_copy issues the copies with them. A caller that walks several tiles can read the next
+ * tile's entries while it computes on the current one, so that no table round trip stands before its copies. */
 #ifndef TSR_CUDA_KV_TILE_CUH
 #define TSR_CUDA_KV_TILE_CUH
 
 #include "kernels/cuda/mma.cuh"
 
+/* How the NT threads share a tile's requests: a thread copies one 16-byte column (c8) of rows rt + i · RSTEP,
+ * i < NP, rt = threadIdx.x / VEC. Its page and slot advance by RSTEP positions from one of its rows to the next,
+ * so one division finds them (dividing per request was a third of the prefill kernel's instructions: ncu,
+ * NOTES.md stop 25). */
+template <int D, int ROWS, int NT> struct kv_tile_share {
+    static constexpr int VEC = D / 8, RSTEP = NT / VEC, NP = ROWS / RSTEP;
+    static_assert(NT % VEC == 0 && ROWS % RSTEP == 0, "each thread keeps one column of the tile, NP rows of it");
+};
+
+/* The page-table entries of the thread's rows of the tile at position t0 (0 for rows r >= n, never read). */
+template <int D, int ROWS, int NT>
+__device__ __forceinline__ void kv_tile_pages(const int32_t *table, int page_size, int t0, int n,
+                                              int32_t (&pages)[kv_tile_share<D, ROWS, NT>::NP])
+{
+    using S = kv_tile_share<D, ROWS, NT>;
+    const int rt = (int)(threadIdx.x / S::VEC);
+    int idx[S::NP];
+    int pg = (t0 + rt) / page_size, slot = t0 + rt - pg * page_size;
+#pragma unroll
+    for (int i = 0; i < S::NP; i++) {
+        idx[i] = pg;
+        for (slot += S::RSTEP; slot >= page_size; slot -= page_size) pg++;
+    }
+#pragma unroll
+    for (int i = 0; i < S::NP; i++) pages[i] = rt + i * S::RSTEP < n ? table[idx[i]] : 0;
+}
+
+/* The copies of the tile at t0 for rows r0 .. r1 - 1, with the entries kv_tile_pages read for the same t0 and n;
+ * commits them as one cp.async group. */
+template <int D, int ROWS, int NT>
+__device__ __forceinline__ void kv_tile_copy(__half *ks, __half *vs, const __half *kc, const __half *vc,
+                                             const int32_t (&pages)[kv_tile_share<D, ROWS, NT>::NP], int page_size,
+                                             int width, int kvh, int t0, int n, int r0 = 0, int r1 = ROWS)
+{
+    using S = kv_tile_share<D, ROWS, NT>;
+    constexpr int DP = D + 8;
+    const __half *kh = kc + (size_t)kvh * D, *vh = vc + (size_t)kvh * D;
+    const int c8 = (int)(threadIdx.x % S::VEC) * 8, rt = (int)(threadIdx.x / S::VEC);
+    int slot = (t0 + rt) % page_size;
+#pragma unroll
+    for (int i = 0; i < S::NP; i++) {
+        const int r = rt + i * S::RSTEP;
+        if (r >= r0 && r < r1) {
+            const bool ok = r < n;
+            const size_t off = ok ? ((size_t)pages[i] * page_size + slot) * width + c8 : 0;
+            cp_async16_zfill(ks + r * DP + c8, kh + off, ok);
+            cp_async16_zfill(vs + r * DP + c8, vh + off, ok);
+        }
+        slot += S::RSTEP;
+        while (slot >= page_size) slot -= page_size;
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+/* Both halves at once (one tile, no look-ahead). */
 template <int D, int ROWS, int NT>
 __device__ __forceinline__ void kv_tile_gather(__half *ks, __half *vs, const __half *kc, const __half *vc,
                                                const int32_t *table, int page_size, int width, int kvh, int t0, int n,
                                                int r0 = 0, int r1 = ROWS)
 {
-    constexpr int DP = D + 8, VEC = D / 8;
-    const __half *kh = kc + (size_t)kvh * D, *vh = vc + (size_t)kvh * D;
-    /* a thread copies one 16-byte column of every RSTEP-th row: its page and slot advance by RSTEP rows per pass,
-     * so one division finds them (dividing per request was a third of the prefill kernel's instructions: ncu,
-     * NOTES.md stop 25) */
-    static_assert(NT % VEC == 0, "each thread keeps one column of the tile");
-    constexpr int RSTEP = NT / VEC;
-    const int c8 = (int)(threadIdx.x % VEC) * 8;
-    int r = r0 + (int)(threadIdx.x / VEC), pg = (t0 + r) / page_size, slot = t0 + r - pg * page_size;
-    for (; r < r1; r += RSTEP) {
-        const bool ok = r < n;
-        const size_t off = ok ? ((size_t)table[pg] * page_size + slot) * width + c8 : 0;
-        cp_async16_zfill(ks + r * DP + c8, kh + off, ok);
-        cp_async16_zfill(vs + r * DP + c8, vh + off, ok);
-        for (slot += RSTEP; slot >= page_size; slot -= page_size)
-            pg++;
-    }
-    asm volatile("cp.async.commit_group;\n" ::);
+    int32_t pages[kv_tile_share<D, ROWS, NT>::NP];
+    kv_tile_pages<D, ROWS, NT>(table, page_size, t0, n, pages);
+    kv_tile_copy<D, ROWS, NT>(ks, vs, kc, vc, pages, page_size, width, kvh, t0, n, r0, r1);
 }
 
 #endif
