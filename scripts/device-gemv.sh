@@ -7,8 +7,8 @@
 # TSR_GEMV_TESTS=0 skips the tests; TSR_GEMV_TEST_VARIANTS ("name:ENV=V,...") runs test_cuda again under each. A
 # variant's BATCH=1,8,32 (last among its settings) replaces TSR_GEMV_BATCH for it. Pack first with
 # tests/parallel/gpu-pack.sh and carry `.parpack`; logs go to $OUT.
-# A/B against other builds: put a stripped, xz-compressed tessera as .parpack/tessera-NAME.xz (TSR_GPUPACK_SLIM=1
-# TSR_GPUPACK_ALT="NAME=FILE" bash tests/parallel/gpu-pack.sh leaves room for them); a variant naming BIN=NAME runs it.
+# A/B against other builds: TSR_GPUPACK_SLIM=1 TSR_GPUPACK_ALT="NAME=FILE" bash tests/parallel/gpu-pack.sh packs
+# another tessera build FILE beside the new one; a variant naming BIN=NAME runs it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}

@@ -4,7 +4,7 @@
 # prompts, 70B: 128), one model on disk at a time. Pack first with tests/parallel/gpu-pack.sh and carry `.parpack`.
 #   SPECS="8b:4.0 8b:2.5 70b:4.0 70b:2.5" bash scripts/device-matrix.sh      (the default SPECS)
 # A/B: TSR_MATRIX_VARIANTS="name:ENV=V,ENV=V ..." runs each model's bench once per variant (batches TSR_MATRIX_BATCH,
-# default 1,8,32,64); a variant's BIN=NAME runs .parpack/tessera-NAME.xz (tests/parallel/gpu-pack.sh TSR_GPUPACK_ALT).
+# default 1,8,32,64); a variant's BIN=NAME runs the pack's tessera-NAME (tests/parallel/gpu-pack.sh TSR_GPUPACK_ALT).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD

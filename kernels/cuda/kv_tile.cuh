@@ -5,13 +5,14 @@
  * page table[t / page_size], slot t % page_size, rows `width` halves apart) and copied by cp.async, 16 bytes per
  * request, into [ROWS][D + 8] tiles (rows padded by 16 bytes so that the eight rows an ldmatrix or a vector load
  * reads fall in different banks). Rows r >= n are written as zeros and read nothing. The NT threads of the block
- * share the requests; the call commits them as one cp.async group, which the caller waits for. r0 and r1 restrict
- * the call to rows r0 .. r1 - 1 (decode attention copies the rows of earlier steps before its programmatic-launch
- * wait and the rest after it).
+ * share the requests; the call commits them as one cp.async group, which the caller waits for.
  *
- * A gather is two halves: kv_tile_pages reads the page-table entries of the thread's rows (all of them issued
- * before any is used), kv_tile_copy issues the copies with them. A caller that walks several tiles can read the next
- * tile's entries while it computes on the current one, so that no table round trip stands before its copies. */
+ * kv_tile_gather reads each row's table entry just before its copies. The decode kernel instead splits a gather in
+ * two: kv_tile_pages reads the page-table entries of the thread's rows (all of them issued before any is used),
+ * kv_tile_copy issues the copies with them, so that it can read the next round's entries while it computes on the
+ * current one and no table round trip stands before its copies; kv_tile_copy's r0 and r1 restrict it to rows
+ * r0 .. r1 - 1 (the decode kernel copies the rows of earlier steps before its programmatic-launch wait and the rest
+ * after it). */
 #ifndef TSR_CUDA_KV_TILE_CUH
 #define TSR_CUDA_KV_TILE_CUH
 
@@ -71,15 +72,25 @@ __device__ __forceinline__ void kv_tile_copy(__half *ks, __half *vs, const __hal
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
-/* Both halves at once (one tile, no look-ahead). */
+/* One tile without look-ahead, a table read before each row's copies (the prefill kernel, at 255 registers, spilled
+ * more when it held a tile's NP entries at once: stop 40, 32K-token prefill -4.5 %). */
 template <int D, int ROWS, int NT>
 __device__ __forceinline__ void kv_tile_gather(__half *ks, __half *vs, const __half *kc, const __half *vc,
-                                               const int32_t *table, int page_size, int width, int kvh, int t0, int n,
-                                               int r0 = 0, int r1 = ROWS)
+                                               const int32_t *table, int page_size, int width, int kvh, int t0, int n)
 {
-    int32_t pages[kv_tile_share<D, ROWS, NT>::NP];
-    kv_tile_pages<D, ROWS, NT>(table, page_size, t0, n, pages);
-    kv_tile_copy<D, ROWS, NT>(ks, vs, kc, vc, pages, page_size, width, kvh, t0, n, r0, r1);
+    using S = kv_tile_share<D, ROWS, NT>;
+    constexpr int DP = D + 8;
+    const __half *kh = kc + (size_t)kvh * D, *vh = vc + (size_t)kvh * D;
+    const int c8 = (int)(threadIdx.x % S::VEC) * 8;
+    int r = (int)(threadIdx.x / S::VEC), pg = (t0 + r) / page_size, slot = t0 + r - pg * page_size;
+    for (; r < ROWS; r += S::RSTEP) {
+        const bool ok = r < n;
+        const size_t off = ok ? ((size_t)table[pg] * page_size + slot) * width + c8 : 0;
+        cp_async16_zfill(ks + r * DP + c8, kh + off, ok);
+        cp_async16_zfill(vs + r * DP + c8, vh + off, ok);
+        for (slot += S::RSTEP; slot >= page_size; slot -= page_size) pg++;
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
 }
 
 #endif

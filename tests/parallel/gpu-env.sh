@@ -24,11 +24,10 @@ export PMIX_MCA_mca_base_component_show_load_errors=0 PMIX_MCA_pcompress_base_si
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 [ -e /usr/lib/x86_64-linux-gnu/pmix2 ] || { mkdir -p /usr/lib/x86_64-linux-gnu && ln -s "$P/ompi/pmix2" /usr/lib/x86_64-linux-gnu/pmix2; } 2>/dev/null
 mpi() { local np=$1; shift; timeout "${TSR_RUN_TIMEOUT:-300}" mpirun --bind-to none -np "$np" "$bin" "$@"; }
-# other builds to A/B against (.parpack/tessera-NAME.xz, gpu-pack.sh's TSR_GPUPACK_ALT) as /tmp/tessera-NAME;
+# other builds to A/B against (the pack's alt/tessera-NAME, gpu-pack.sh's TSR_GPUPACK_ALT) as /tmp/tessera-NAME;
 # variant_bin "ENV=V,BIN=NAME,..." prints the binary a variant runs: /tmp/tessera-NAME, else $bin
-for f in .parpack/tessera-*.xz; do
-  [ -f "$f" ] || continue
-  alt=/tmp/$(basename "$f" .xz) && xz -dc "$f" > "$alt" && chmod +x "$alt"
+for f in "$P"/alt/tessera-*; do
+  [ -f "$f" ] && cp "$f" "/tmp/$(basename "$f")" && chmod +x "/tmp/$(basename "$f")"
 done
 variant_bin() {
   case ",$1," in *,BIN=*) local b=${1#*BIN=}; echo "/tmp/tessera-${b%%,*}" ;; *) echo "$bin" ;; esac
