@@ -30,7 +30,6 @@
 #define AD_CHUNK 64       /* positions per round */
 #define AD_THREADS 256
 #define AD_MAX_G 16       /* query heads per KV head */
-#define AD_TARGET_BLOCKS 512
 
 /* Shared memory: q of the group (fp32), the round's scores / probabilities, the running max, sum and rescale per
  * head (and a spare, for alignment), and the round's K and V rows (fp16, rows padded by 16 bytes against bank conflicts). */
@@ -318,6 +317,28 @@ __global__ void __launch_bounds__(AD_THREADS, ad_min_blocks(D, NT))
     }
 }
 
+/* The blocks of `kern` with `smem` bytes of shared memory each that fit on the chip at once (at least 1): the
+ * grid's size, so that every split starts in the first wave. (A fixed 512 blocks until stop 40 left 16 of the
+ * H200's 528 places empty, and 64 splits at batch 1 put an extra round on split 0 for every context just past a
+ * multiple of 4096 positions, where 66 splits have room for it.) A device planned as a smaller one
+ * (TSR_CUDA_SMEM_OPTIN) counts the blocks its shared memory would hold. Asked once per kernel and size. */
+static int ad_resident_blocks(const void *kern, size_t smem)
+{
+    static const void *last_kern = NULL;
+    static size_t last_smem = 0;
+    static int last = 0;
+    if (kern != last_kern || smem != last_smem) {
+        int occ = 0;
+        TSR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, AD_THREADS, smem));
+        const int fit = tsr_cuda_smem_sm() / (int)(smem + 1024);
+        if (fit < occ) occ = fit;
+        last = occ * tsr_cuda_device_attr(cudaDevAttrMultiProcessorCount, 1);
+        if (last < 1) last = 1;
+        last_kern = kern, last_smem = smem;
+    }
+    return last;
+}
+
 template <int D, int NT>
 static int ad_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
                      float *out)
@@ -330,13 +351,13 @@ static int ad_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const ts
                             "the decode attention");
         configured = true;
     }
-    /* enough splits for about AD_TARGET_BLOCKS blocks, at most one per round of the longest visible span (in a
-     * CUDA graph, the longest possible); split s takes rounds s, s + n_splits, ... of its row, so the work spreads
-     * over the splits whatever the actual context length */
+    /* as many splits as there are blocks that fit on the chip at once, at most one per round of the longest visible
+     * span (in a CUDA graph, the longest possible); split s takes rounds s, s + n_splits, ... of its row, so the work
+     * spreads over the splits whatever the actual context length */
     int span = b->max_position + 1;
     if (a->window > 0 && a->window < span) span = a->window;
     const int rounds = (span + AD_CHUNK - 1) / AD_CHUNK;
-    int n_splits = AD_TARGET_BLOCKS / (b->n_rows * a->n_kv_heads);
+    int n_splits = ad_resident_blocks((const void *)attn_decode_kernel<D, NT>, smem) / (b->n_rows * a->n_kv_heads);
     if (n_splits > rounds) n_splits = rounds;
     static const char *cap_env = getenv("TSR_CUDA_ATTN_SPLITS");
     static const int cap = cap_env ? atoi(cap_env) : 0;

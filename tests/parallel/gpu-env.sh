@@ -4,9 +4,11 @@
 # variant_bin().
 # ---- the packed binaries and Open MPI ----
 pk=/tmp/parbin
-if [ ! -x "$pk/.parbin/bin/tessera" ]; then
-  [ -f .parpack/parbin.tar.xz ] || { echo "gpu-check: no .parpack/parbin.tar.xz (run tests/parallel/gpu-pack.sh here, carry .parpack)"; exit 2; }
-  mkdir -p "$pk" && xz -dc .parpack/parbin.tar.xz | tar -xf - -C "$pk"
+[ -f .parpack/parbin.tar.xz ] || { echo "gpu-check: no .parpack/parbin.tar.xz (run tests/parallel/gpu-pack.sh here, carry .parpack)"; exit 2; }
+# unpacked again whenever the pack differs from the one unpacked (a machine still warm from an earlier call)
+sum=$(md5sum < .parpack/parbin.tar.xz)
+if [ ! -x "$pk/.parbin/bin/tessera" ] || [ "$(cat "$pk/.sum" 2>/dev/null)" != "$sum" ]; then
+  rm -rf "$pk" && mkdir -p "$pk" && xz -dc .parpack/parbin.tar.xz | tar -xf - -C "$pk" && echo "$sum" > "$pk/.sum"
 fi
 P=$pk/.parbin
 bin=$P/bin/tessera
