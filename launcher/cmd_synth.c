@@ -35,6 +35,8 @@ static void usage(FILE *f)
             "  --act-order     GPTQ: desc_act checkpoint (g_idx assigns rows to groups in a random order)\n"
             "  --sym           GPTQ: symmetric (every zero point 8; default: random zero points 6..10)\n"
             "  --head-dim D    default hidden / heads\n"
+            "  --max-pos N     max_position_embeddings (default 4096): the longest context the model accepts, so\n"
+            "                  benchmarks of longer prompts need it raised (32K prompts: 33280)\n"
             "  --shard-size MB split into output-0000i-of-0000N.safetensors files of at most MB MiB of tensors\n"
             "                  (GPTQ: model-0000i-of-0000N.safetensors and model.safetensors.index.json;\n"
             "                  default: one output.safetensors, or model.safetensors for GPTQ)\n"
