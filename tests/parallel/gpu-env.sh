@@ -29,7 +29,8 @@ mpi() { local np=$1; shift; timeout "${TSR_RUN_TIMEOUT:-300}" mpirun --bind-to n
 # other builds to A/B against (the pack's alt/tessera-NAME, gpu-pack.sh's TSR_GPUPACK_ALT) as /tmp/tessera-NAME;
 # variant_bin "ENV=V,BIN=NAME,..." prints the binary a variant runs: /tmp/tessera-NAME, else $bin
 for f in "$P"/alt/tessera-*; do
-  [ -f "$f" ] && cp "$f" "/tmp/$(basename "$f")" && chmod +x "/tmp/$(basename "$f")"
+  [ -f "$f" ] || continue
+  cp "$f" "/tmp/$(basename "$f")" && chmod +x "/tmp/$(basename "$f")"
 done
 variant_bin() {
   case ",$1," in *,BIN=*) local b=${1#*BIN=}; echo "/tmp/tessera-${b%%,*}" ;; *) echo "$bin" ;; esac
