@@ -328,11 +328,7 @@ static int ad_resident_blocks(const void *kern, size_t smem)
     static size_t last_smem = 0;
     static int last = 0;
     if (kern != last_kern || smem != last_smem) {
-        int occ = 0;
-        TSR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, AD_THREADS, smem));
-        const int fit = tsr_cuda_smem_sm() / (int)(smem + 1024);
-        if (fit < occ) occ = fit;
-        last = occ * tsr_cuda_device_attr(cudaDevAttrMultiProcessorCount, 1);
+        last = tsr_cuda_resident_blocks(kern, AD_THREADS, smem);
         if (last < 1) last = 1;
         last_kern = kern, last_smem = smem;
     }

@@ -1032,6 +1032,15 @@ int tsr_cuda_smem_sm(void)
     return g_smem_sm;
 }
 
+int tsr_cuda_resident_blocks(const void *kernel, int threads, size_t smem)
+{
+    int occ = 0;
+    TSR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, threads, smem));
+    const int fit = tsr_cuda_smem_sm() / (int)(smem + 1024); /* a cap (TSR_CUDA_SMEM_OPTIN) plans as that device */
+    if (fit < occ) occ = fit;
+    return occ * tsr_cuda_device_attr(cudaDevAttrMultiProcessorCount, 0);
+}
+
 void tsr_cuda_allow_smem(const void *kernel, size_t bytes, const char *what)
 {
     if (bytes > (size_t)tsr_cuda_smem_block()) {

@@ -66,6 +66,9 @@ int tsr_cuda_device_attr(cudaDeviceAttr attr, int fallback);
  * (backend.cu). */
 int tsr_cuda_smem_block(void);
 int tsr_cuda_smem_sm(void);
+/* The blocks of `threads` threads and `smem` bytes of dynamic shared memory of `kernel` that fit on the device at
+ * once, per the occupancy API, and no more than tsr_cuda_smem_sm holds per SM (0 where none fits) (backend.cu). */
+int tsr_cuda_resident_blocks(const void *kernel, int threads, size_t smem);
 /* Opts `kernel` in to `bytes` of dynamic shared memory per block; a fatal error naming `what` where that is more
  * than tsr_cuda_smem_block (a planning bug: the callers size their needs from it) (backend.cu). */
 void tsr_cuda_allow_smem(const void *kernel, size_t bytes, const char *what);

@@ -27,6 +27,16 @@ template <int D, int ROWS, int NT> struct kv_tile_share {
     static_assert(NT % VEC == 0 && ROWS % RSTEP == 0, "each thread keeps one column of the tile, NP rows of it");
 };
 
+/* Row r's 16-byte column c8 of K and of V at (page, slot) into the tiles, or zeros where !ok (page unread). */
+template <int D>
+__device__ __forceinline__ void kv_row_copy(__half *ks, __half *vs, const __half *kh, const __half *vh, int r, int c8,
+                                            int page, int slot, int page_size, int width, bool ok)
+{
+    const size_t off = ok ? ((size_t)page * page_size + slot) * width + c8 : 0;
+    cp_async16_zfill(ks + r * (D + 8) + c8, kh + off, ok);
+    cp_async16_zfill(vs + r * (D + 8) + c8, vh + off, ok);
+}
+
 /* The page-table entries of the thread's rows of the tile at position t0 (0 for rows r >= n, never read). */
 template <int D, int ROWS, int NT>
 __device__ __forceinline__ void kv_tile_pages(const int32_t *table, int page_size, int t0, int n,
@@ -53,19 +63,13 @@ __device__ __forceinline__ void kv_tile_copy(__half *ks, __half *vs, const __hal
                                              int width, int kvh, int t0, int n, int r0 = 0, int r1 = ROWS)
 {
     using S = kv_tile_share<D, ROWS, NT>;
-    constexpr int DP = D + 8;
     const __half *kh = kc + (size_t)kvh * D, *vh = vc + (size_t)kvh * D;
     const int c8 = (int)(threadIdx.x % S::VEC) * 8, rt = (int)(threadIdx.x / S::VEC);
     int slot = (t0 + rt) % page_size;
 #pragma unroll
     for (int i = 0; i < S::NP; i++) {
         const int r = rt + i * S::RSTEP;
-        if (r >= r0 && r < r1) {
-            const bool ok = r < n;
-            const size_t off = ok ? ((size_t)pages[i] * page_size + slot) * width + c8 : 0;
-            cp_async16_zfill(ks + r * DP + c8, kh + off, ok);
-            cp_async16_zfill(vs + r * DP + c8, vh + off, ok);
-        }
+        if (r >= r0 && r < r1) kv_row_copy<D>(ks, vs, kh, vh, r, c8, pages[i], slot, page_size, width, r < n);
         slot += S::RSTEP;
         while (slot >= page_size) slot -= page_size;
     }
@@ -79,15 +83,12 @@ __device__ __forceinline__ void kv_tile_gather(__half *ks, __half *vs, const __h
                                                const int32_t *table, int page_size, int width, int kvh, int t0, int n)
 {
     using S = kv_tile_share<D, ROWS, NT>;
-    constexpr int DP = D + 8;
     const __half *kh = kc + (size_t)kvh * D, *vh = vc + (size_t)kvh * D;
     const int c8 = (int)(threadIdx.x % S::VEC) * 8;
     int r = (int)(threadIdx.x / S::VEC), pg = (t0 + r) / page_size, slot = t0 + r - pg * page_size;
     for (; r < ROWS; r += S::RSTEP) {
         const bool ok = r < n;
-        const size_t off = ok ? ((size_t)table[pg] * page_size + slot) * width + c8 : 0;
-        cp_async16_zfill(ks + r * DP + c8, kh + off, ok);
-        cp_async16_zfill(vs + r * DP + c8, vh + off, ok);
+        kv_row_copy<D>(ks, vs, kh, vh, r, c8, ok ? table[pg] : 0, slot, page_size, width, ok);
         for (slot += S::RSTEP; slot >= page_size; slot -= page_size) pg++;
     }
     asm volatile("cp.async.commit_group;\n" ::);

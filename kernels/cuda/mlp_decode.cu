@@ -522,12 +522,8 @@ static int mlp_blocks(void (*kern)(const mlp_args), size_t smem)
 {
     if (tsr_cuda_device_attr(cudaDevAttrComputeCapabilityMajor, 0) < 8 || smem > (size_t)tsr_cuda_smem_block())
         return 0;
-    int occ = 0;
     tsr_cuda_allow_smem((const void *)kern, smem, "the fused decode MLP");
-    TSR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, MLP_WARPS * 32, smem));
-    const int fit = tsr_cuda_smem_sm() / (int)(smem + 1024); /* a cap (TSR_CUDA_SMEM_OPTIN) plans as that device */
-    if (fit < occ) occ = fit;
-    int blocks = occ * tsr_cuda_device_attr(cudaDevAttrMultiProcessorCount, 0);
+    int blocks = tsr_cuda_resident_blocks((const void *)kern, MLP_WARPS * 32, smem);
     const char *e = getenv("TSR_CUDA_MLP_BLOCKS");
     if (e && atoi(e) > 0 && atoi(e) < blocks) blocks = atoi(e);
     return blocks;
