@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The second README command (and what CI runs): installs what is missing, builds with warnings as errors, and runs
 # the whole CTest suite, then the CPU suite once more in a sanitizer build (ASan + UBSan + LSan). CUDA code, when
-# a toolkit is present, is compiled for one architecture only (sm_90) to keep the 2-core CI fast; release builds
+# a toolkit is present, is compiled for one architecture only (sm_90a) to keep the 2-core CI fast; release builds
 # use the full list (scripts/build.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +10,7 @@ export TSR_BUILD_DIR=${TSR_BUILD_DIR:-build}
 # default (AUTO) would quietly build and test without kernels/cuda
 cuda=()
 if command -v nvcc > /dev/null 2>&1; then cuda=(-DTSR_CUDA=ON); fi
-bash scripts/build.sh -DTSR_WERROR=ON -DTSR_CUDA_ARCHS=90 "${cuda[@]}"
+bash scripts/build.sh -DTSR_WERROR=ON -DTSR_CUDA_ARCHS=90a "${cuda[@]}"
 (cd "$TSR_BUILD_DIR" && ctest --output-on-failure -j "${TSR_JOBS:-$(nproc)}" --timeout 900)
 
 # Second stage: the sanitizer build (AddressSanitizer, UndefinedBehaviorSanitizer and LeakSanitizer; CPU only)

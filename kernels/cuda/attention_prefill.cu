@@ -21,7 +21,8 @@
  * from L2), y = sequence × query tile, the last tiles of a sequence (the most positions) first. The host does not
  * know how rows are spread over sequences, so it launches enough tiles for the longest possible sequence and
  * surplus blocks return at once. Decode-only batches and quantized caches keep the warp-per-row kernel of
- * attention.cu, which dispatches here. */
+ * attention.cu, which dispatches here; where the device runs sm_90a code (H100, H200) tsr_cuda_attention_prefill
+ * hands the batch to the wgmma form of this kernel first (attention_prefill_wgmma.cu). */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/kv_tile.cuh"
@@ -284,6 +285,7 @@ int tsr_cuda_attention_prefill(const tsr_batch_layout *b, const tsr_attn_args *a
 {
     if (kv->dtype != TSR_F16 || a->n_heads % a->n_kv_heads) return 0;
     if (a->head_dim != 64 && a->head_dim != 128) return 0;
+    if (tsr_cuda_fa_wgmma(b, a, kv, q, out)) return 1;
     const int bkv = fa_tile_positions(a->head_dim);
     if (!bkv) return 0;
     if (a->head_dim == 64)

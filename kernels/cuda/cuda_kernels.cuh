@@ -111,6 +111,11 @@ void tsr_cuda_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const
  * returns 1 after launching it, 0 when the caller must use the general kernel. */
 int tsr_cuda_attention_prefill(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv,
                                const float *q, float *out);
+/* Its wgmma form (attention_prefill_wgmma.cu), which tsr_cuda_attention_prefill tries first: returns 1 after
+ * launching it, 0 where the build has no sm_90a code for the device, the shared memory does not fit or
+ * TSR_CUDA_FA_WGMMA=0. */
+int tsr_cuda_fa_wgmma(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
+                      float *out);
 /* Decode attention over an fp16 cache with head_dim 64 or 128 and at most 16 query heads per KV head
  * (attention_decode.cu): returns 1 after launching it, 0 when the caller must use the general kernel. */
 int tsr_cuda_attention_decode(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv,

@@ -5,6 +5,7 @@ add_library(tessera_cuda STATIC
   ${PROJECT_SOURCE_DIR}/kernels/cuda/elementwise.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/attention.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/attention_prefill.cu
+  ${PROJECT_SOURCE_DIR}/kernels/cuda/attention_prefill_wgmma.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/attention_decode.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/matmul.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/gemv.cu

@@ -39,12 +39,12 @@ variant_bin() {
 # gather (TSR_CUDA_GEMV_PRESTAGE=0), once with the bulk GEMV for every group of 9-16 rows (TSR_CUDA_GEMV_FRAG_N=0),
 # once with its activations through the copy ring from 9 rows and once staged at every row count (as the CTest
 # entries test_cuda_ring and test_cuda_stage), the fused decode MLP in a grid of one block (test_cuda_mlp_grid) and
-# left out, with the MLP's fold off, without activations staged ahead (aheadoff), with the prefill attention's K/V
-# tiles of 32 positions (fa32), one row's 4-bit units on integer tensor cores in EXL2 too (imma) and in neither
-# (immaoff), planned for 99 KB of shared memory per block (smem99, as sm_86/sm_89 cards), the decode attention in at
-# most 3 splits (splits3), the attention merge by thread for every split count (mergeold), and once per variant
-# under its settings (OUT/test_cuda-NAME.log), each with a summary line; the
-# fixtures are this checkout's, unpacked into $fx
+# left out, with the MLP's fold off, without activations staged ahead (aheadoff), with the mma.sync prefill attention
+# (fwoff) and its K/V tiles of 32 positions (fa32), the wgmma one with tiles of 128 (fw128), one row's 4-bit units
+# on integer tensor cores in EXL2 too (imma) and in neither (immaoff), planned for 99 KB of shared memory per block
+# (smem99, as sm_86/sm_89 cards), the decode attention in at most 3 splits (splits3), the attention merge by thread
+# for every split count (mergeold), and once per variant under its settings (OUT/test_cuda-NAME.log), each with a
+# summary line; the fixtures are this checkout's, unpacked into $fx
 run_test_cuda() {
   local out=$1 v name envs
   export TSR_FIXTURES=$PWD/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$PWD/models
@@ -54,7 +54,8 @@ run_test_cuda() {
   for v in gather:TSR_CUDA_GEMV_PRESTAGE=0 bulk:TSR_CUDA_GEMV_FRAG_N=0 \
     ring:TSR_CUDA_GEMV_FRAG_N=0,TSR_CUDA_GEMV_XRING_MIN=9 stage:TSR_CUDA_GEMV_XRING=0 \
     mlpgrid:TSR_CUDA_MLP_BLOCKS=1 mlpoff:TSR_CUDA_MLP_FUSE=0 foldoff:TSR_CUDA_MLP_FOLD=0 \
-    aheadoff:TSR_CUDA_STAGE_AHEAD=0 fa32:TSR_CUDA_FA_BKV=32 \
+    aheadoff:TSR_CUDA_STAGE_AHEAD=0 fwoff:TSR_CUDA_FA_WGMMA=0 fa32:TSR_CUDA_FA_WGMMA=0,TSR_CUDA_FA_BKV=32 \
+    fw128:TSR_CUDA_FW_BKV=128 \
     imma:TSR_CUDA_GEMV_IMMA=1 immaoff:TSR_CUDA_GEMV_IMMA=0 smem99:TSR_CUDA_SMEM_OPTIN=101376 \
     splits3:TSR_CUDA_ATTN_SPLITS=3 mergeold:TSR_CUDA_MERGE_ITEM=0 $2; do
     name=${v%%:*}; envs=${v#*:}

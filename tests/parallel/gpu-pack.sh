@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs what tests/parallel/gpu-check.sh needs on the lent GPU machine, which has CUDA and NCCL (the nvidia-nccl
-# wheel) but no MPI: a portable sm_90 CUDA+NCCL build of tessera and logits_diff, the shared libraries they need
+# wheel) but no MPI: a portable sm_90a CUDA+NCCL build of tessera and logits_diff, the shared libraries they need
 # beyond CUDA's, and this host's Open MPI runtime (mpirun, its components, PMIx) trimmed of the network transports
 # a single host does not use. Everything goes to .parpack/parbin.tar.xz (ignored by git); carry `.parpack`.
 #   bash tests/parallel/gpu-pack.sh            # TSR_GPUPACK_BUILD=build folder (default build-gpu-par)
@@ -10,13 +10,13 @@
 # (another build, stripped here) as .parbin/alt/tessera-NAME, the BIN=NAME variants of scripts/device-*.sh; the
 # archive is then compressed with xz -9, whose 64 MiB window finds the builds' common code (another build adds
 # about 0.15 MB instead of 1.8 MB as a file of its own). TSR_GPUPACK_ARCHS
-# (default 90) builds for other architectures: 80 makes the H200 JIT-compile sm_80 code, which runs the kernels
+# (default 90a) builds for other architectures: 80 makes the H200 JIT-compile sm_80 code, which runs the kernels
 # and paths of consumer cards (no bulk copies, no programmatic launch: backend.cu tsr_cuda_sm90).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 build=${TSR_GPUPACK_BUILD:-$root/build-gpu-par}
-cmake -S "$root" -B "$build" -DTSR_NATIVE=OFF -DTSR_CUDA=ON -DTSR_CUDA_ARCHS="${TSR_GPUPACK_ARCHS:-90}" -DTSR_NCCL=ON \
+cmake -S "$root" -B "$build" -DTSR_NATIVE=OFF -DTSR_CUDA=ON -DTSR_CUDA_ARCHS="${TSR_GPUPACK_ARCHS:-90a}" -DTSR_NCCL=ON \
   > "$build.configure.log"
 grep -q "NCCL for GPU workers" "$build.configure.log" || { echo "gpu-pack: this build found no NCCL" >&2; exit 1; }
 cmake --build "$build" -j "$(nproc)" --target tessera logits_diff test_cuda test_peer_ipc > "$build.log"
