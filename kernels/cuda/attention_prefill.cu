@@ -33,16 +33,6 @@
 #define FA_MT    2 /* m-tiles of 16 query rows per warp */
 #define FA_WARPS 4
 #define FA_BQ    (FA_WARPS * 16 * FA_MT) /* query rows per block */
-#define FA_LOG2E 1.4426950408889634f
-
-/* 2^x by the hardware's approximation alone: exp2f adds a range check and two multiplies per call for results
- * below 2^-126, which the probabilities' rounding to fp16 (and the output's rescale) cannot tell from 0 */
-__device__ __forceinline__ float fa_exp2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
 
 /* Shared memory of one block for head dimension D and K/V tiles of BKV positions: two stages of K and V tiles, then
  * the block's queries, fp16 rows padded by 16 bytes so that the eight rows an ldmatrix reads fall in different

@@ -35,15 +35,7 @@
 #define FW_WGS     2 /* warpgroups per block */
 #define FW_THREADS (FW_WGS * 128)
 #define FW_BQ      (FW_WGS * 64) /* query rows per block */
-#define FW_LOG2E   1.4426950408889634f
 #define FW_ONES    256 /* bytes of fp16 ones: the B operand whose product with P gives each row's sum */
-
-__device__ __forceinline__ float fw_exp2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
 
 /* Shared memory: two stages of K and V tiles and each warpgroup's queries, all 1024-byte aligned (+1 KB to align the
  * start), then the ones and two tiles' row slots. */
@@ -94,13 +86,13 @@ __device__ __forceinline__ bool fw_softmax(float (&s)[4 * NB], uint32_t (&pa)[NB
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_new = fmaxf(m_run[i], mx);
-        const float m_sub = m_new == -INFINITY ? 0.0f : m_new * FW_LOG2E;
-        factor[i] = fw_exp2(m_run[i] * FW_LOG2E - m_sub);
+        const float m_sub = m_new == -INFINITY ? 0.0f : m_new * FA_LOG2E;
+        factor[i] = fa_exp2(m_run[i] * FA_LOG2E - m_sub);
         moved |= factor[i] != 1.0f;
 #pragma unroll
         for (int n = 0; n < NB; n++) {
-            const float p0 = fw_exp2(fmaf(s[4 * n + 2 * i], FW_LOG2E, -m_sub));
-            const float p1 = fw_exp2(fmaf(s[4 * n + 2 * i + 1], FW_LOG2E, -m_sub));
+            const float p0 = fa_exp2(fmaf(s[4 * n + 2 * i], FA_LOG2E, -m_sub));
+            const float p1 = fa_exp2(fmaf(s[4 * n + 2 * i + 1], FA_LOG2E, -m_sub));
             pa[n][i] = h2_bits(__floats2half2_rn(p0, p1));
         }
         m_run[i] = m_new;

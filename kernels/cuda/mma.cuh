@@ -5,12 +5,24 @@
  * l/4, l/4 + 8 at columns 2 (l % 4) and 2 (l % 4) + 1. ldsm_x4 / ldsm_x4_t load four 8 × 8 fp16 matrices from
  * shared memory (lane l gives the address of row l % 8 of matrix l / 8), plain or transposed, straight into those
  * operand layouts. cp_async16_zfill copies 16 bytes global → shared without the registers, or writes zeros when
- * `valid` is false. h2_bits / bits_h2 view a half2 as the 32-bit register an operand takes, and back. */
+ * `valid` is false. h2_bits / bits_h2 view a half2 as the 32-bit register an operand takes, and back. fa_exp2 and
+ * FA_LOG2E serve the flash-attention kernels' softmax (attention_prefill.cu, attention_prefill_wgmma.cu). */
 #ifndef TSR_CUDA_MMA_CUH
 #define TSR_CUDA_MMA_CUH
 
 #include <cuda_fp16.h>
 #include <stdint.h>
+
+#define FA_LOG2E 1.4426950408889634f
+
+/* 2^x by the hardware's approximation alone: exp2f adds a range check and two multiplies per call for results
+ * below 2^-126, which the probabilities' rounding to fp16 (and the output's rescale) cannot tell from 0 */
+__device__ __forceinline__ float fa_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 __device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *(uint32_t *)&h; }
 __device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *(__half2 *)&u; }
