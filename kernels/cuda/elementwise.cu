@@ -8,7 +8,9 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/stage_ahead.cuh"
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
+#include <stdint.h>
 #include <type_traits>
 
 __device__ __forceinline__ float load_elem(const void *p, int dtype, size_t i)
@@ -208,6 +210,161 @@ __global__ void __launch_bounds__(1024)
 
 static int residual_threads(int dim) { return dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256; }
 
+/* The residual pass of a decode row (1-8 rows) spread over a thread-block cluster of RC_BLOCKS blocks, one cluster
+ * per row, on sm_90. residual_kernel's single block per row reads the whole row and its K-split parts through one
+ * SM and writes all of the row's staged entries: 7 µs of the chain of dependent kernels, twice per layer of the 8B
+ * model at batch 1 (NOTES.md, stop 42). Here block r of a cluster takes the slice [r · SL, r · SL + SL) of the row
+ * (SL: the row's width over RC_BLOCKS, rounded up to whole float4; up to P float4 per thread): it adds the parts,
+ * writes the sum, and its sum of squares goes to the others through distributed shared memory, where each block
+ * adds all RC_BLOCKS of them in rank order, so the whole cluster applies the same factor; with S.n each block then
+ * writes its share of the next GEMV's staged entries, reading the four values of an entry from whichever block's
+ * slice holds them. Values and sums are those of residual_kernel (the same part order per element); only the sum of
+ * squares is added in another order. */
+#define RC_BLOCKS  8
+#define RC_THREADS 128
+
+template <int P>
+__global__ void __launch_bounds__(RC_THREADS)
+    residual_cluster_kernel(float *x, const float *y, int n_parts, size_t part_stride, int ld, const __half *bias,
+                            const void *w, int dtype, float eps, int dim, float *out,
+                            const __grid_constant__ tsr_stage_ahead S)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    __shared__ __align__(16) float hs[4 * P * RC_THREADS]; /* this block's slice of the normalized row */
+    __shared__ float wsum[RC_THREADS / 32], ss_block, inv_row;
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = (int)cluster.block_rank(), row = (int)blockIdx.x / RC_BLOCKS, tid = threadIdx.x;
+    const int SL = ((dim + RC_BLOCKS - 1) / RC_BLOCKS + 3) & ~3, c0 = rank * SL, c1 = min(dim, c0 + SL);
+    /* before the wait, the constants: the norm's weights of the slice and the sources of the first staged entry */
+    tsr_pdl_trigger();
+    float wv[P][4];
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        const int i = c0 + 4 * (p * RC_THREADS + tid);
+#pragma unroll
+        for (int j = 0; j < 4; j++) wv[p][j] = w && i < c1 ? load_elem(w, dtype, i + j) : 0.0f;
+    }
+    const int per_row = S.n_units * 8, e_per = (per_row + RC_BLOCKS - 1) / RC_BLOCKS, e0 = rank * e_per;
+    const int4 pre = S.n && tid < e_per && e0 + tid < per_row ? stage_ahead_src(S, 0, e0 + tid) : make_int4(-1, -1, -1, -1);
+    tsr_pdl_wait();
+
+    float *xr = x + (size_t)row * dim;
+    const float *yr = y + (size_t)row * ld;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 v[P];
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        const int i = c0 + 4 * (p * RC_THREADS + tid);
+        v[p] = i < c1 ? *(const float4 *)(xr + i) : zero;
+        if (bias && i < c1) {
+            v[p].x += __half2float(bias[i]), v[p].y += __half2float(bias[i + 1]);
+            v[p].z += __half2float(bias[i + 2]), v[p].w += __half2float(bias[i + 3]);
+        }
+    }
+    for (int q0 = 0; q0 < n_parts; q0 += RESIDUAL_PARTS_AT_ONCE) { /* in part order, as residual_kernel adds them */
+        float4 t[RESIDUAL_PARTS_AT_ONCE][P];
+#pragma unroll
+        for (int q = 0; q < RESIDUAL_PARTS_AT_ONCE; q++)
+#pragma unroll
+            for (int p = 0; p < P; p++) {
+                const int i = c0 + 4 * (p * RC_THREADS + tid);
+                t[q][p] = q0 + q < n_parts && i < c1 ? *(const float4 *)(yr + (q0 + q) * part_stride + i) : zero;
+            }
+#pragma unroll
+        for (int q = 0; q < RESIDUAL_PARTS_AT_ONCE; q++)
+#pragma unroll
+            for (int p = 0; p < P; p++)
+                if (q0 + q < n_parts) v[p].x += t[q][p].x, v[p].y += t[q][p].y, v[p].z += t[q][p].z, v[p].w += t[q][p].w;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        const int i = c0 + 4 * (p * RC_THREADS + tid);
+        if (i >= c1) continue;
+        *(float4 *)(xr + i) = v[p];
+        ss += v[p].x * v[p].x + v[p].y * v[p].y + v[p].z * v[p].z + v[p].w * v[p].w;
+    }
+    if (!w) return; /* uniform over the cluster: no block reads another's shared memory */
+
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if ((tid & 31) == 0) wsum[tid >> 5] = ss;
+    __syncthreads();
+    if (tid == 0) {
+        float b = 0.0f;
+        for (int i = 0; i < RC_THREADS / 32; i++) b += wsum[i];
+        ss_block = b;
+    }
+    cluster.sync(); /* every block's ss_block written */
+    if (tid < 32) {
+        const float t = tid < RC_BLOCKS ? *cluster.map_shared_rank(&ss_block, tid) : 0.0f;
+        float tot = 0.0f;
+        for (int r = 0; r < RC_BLOCKS; r++) tot += __shfl_sync(0xffffffffu, t, r); /* rank order in every block */
+        if (tid == 0) inv_row = rsqrtf(tot / dim + eps);
+    }
+    __syncthreads();
+    const float inv = inv_row;
+    float *o = out + (size_t)row * dim;
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        const int l = 4 * (p * RC_THREADS + tid);
+        if (c0 + l >= c1) continue;
+        const float4 h = make_float4(wv[p][0] * (v[p].x * inv), wv[p][1] * (v[p].y * inv), wv[p][2] * (v[p].z * inv),
+                                     wv[p][3] * (v[p].w * inv));
+        *(float4 *)(o + c0 + l) = h;
+        *(float4 *)(hs + l) = h;
+    }
+    cluster.sync(); /* every slice in shared memory, every ss_block read */
+    if (!S.n) return;
+    /* this block's share of the next GEMV's entries, each value from the slice that holds it */
+    for (int ord = 0; ord < S.n; ord++)
+        for (int e = e0 + tid; e < e0 + e_per && e < per_row; e += RC_THREADS) {
+            const int4 src = ord == 0 && e == e0 + tid ? pre : stage_ahead_src(S, ord, e);
+            const int at[4] = {src.x, src.y, src.z, src.w};
+            float val[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                val[j] = at[j] >= 0 ? *cluster.map_shared_rank(hs + at[j] % SL, at[j] / SL) : 0.0f;
+            stage_entry_store(S.xs[ord], stage_entry_index(e, row, S.M), S.exact, val);
+        }
+    cluster.sync(); /* no block leaves while another still reads its slice */
+#endif
+}
+
+/* Whether residual_cluster_kernel takes these rows, and its P (float4 per thread: 1, 2 or 4); 0: residual_kernel.
+ * It needs sm_90 paths, 1-8 rows, float4-aligned rows and parts. TSR_CUDA_RESIDUAL_CLUSTER=0 turns it off. */
+static int residual_cluster_p(int rows, int dim, int ld, size_t part_stride, const void *x, const void *y,
+                              const void *out)
+{
+    static const bool on = !tsr_cuda_env_off("TSR_CUDA_RESIDUAL_CLUSTER");
+    if (!on || !tsr_cuda_sm90() || rows < 1 || rows > 8 || dim % 4 || ld % 4 || part_stride % 4 ||
+        ((uintptr_t)x | (uintptr_t)y | (uintptr_t)out) % 16)
+        return 0;
+    const int sl = ((dim + RC_BLOCKS - 1) / RC_BLOCKS + 3) & ~3, p = (sl + 4 * RC_THREADS - 1) / (4 * RC_THREADS);
+    return p == 1 ? 1 : p == 2 ? 2 : p <= 4 ? 4 : 0;
+}
+
+template <int P>
+static void residual_cluster_launch(int rows, float *x, const float *parts, int n_parts, size_t part_stride, int ld,
+                                    const __half *bias, const tsr_dense *w, float eps, int dim, float *out,
+                                    const tsr_stage_ahead &S)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)rows * RC_BLOCKS);
+    cfg.blockDim = dim3(RC_THREADS);
+    cfg.stream = tsr_cuda_stream();
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = RC_BLOCKS, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = tsr_cuda_pdl() ? 2 : 1;
+    TSR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, residual_cluster_kernel<P>, x, parts, n_parts, part_stride, ld, bias,
+                                      w ? w->dev : (const void *)NULL, w ? w->dtype : 0, eps, dim, out, S));
+    tsr_cuda_launches++;
+}
+
 void tsr_cuda_add_parts(float *x, const float *parts, int n_parts, size_t part_stride, int ld, const __half *bias,
                         const tsr_dense *w, float eps, int rows, int dim, float *out)
 {
@@ -220,8 +377,14 @@ void tsr_cuda_add_parts(float *x, const float *parts, int n_parts, size_t part_s
     const bool ahead = readers > 0 && R[0]->K == dim && (size_t)dim * sizeof(float) <= 48 * 1024 &&
                        tsr_cuda_gemv_stage_plan(R, readers, rows, &S);
     if (!ahead) S.n = 0;
-    tsr_launch_smem(residual_kernel, dim3(rows), dim3(residual_threads(dim)), ahead ? dim * sizeof(float) : 0, x, parts,
-                    n_parts, part_stride, ld, bias, w ? w->dev : NULL, w ? w->dtype : 0, eps, dim, out, S);
+    switch (residual_cluster_p(rows, dim, ld, part_stride, x, parts, out)) {
+    case 1: residual_cluster_launch<1>(rows, x, parts, n_parts, part_stride, ld, bias, w, eps, dim, out, S); break;
+    case 2: residual_cluster_launch<2>(rows, x, parts, n_parts, part_stride, ld, bias, w, eps, dim, out, S); break;
+    case 4: residual_cluster_launch<4>(rows, x, parts, n_parts, part_stride, ld, bias, w, eps, dim, out, S); break;
+    default:
+        tsr_launch_smem(residual_kernel, dim3(rows), dim3(residual_threads(dim)), ahead ? dim * sizeof(float) : 0, x, parts,
+                        n_parts, part_stride, ld, bias, w ? w->dev : NULL, w ? w->dtype : 0, eps, dim, out, S);
+    }
     TSR_CUDA_LAUNCHED();
     if (ahead) tsr_cuda_gemv_stage_done(R, readers, out, &S);
 }

@@ -124,6 +124,34 @@ static void check_rmsnorm(int rows, int dim, int in_place)
     norm_weight_free(&w);
 }
 
+/* add_rmsnorm (x += y, out = rmsnorm(x), out aliasing y as the forward pass uses it) against the CPU: on sm_90 rows of
+ * 1-8 go through the residual pass of a cluster of eight blocks, each taking a slice of the row (elementwise.cu),
+ * wider rows with more float4 per thread, a width that leaves the last blocks empty, and 9 rows through the
+ * single-block kernel. */
+static void check_add_rmsnorm(int rows, int dim)
+{
+    const size_t n = (size_t)rows * dim;
+    float *x = rand_host(n, 3.0f), *y = rand_host(n, 2.0f), *want = malloc(n * sizeof(float)),
+          *normed = malloc(n * sizeof(float));
+    norm_weight w = norm_weight_new(dim);
+    memcpy(want, x, n * 4);
+    cpu->add(want, y, n);
+    cpu->rmsnorm(want, &w.host, 1e-5f, rows, dim, normed);
+    float *dx = dev_copy(x, n * 4), *dy = dev_copy(y, n * 4);
+    gpu->add_rmsnorm(dx, dy, &w.dev, 1e-5f, rows, dim, dy);
+    char what[64];
+    float *got = to_host(dx, n);
+    snprintf(what, sizeof what, "add_rmsnorm %dx%d: the sum", rows, dim);
+    expect_close(what, got, want, n, 0);
+    free(got);
+    got = to_host(dy, n);
+    snprintf(what, sizeof what, "add_rmsnorm %dx%d: the norm", rows, dim);
+    expect_close(what, got, normed, n, 1e-6);
+    free(got), free(x), free(y), free(want), free(normed);
+    gpu->release(dx), gpu->release(dy);
+    norm_weight_free(&w);
+}
+
 static void test_elementwise(void **state)
 {
     (void)state;
@@ -142,6 +170,11 @@ static void test_elementwise(void **state)
     check_rmsnorm(3, 4096, 1);
     check_rmsnorm(3, 1002, 0);
     check_rmsnorm(2, 8200, 1);
+    check_add_rmsnorm(1, 4096);
+    check_add_rmsnorm(3, 8192);
+    check_add_rmsnorm(8, 12288);
+    check_add_rmsnorm(2, 24);
+    check_add_rmsnorm(9, 4096);
 
     /* silu_mul, add, gather */
     float *y = rand_host((size_t)rows * dim, 2.0f), *dy = dev_copy(y, (size_t)rows * dim * 4);

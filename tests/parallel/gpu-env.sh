@@ -43,8 +43,9 @@ variant_bin() {
 # (fwoff) and its K/V tiles of 32 positions (fa32), the wgmma one with tiles of 128 (fw128), one row's 4-bit units
 # on integer tensor cores in EXL2 too (imma) and in neither (immaoff), planned for 99 KB of shared memory per block
 # (smem99, as sm_86/sm_89 cards), the decode attention in at most 3 splits (splits3), the attention merge by thread
-# for every split count (mergeold), and once per variant under its settings (OUT/test_cuda-NAME.log), each with a
-# summary line; the fixtures are this checkout's, unpacked into $fx
+# for every split count (mergeold), the residual pass of decode rows in one block (rcoff), and once per variant
+# under its settings (OUT/test_cuda-NAME.log), each with a summary line; the fixtures are this checkout's, unpacked
+# into $fx
 run_test_cuda() {
   local out=$1 v name envs
   export TSR_FIXTURES=$PWD/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$PWD/models
@@ -57,7 +58,7 @@ run_test_cuda() {
     aheadoff:TSR_CUDA_STAGE_AHEAD=0 fwoff:TSR_CUDA_FA_WGMMA=0 fa32:TSR_CUDA_FA_WGMMA=0,TSR_CUDA_FA_BKV=32 \
     fw128:TSR_CUDA_FW_BKV=128 \
     imma:TSR_CUDA_GEMV_IMMA=1 immaoff:TSR_CUDA_GEMV_IMMA=0 smem99:TSR_CUDA_SMEM_OPTIN=101376 \
-    splits3:TSR_CUDA_ATTN_SPLITS=3 mergeold:TSR_CUDA_MERGE_ITEM=0 $2; do
+    splits3:TSR_CUDA_ATTN_SPLITS=3 mergeold:TSR_CUDA_MERGE_ITEM=0 rcoff:TSR_CUDA_RESIDUAL_CLUSTER=0 $2; do
     name=${v%%:*}; envs=${v#*:}
     env ${envs//,/ } timeout 200 "$P/bin/test_cuda" > "$out/test_cuda-$name.log" 2>&1
     echo "test_cuda ($name: $envs) exit $? (at $SECONDS s)"
