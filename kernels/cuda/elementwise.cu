@@ -212,8 +212,8 @@ static int residual_threads(int dim) { return dim >= 4096 ? 1024 : dim >= 1024 ?
 
 /* The residual pass of a decode row (1-8 rows) spread over a thread-block cluster of RC_BLOCKS blocks, one cluster
  * per row, on sm_90. residual_kernel's single block per row reads the whole row and its K-split parts through one
- * SM and writes all of the row's staged entries: 7 µs of the chain of dependent kernels, twice per layer of the 8B
- * model at batch 1 (NOTES.md, stop 42). Here block r of a cluster takes the slice [r · SL, r · SL + SL) of the row
+ * SM and writes all of the row's staged entries: 7.0-7.4 µs of the chain of dependent kernels, twice per layer of
+ * the 8B model at batch 1; this kernel 5.5-6.2 µs (batch 1 +3.3 %; NOTES.md, stop 42). Here block r of a cluster takes the slice [r · SL, r · SL + SL) of the row
  * (SL: the row's width over RC_BLOCKS, rounded up to whole float4; up to P float4 per thread): it adds the parts,
  * writes the sum, and its sum of squares goes to the others through distributed shared memory, where each block
  * adds all RC_BLOCKS of them in rank order, so the whole cluster applies the same factor; with S.n each block then
