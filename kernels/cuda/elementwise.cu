@@ -213,13 +213,13 @@ static int residual_threads(int dim) { return dim >= 4096 ? 1024 : dim >= 1024 ?
 /* The residual pass of a decode row (1-8 rows) spread over a thread-block cluster of RC_BLOCKS blocks, one cluster
  * per row, on sm_90. residual_kernel's single block per row reads the whole row and its K-split parts through one
  * SM and writes all of the row's staged entries: 7.0-7.4 µs of the chain of dependent kernels, twice per layer of
- * the 8B model at batch 1; this kernel 5.5-6.2 µs (batch 1 +3.3 %; NOTES.md, stop 42). Here block r of a cluster takes the slice [r · SL, r · SL + SL) of the row
- * (SL: the row's width over RC_BLOCKS, rounded up to whole float4; up to P float4 per thread): it adds the parts,
- * writes the sum, and its sum of squares goes to the others through distributed shared memory, where each block
- * adds all RC_BLOCKS of them in rank order, so the whole cluster applies the same factor; with S.n each block then
- * writes its share of the next GEMV's staged entries, reading the four values of an entry from whichever block's
- * slice holds them. Values and sums are those of residual_kernel (the same part order per element); only the sum of
- * squares is added in another order. */
+ * the 8B model at batch 1; this kernel 5.5-6.2 µs (batch 1 +3.3 %; NOTES.md, stop 42). Here block r of a cluster
+ * takes the slice [r · SL, r · SL + SL) of the row (SL: the row's width over RC_BLOCKS, rounded up to whole float4;
+ * up to P float4 per thread): it adds the parts, writes the sum, and its sum of squares goes to the others through
+ * distributed shared memory, where each block adds all RC_BLOCKS of them in rank order, so the whole cluster applies
+ * the same factor; with S.n each block then writes its share of the next GEMV's staged entries, reading the four
+ * values of an entry from whichever block's slice holds them. Values and sums are those of residual_kernel (the same
+ * part order per element); only the sum of squares is added in another order. */
 #define RC_BLOCKS  8
 #define RC_THREADS 128
 
@@ -246,7 +246,8 @@ __global__ void __launch_bounds__(RC_THREADS)
         for (int j = 0; j < 4; j++) wv[p][j] = w && i < c1 ? load_elem(w, dtype, i + j) : 0.0f;
     }
     const int per_row = S.n_units * 8, e_per = (per_row + RC_BLOCKS - 1) / RC_BLOCKS, e0 = rank * e_per;
-    const int4 pre = S.n && tid < e_per && e0 + tid < per_row ? stage_ahead_src(S, 0, e0 + tid) : make_int4(-1, -1, -1, -1);
+    const int4 pre =
+        S.n && tid < e_per && e0 + tid < per_row ? stage_ahead_src(S, 0, e0 + tid) : make_int4(-1, -1, -1, -1);
     tsr_pdl_wait();
 
     float *xr = x + (size_t)row * dim;
@@ -275,7 +276,8 @@ __global__ void __launch_bounds__(RC_THREADS)
         for (int q = 0; q < RESIDUAL_PARTS_AT_ONCE; q++)
 #pragma unroll
             for (int p = 0; p < P; p++)
-                if (q0 + q < n_parts) v[p].x += t[q][p].x, v[p].y += t[q][p].y, v[p].z += t[q][p].z, v[p].w += t[q][p].w;
+                if (q0 + q < n_parts)
+                    v[p].x += t[q][p].x, v[p].y += t[q][p].y, v[p].z += t[q][p].z, v[p].w += t[q][p].w;
     }
     float ss = 0.0f;
 #pragma unroll
@@ -382,8 +384,8 @@ void tsr_cuda_add_parts(float *x, const float *parts, int n_parts, size_t part_s
     case 2: residual_cluster_launch<2>(rows, x, parts, n_parts, part_stride, ld, bias, w, eps, dim, out, S); break;
     case 4: residual_cluster_launch<4>(rows, x, parts, n_parts, part_stride, ld, bias, w, eps, dim, out, S); break;
     default:
-        tsr_launch_smem(residual_kernel, dim3(rows), dim3(residual_threads(dim)), ahead ? dim * sizeof(float) : 0, x, parts,
-                        n_parts, part_stride, ld, bias, w ? w->dev : NULL, w ? w->dtype : 0, eps, dim, out, S);
+        tsr_launch_smem(residual_kernel, dim3(rows), dim3(residual_threads(dim)), ahead ? dim * sizeof(float) : 0, x,
+                        parts, n_parts, part_stride, ld, bias, w ? w->dev : NULL, w ? w->dtype : 0, eps, dim, out, S);
     }
     TSR_CUDA_LAUNCHED();
     if (ahead) tsr_cuda_gemv_stage_done(R, readers, out, &S);
