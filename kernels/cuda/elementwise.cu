@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(RC_THREADS)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     __shared__ __align__(16) float hs[4 * P * RC_THREADS]; /* this block's slice of the normalized row */
-    __shared__ float wsum[RC_THREADS / 32], ss_block, inv_row;
+    __shared__ float ss_block, inv_row;
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = (int)cluster.block_rank(), row = (int)blockIdx.x / RC_BLOCKS, tid = threadIdx.x;
     const int SL = ((dim + RC_BLOCKS - 1) / RC_BLOCKS + 3) & ~3, c0 = rank * SL, c1 = min(dim, c0 + SL);
@@ -289,14 +289,8 @@ __global__ void __launch_bounds__(RC_THREADS)
     }
     if (!w) return; /* uniform over the cluster: no block reads another's shared memory */
 
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if ((tid & 31) == 0) wsum[tid >> 5] = ss;
-    __syncthreads();
-    if (tid == 0) {
-        float b = 0.0f;
-        for (int i = 0; i < RC_THREADS / 32; i++) b += wsum[i];
-        ss_block = b;
-    }
+    const float b = block_sum(ss);
+    if (tid == 0) ss_block = b;
     cluster.sync(); /* every block's ss_block written */
     if (tid < 32) {
         const float t = tid < RC_BLOCKS ? *cluster.map_shared_rank(&ss_block, tid) : 0.0f;
