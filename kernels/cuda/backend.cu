@@ -8,10 +8,12 @@
  * of the driver's synchronous pageable path. Profiling (TSR_CUDA_PROFILE): 1 = each op synchronized and timed on the
  * host; 2 = each op bracketed by device events while a spin kernel keeps the GPU ahead of the host, so the figures are
  * device time per op class without launch gaps (decode steps and prefill reported apart). TSR_CUDA_STEPTIME=1 reports
- * the device time of each replayed decode-step graph. */
+ * the device time of each replayed decode-step graph. A trace build (CMake -DTSR_CUDA_TRACE=ON, trace.cuh) reports,
+ * with TSR_CUDA_TRACE=1, each kernel's share of a replayed graph. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/exl2_pack.cuh"
+#include "kernels/cuda/trace.cuh"
 
 extern "C" {
 #include "runtime/half.h"
@@ -127,6 +129,9 @@ extern "C" tsr_status tsr_cuda_init(int device)
     g_device = device;
     g_sm90 = -1, g_smem_block = g_smem_sm = 0; /* settled again for this device */
     (void)tsr_cuda_sm90();
+#if TSR_CUDA_TRACE
+    tsr_trace_start();
+#endif
     return TSR_OK;
 }
 
@@ -327,6 +332,9 @@ static void cuda_run_cached(uint64_t key, void (*fn)(void *ctx), void *ctx)
     }
     cached_run &r = g_graphs[key];
     if (r.exec) {
+#if TSR_CUDA_TRACE
+        if (tsr_trace_active()) return tsr_trace_replay(key, r.exec, g_stream);
+#endif
         graph_launch(r.exec);
         return;
     }
@@ -337,7 +345,13 @@ static void cuda_run_cached(uint64_t key, void (*fn)(void *ctx), void *ctx)
     cudaGraph_t graph;
     g_capturing = 1;
     TSR_CUDA_CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+#if TSR_CUDA_TRACE
+    tsr_trace_capture(key, 1);
+#endif
     fn(ctx);
+#if TSR_CUDA_TRACE
+    tsr_trace_capture(key, 0);
+#endif
     TSR_CUDA_CHECK(cudaStreamEndCapture(g_stream, &graph));
     g_capturing = 0;
     TSR_CUDA_CHECK(cudaGraphInstantiate(&r.exec, graph, 0));

@@ -345,20 +345,9 @@ static void residual_cluster_launch(int rows, float *x, const float *parts, int 
                                     const __half *bias, const tsr_dense *w, float eps, int dim, float *out,
                                     const tsr_stage_ahead &S)
 {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)rows * RC_BLOCKS);
-    cfg.blockDim = dim3(RC_THREADS);
-    cfg.stream = tsr_cuda_stream();
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = RC_BLOCKS, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = tsr_cuda_pdl() ? 2 : 1;
-    TSR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, residual_cluster_kernel<P>, x, parts, n_parts, part_stride, ld, bias,
-                                      w ? w->dev : (const void *)NULL, w ? w->dtype : 0, eps, dim, out, S));
-    tsr_cuda_launches++;
+    tsr_launch_cluster(residual_cluster_kernel<P>, dim3((unsigned)rows * RC_BLOCKS), dim3(RC_THREADS), 0, RC_BLOCKS, x,
+                       parts, n_parts, part_stride, ld, bias, w ? w->dev : (const void *)NULL, w ? w->dtype : 0, eps,
+                       dim, out, S);
 }
 
 void tsr_cuda_add_parts(float *x, const float *parts, int n_parts, size_t part_stride, int ld, const __half *bias,

@@ -16,6 +16,13 @@ add_library(tessera_cuda STATIC
   ${PROJECT_SOURCE_DIR}/kernels/cuda/peer_sum.cu
 )
 target_include_directories(tessera_cuda PUBLIC ${PROJECT_SOURCE_DIR})
+# A diagnostic build: every kernel notes its release time, and TSR_CUDA_TRACE=1 prints each kernel's share of a
+# replayed decode step (kernels/cuda/trace.cuh). Off in every normal build: it adds a branch to every kernel.
+option(TSR_CUDA_TRACE "Build the kernel trace into kernels/cuda (a diagnostic build)" OFF)
+if(TSR_CUDA_TRACE)
+  target_sources(tessera_cuda PRIVATE ${PROJECT_SOURCE_DIR}/kernels/cuda/trace.cu)
+  target_compile_definitions(tessera_cuda PUBLIC TSR_CUDA_TRACE=1)
+endif()
 target_compile_options(tessera_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall>)
 if(TSR_WERROR)
   target_compile_options(tessera_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>)
