@@ -9,7 +9,8 @@
  * Without relocatable device code every translation unit has its own copy of a __device__ variable, so this header
  * gives each unit that includes it a static pointer to the ring and registers, at program load, a host function that
  * sets it (tsr_trace_register); trace.cu calls them all once it has allocated the ring. Until then, and when the
- * trace is off at run time, the pointer is null and kernels note nothing. In a normal build this header is empty. */
+ * trace is off at run time, the pointer is null and kernels note nothing. In a normal build this header only defines
+ * an empty tsr_trace_release. */
 #ifndef TSR_CUDA_TRACE_CUH
 #define TSR_CUDA_TRACE_CUH
 
