@@ -12,18 +12,11 @@
  *           "read what the previous phase wrote" step.
  *
  * Build and run on the GPU machine: nvcc -O3 -arch=sm_90 -o /tmp/chain scripts/chain-probe.cu && /tmp/chain */
+#include "probe_check.cuh"
+
 #include <cuda_runtime.h>
 
 #include <stdio.h>
-
-#define CHECK(x)                                                                                                       \
-    do {                                                                                                               \
-        cudaError_t e_ = (x);                                                                                          \
-        if (e_ != cudaSuccess) {                                                                                       \
-            fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                                                   \
-            return 1;                                                                                                  \
-        }                                                                                                              \
-    } while (0)
 
 #define N_LINKS 224 /* 7 dependent launches per layer × 32 layers */
 

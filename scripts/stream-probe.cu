@@ -10,21 +10,14 @@
  * 2 GiB buffer so that L2 (50 MB on the H200) holds nothing of it.
  *
  * Build and run on the GPU machine: nvcc -O3 -arch=sm_90 -o /tmp/probe scripts/stream-probe.cu && /tmp/probe */
+#include "probe_check.cuh"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <stdint.h>
 #include <stdio.h>
 #include <vector>
-
-#define CHECK(x)                                                                                                       \
-    do {                                                                                                               \
-        cudaError_t e_ = (x);                                                                                          \
-        if (e_ != cudaSuccess) {                                                                                       \
-            fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                                                   \
-            return 1;                                                                                                  \
-        }                                                                                                              \
-    } while (0)
 
 __device__ __forceinline__ void cp16(void *smem, const void *gmem)
 {

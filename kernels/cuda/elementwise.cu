@@ -223,6 +223,9 @@ static int residual_threads(int dim) { return dim >= 4096 ? 1024 : dim >= 1024 ?
 #define RC_BLOCKS  8
 #define RC_THREADS 128
 
+/* SL: the slice of a row of dim values that each block of the cluster takes (whole float4). */
+__host__ __device__ __forceinline__ int rc_slice(int dim) { return ((dim + RC_BLOCKS - 1) / RC_BLOCKS + 3) & ~3; }
+
 template <int P>
 __global__ void __launch_bounds__(RC_THREADS)
     residual_cluster_kernel(float *x, const float *y, int n_parts, size_t part_stride, int ld, const __half *bias,
@@ -235,7 +238,7 @@ __global__ void __launch_bounds__(RC_THREADS)
     __shared__ float ss_block, inv_row;
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = (int)cluster.block_rank(), row = (int)blockIdx.x / RC_BLOCKS, tid = threadIdx.x;
-    const int SL = ((dim + RC_BLOCKS - 1) / RC_BLOCKS + 3) & ~3, c0 = rank * SL, c1 = min(dim, c0 + SL);
+    const int SL = rc_slice(dim), c0 = rank * SL, c1 = min(dim, c0 + SL);
     /* before the wait, the constants: the norm's weights of the slice and the sources of the first staged entry */
     tsr_pdl_trigger();
     float wv[P][4];
@@ -336,7 +339,7 @@ static int residual_cluster_p(int rows, int dim, int ld, size_t part_stride, con
     if (!on || !tsr_cuda_sm90() || rows < 1 || rows > 8 || dim % 4 || ld % 4 || part_stride % 4 ||
         ((uintptr_t)x | (uintptr_t)y | (uintptr_t)out) % 16)
         return 0;
-    const int sl = ((dim + RC_BLOCKS - 1) / RC_BLOCKS + 3) & ~3, p = (sl + 4 * RC_THREADS - 1) / (4 * RC_THREADS);
+    const int p = (rc_slice(dim) + 4 * RC_THREADS - 1) / (4 * RC_THREADS);
     return p == 1 ? 1 : p == 2 ? 2 : p <= 4 ? 4 : 0;
 }
 
