@@ -38,6 +38,10 @@ void tsr_cuda_gemv_prestage(const tsr_linear_dev *const *L, int n, const float *
 struct tsr_stage_ahead;
 bool tsr_cuda_gemv_stage_plan(const tsr_linear_dev *const *L, int n, int M, tsr_stage_ahead *S);
 void tsr_cuda_gemv_stage_done(const tsr_linear_dev *const *L, int n, const float *x, const tsr_stage_ahead *S);
+/* The entries staged ahead for the matrices L on x (M rows; exact: hi + lo halves), for a kernel other than their
+ * GEMV that reads the same entries (the fused MLP): true with xs[i] set, if they are still the latest writes. */
+bool tsr_cuda_gemv_take_staged(const tsr_linear_dev *const *L, int n, const float *x, int M, bool exact,
+                               const uint2 **xs);
 /* silu_mul in place on gate (M rows of L's K) that also stages the activations of L's GEMV ahead (elementwise.cu);
  * false, having done nothing, where that GEMV would not take them. */
 bool tsr_cuda_silu_stage(const tsr_linear_dev *L, float *gate, const float *up, int M);

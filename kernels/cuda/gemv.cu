@@ -1013,6 +1013,13 @@ static bool take_staged(const tsr_linear_dev *const *Ls, int n, const float *x, 
     return true;
 }
 
+/* The entries staged ahead for a kernel of these matrices other than the GEMV (the fused MLP; cuda_kernels.cuh). */
+bool tsr_cuda_gemv_take_staged(const tsr_linear_dev *const *Ls, int n, const float *x, int M, bool exact,
+                               const uint2 **xs)
+{
+    return take_staged(Ls, n, x, M, exact, xs);
+}
+
 /* The activations of n matrices sharing x (cuda_kernels.cuh): fg_prestage_kernel's entries of every part in scratch
  * slot `slot`, part i's from xs[i]. */
 void tsr_cuda_gemv_prestage(const tsr_linear_dev *const *Ls, int n, const float *x, int M, bool exact, int slot,

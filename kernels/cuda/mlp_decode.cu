@@ -583,7 +583,8 @@ int tsr_cuda_mlp_add_norm(const tsr_linear *gate, const tsr_linear *up, const ts
 
     const tsr_linear_dev *gu[2] = {G, U};
     const uint2 *xs[2];
-    tsr_cuda_gemv_prestage(gu, 2, h, 1, true, 0, xs);
+    if (!tsr_cuda_gemv_take_staged(gu, 2, h, 1, true, xs)) /* the residual pass before it staged them, or here */
+        tsr_cuda_gemv_prestage(gu, 2, h, 1, true, 0, xs);
     A.xs_gate = xs[0], A.xs_up = xs[1];
     A.xs_down = (uint2 *)tsr_cuda_scratch(5, (size_t)A.U2 * 16 * sizeof(uint2));
     A.part1 = (float *)tsr_cuda_scratch(6, (size_t)A.warps * A.slots * MLP_PAIR_COLS * sizeof(float));

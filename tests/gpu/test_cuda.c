@@ -985,7 +985,7 @@ typedef struct {
 } gpu_mlp;
 
 static void gpu_mlp_open(gpu_mlp *m, int H, int I, int gn, const int *gbits, const int *grows, int un, const int *ubits,
-                         const int *urows, int dn, const int *dbits, const int *drows)
+                         const int *urows, int dn, const int *dbits, const int *drows, const tsr_dense *mlp_norm)
 {
     static uint16_t one[8];
     gpu_head_open(&m->g, I, I, gn, gbits, grows);
@@ -995,6 +995,7 @@ static void gpu_mlp_open(gpu_mlp *m, int H, int I, int gn, const int *gbits, con
     assert_int_equal(m->d.L.K, I);
     memset(&m->layer, 0, sizeof m->layer);
     m->layer.gate = m->g.L, m->layer.up = m->u.L, m->layer.down = m->d.L;
+    if (mlp_norm) m->layer.mlp_norm = *mlp_norm; /* its readers, gate and up, registered by prepare_model */
     memset(&m->shell, 0, sizeof m->shell);
     m->shell.cfg.n_layers = 1;
     m->shell.layers = &m->layer;
@@ -1082,6 +1083,32 @@ static void check_mlp(const gpu_mlp *m, const char *label)
     }
 }
 
+/* The fused MLP of one row takes gate's and up's activations as the residual pass that wrote its input staged them
+ * (add_rmsnorm with the layer's MLP norm, whose readers gate and up are) instead of staging its own: x + y normed,
+ * then the MLP's product added to a residual, against the CPU. */
+static void check_mlp_takes_staged(gpu_mlp *m)
+{
+    if (!gpu->mlp_add_norm) return;
+    const int H = m->g.L.K, N = m->d.L.N;
+    float *x = rand_host(H, 1.0f), *y = rand_host(H, 1.0f), *res = rand_host(N, 1.0f), *h = malloc((size_t)H * 4);
+    float *dx = dev_copy(x, (size_t)H * 4), *dy = dev_copy(y, (size_t)H * 4), *dres = dev_copy(res, (size_t)N * 4);
+    float *dh = dev_poisoned(H), *sg = dev_poisoned(m->g.L.N), *su = dev_poisoned(m->g.L.N);
+    cpu->add(x, y, H);
+    cpu->rmsnorm(x, &m->layer.mlp_norm, 1e-5f, 1, H, h);
+    float *prod = mlp_product(m, h, 1);
+    cpu->add(res, prod, N);
+    gpu->add_rmsnorm(dx, dy, &m->layer.mlp_norm, 1e-5f, 1, H, dh);
+    const unsigned long long taken = tsr_cuda_staged_taken();
+    assert_int_equal(gpu->mlp_add_norm(&m->layer.gate, &m->layer.up, &m->layer.down, dh, 1, dres, NULL, 1e-5f, NULL,
+                                       sg, su),
+                     1);
+    assert_int_equal(tsr_cuda_staged_taken() - taken, staged_ahead(1));
+    float *got = to_host(dres, N);
+    expect_close("fused MLP on entries staged ahead: the sum", got, res, N, quant_tol(1));
+    free(got), free(x), free(y), free(res), free(h), free(prod);
+    gpu->release(dx), gpu->release(dy), gpu->release(dres), gpu->release(dh), gpu->release(sg), gpu->release(su);
+}
+
 /* The MLP of a layer against the CPU's linear, silu_mul, linear, add and rmsnorm. Gate and up differ in their groups'
  * widths, every matrix has a bias, and the 480 columns of down and 2208 of gate and up end in half a column pair.
  * First down's groups fill whole units (69 of them: more than a warp's 64 records, with TSR_CUDA_MLP_BLOCKS=1 as
@@ -1099,12 +1126,15 @@ static void test_mlp_fused(void **state)
               padded_rows[] = {96, 288, 1072, 96, 656};
     if (!gpu->mlp_add_norm) printf("mlp_add_norm left out (TSR_CUDA_MLP_FUSE=0)\n");
     gpu_mlp m;
-    gpu_mlp_open(&m, H, I, 6, gate_bits, gate_rows, 4, up_bits, up_rows, 5, down_bits, whole_rows);
+    norm_weight wn = norm_weight_new(H);
+    gpu_mlp_open(&m, H, I, 6, gate_bits, gate_rows, 4, up_bits, up_rows, 5, down_bits, whole_rows, &wn.host);
     check_mlp(&m, "MLP, down in whole units");
+    check_mlp_takes_staged(&m);
     gpu_mlp_close(&m);
-    gpu_mlp_open(&m, H, I, 6, gate_bits, gate_rows, 4, up_bits, up_rows, 5, down_bits, padded_rows);
+    gpu_mlp_open(&m, H, I, 6, gate_bits, gate_rows, 4, up_bits, up_rows, 5, down_bits, padded_rows, NULL);
     check_mlp(&m, "MLP, down with padded units");
     gpu_mlp_close(&m);
+    norm_weight_free(&wn);
 }
 
 /* A host model shell of one layer (and a 1 × 8 embedding and final norm, never read), prepared on the GPU, so that
