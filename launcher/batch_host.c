@@ -26,6 +26,44 @@ static char *base_name(const char *dir)
     return s;
 }
 
+/* A long option value within [lo, hi] into *out (an int field). */
+static int take_int(const tsr_host_opts *o, const char *a, const char *v, long lo, long hi, int *out)
+{
+    long n;
+    if (tsr_cli_int(o->cmd, a, v, lo, hi, &n)) return -1;
+    *out = (int)n;
+    return 1;
+}
+
+int tsr_host_opts_take(tsr_host_opts *o, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i];
+    if (!strcmp(a, "--no-prefix-cache")) {
+        o->no_prefix_cache = 1;
+        return 1;
+    }
+    const int par = tsr_par_opts_take(o->cmd, &o->par, argc, argv, i);
+    if (par) return par;
+    static const char *const valued[] = {"--model",     "--device",        "--served-model-name", "--max-running",
+                                         "--kv-tokens", "--step-tokens", "--prefill-chunk",     "--threads"};
+    size_t k = 0;
+    while (k < sizeof valued / sizeof *valued && strcmp(a, valued[k]))
+        k++;
+    if (k == sizeof valued / sizeof *valued) return 0;
+    const char *v = tsr_cli_value(o->cmd, argc, argv, i);
+    if (!v) return -1;
+    switch (k) {
+    case 0: o->model_dir = v; return 1;
+    case 1: o->device = v; return 1;
+    case 2: o->served_name = v; return 1;
+    case 3: return take_int(o, a, v, 1, 4096, &o->max_running);
+    case 4: return tsr_cli_int(o->cmd, a, v, 16, 1L << 30, &o->kv_tokens) ? -1 : 1;
+    case 5: return take_int(o, a, v, 1, 1 << 20, &o->step_tokens);
+    case 6: return take_int(o, a, v, 0, 1 << 20, &o->prefill_chunk);
+    default: return take_int(o, a, v, 1, 1024, &o->threads);
+    }
+}
+
 static tsr_session_req session_req(const tsr_host_opts *o)
 {
     return (tsr_session_req){.cmd = o->cmd ? o->cmd : "serve",

@@ -41,6 +41,12 @@ typedef struct tsr_host {
     tsr_oai_model model;
 } tsr_host;
 
+/* argv[*i] if it is an option batch and intake share (--model, --device, --served-model-name, --max-running,
+ * --kv-tokens, --step-tokens, --prefill-chunk, --threads, --no-prefix-cache, and parallel/options.h's multi-rank
+ * options) into o, *i advanced past its value: 1 taken, 0 not one of them, -1 a bad or missing value (the message
+ * printed, naming o->cmd). */
+int tsr_host_opts_take(tsr_host_opts *o, int argc, char **argv, int *i);
+
 /* Rank 0 (or the only process). */
 tsr_status tsr_host_open(const tsr_host_opts *o, tsr_host **out);
 void tsr_host_close(tsr_host *h, double grace_s);

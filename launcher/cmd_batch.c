@@ -343,9 +343,9 @@ static int same_file(const char *a, const char *b)
 int tsr_cmd_batch(int argc, char **argv)
 {
     const char *input = NULL, *output = NULL;
-    tsr_host_opts ho = {.cmd = "batch", .device = "cpu"};
+    tsr_host_opts ho = {.cmd = "batch", .device = "cpu", .max_running = 64};
     tsr_par_opts_init(&ho.par);
-    long max_running = 64, max_inflight = 0, kv_tokens = 0, step_tokens = 0, prefill_chunk = 0, threads = 0;
+    long max_inflight = 0;
     int quiet = 0, progress_on = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -361,36 +361,16 @@ int tsr_cmd_batch(int argc, char **argv)
             progress_on = 1;
             continue;
         }
-        if (!strcmp(a, "--no-prefix-cache")) {
-            ho.no_prefix_cache = 1;
-            continue;
-        }
-        int par = tsr_par_opts_take("batch", &ho.par, argc, argv, &i);
-        if (par < 0) return 2;
-        if (par > 0) continue;
+        const int shared = tsr_host_opts_take(&ho, argc, argv, &i);
+        if (shared < 0) return 2;
+        if (shared > 0) continue;
         if (!(v = tsr_cli_value("batch", argc, argv, &i))) return 2;
-        if (!strcmp(a, "--model"))
-            ho.model_dir = v;
-        else if (!strcmp(a, "--input"))
+        if (!strcmp(a, "--input"))
             input = v;
         else if (!strcmp(a, "--output"))
             output = v;
-        else if (!strcmp(a, "--device"))
-            ho.device = v;
-        else if (!strcmp(a, "--served-model-name"))
-            ho.served_name = v;
-        else if (!strcmp(a, "--max-running")) {
-            if (tsr_cli_int("batch", a, v, 1, 4096, &max_running)) return 2;
-        } else if (!strcmp(a, "--max-inflight")) {
+        else if (!strcmp(a, "--max-inflight")) {
             if (tsr_cli_int("batch", a, v, 1, 1 << 20, &max_inflight)) return 2;
-        } else if (!strcmp(a, "--kv-tokens")) {
-            if (tsr_cli_int("batch", a, v, 16, 1L << 30, &kv_tokens)) return 2;
-        } else if (!strcmp(a, "--step-tokens")) {
-            if (tsr_cli_int("batch", a, v, 1, 1 << 20, &step_tokens)) return 2;
-        } else if (!strcmp(a, "--prefill-chunk")) {
-            if (tsr_cli_int("batch", a, v, 0, 1 << 20, &prefill_chunk)) return 2;
-        } else if (!strcmp(a, "--threads")) {
-            if (tsr_cli_int("batch", a, v, 1, 1024, &threads)) return 2;
         } else {
             fprintf(stderr, "tessera batch: unknown option '%s'\n", a);
             usage(stderr);
@@ -401,12 +381,7 @@ int tsr_cmd_batch(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    ho.max_running = (int)max_running;
-    ho.kv_tokens = kv_tokens;
-    ho.step_tokens = (int)step_tokens;
-    ho.prefill_chunk = (int)prefill_chunk;
-    ho.threads = (int)threads;
-    if (!max_inflight) max_inflight = 4 * max_running;
+    if (!max_inflight) max_inflight = 4L * ho.max_running;
     if (tsr_rank_is_worker()) return tsr_host_run_worker(&ho); /* under mpirun: serve rank 0's steps */
     if (same_file(input, output)) {
         fprintf(stderr, "tessera batch: --input and --output are the same file\n");
@@ -451,7 +426,7 @@ int tsr_cmd_batch(int argc, char **argv)
         char n[32] = "input";
         if (b.total >= 0) snprintf(n, sizeof n, "%ld requests", b.total);
         fprintf(stderr, "tessera batch: %s, KV cache %ld tokens (%d pages of %d), up to %ld running\n", n,
-                (long)x->n_pages * x->page_size, x->n_pages, x->page_size, max_running);
+                (long)x->n_pages * x->page_size, x->n_pages, x->page_size, (long)ho.max_running);
     }
     struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);

@@ -25,6 +25,7 @@ static void usage(FILE *f)
                "                         0: as many as the step leaves)\n"
                "  --served-model-name S  the model name request bodies may give (default: DIR's last component)\n"
                "  --threads N            CPU threads (default: all cores)\n"
+               "  --no-prefix-cache      do not share prompt pages between requests\n"
                "  --client-timeout S     seconds of silence after which a client with requests is gone (default 15)\n"
                "  --send-timeout S       seconds a reply may stay undeliverable before its client is gone (default 5)\n"
                "  --verbose              log clients coming and going\n");
@@ -40,11 +41,10 @@ static void on_signal(int sig)
 
 int tsr_cmd_intake(int argc, char **argv)
 {
-    tsr_host_opts ho = {.cmd = "intake", .device = "cpu"};
+    tsr_host_opts ho = {.cmd = "intake", .device = "cpu", .max_running = 64, .prefill_chunk = TSR_PREFILL_CHUNK_DEFAULT};
     tsr_par_opts_init(&ho.par);
     tsr_intake_opts io = {0};
     const char *listen = NULL;
-    long max_running = 64, kv_tokens = 0, step_tokens = 0, prefill_chunk = TSR_PREFILL_CHUNK_DEFAULT, threads = 0;
     double client_timeout = 15, send_timeout = 5;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -56,29 +56,13 @@ int tsr_cmd_intake(int argc, char **argv)
             io.verbose = 1;
             continue;
         }
-        int par = tsr_par_opts_take("intake", &ho.par, argc, argv, &i);
-        if (par < 0) return 2;
-        if (par > 0) continue;
+        const int shared = tsr_host_opts_take(&ho, argc, argv, &i);
+        if (shared < 0) return 2;
+        if (shared > 0) continue;
         if (!(v = tsr_cli_value("intake", argc, argv, &i))) return 2;
-        if (!strcmp(a, "--model"))
-            ho.model_dir = v;
-        else if (!strcmp(a, "--listen"))
+        if (!strcmp(a, "--listen"))
             listen = v;
-        else if (!strcmp(a, "--device"))
-            ho.device = v;
-        else if (!strcmp(a, "--served-model-name"))
-            ho.served_name = v;
-        else if (!strcmp(a, "--max-running")) {
-            if (tsr_cli_int("intake", a, v, 1, 4096, &max_running)) return 2;
-        } else if (!strcmp(a, "--kv-tokens")) {
-            if (tsr_cli_int("intake", a, v, 16, 1L << 30, &kv_tokens)) return 2;
-        } else if (!strcmp(a, "--step-tokens")) {
-            if (tsr_cli_int("intake", a, v, 1, 1 << 20, &step_tokens)) return 2;
-        } else if (!strcmp(a, "--prefill-chunk")) {
-            if (tsr_cli_int("intake", a, v, 0, 1 << 20, &prefill_chunk)) return 2;
-        } else if (!strcmp(a, "--threads")) {
-            if (tsr_cli_int("intake", a, v, 1, 1024, &threads)) return 2;
-        } else if (!strcmp(a, "--client-timeout")) {
+        else if (!strcmp(a, "--client-timeout")) {
             if (tsr_cli_float("intake", a, v, 0.1, 86400, &client_timeout)) return 2;
         } else if (!strcmp(a, "--send-timeout")) {
             if (tsr_cli_float("intake", a, v, 0.1, 86400, &send_timeout)) return 2;
@@ -92,11 +76,6 @@ int tsr_cmd_intake(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    ho.max_running = (int)max_running;
-    ho.kv_tokens = kv_tokens;
-    ho.step_tokens = (int)step_tokens;
-    ho.prefill_chunk = (int)prefill_chunk;
-    ho.threads = (int)threads;
     io.client_timeout_s = client_timeout;
     io.send_timeout_s = send_timeout;
     if (tsr_rank_is_worker()) return tsr_host_run_worker(&ho); /* under mpirun: serve rank 0's steps */
@@ -117,7 +96,7 @@ int tsr_cmd_intake(int argc, char **argv)
     }
     const tsr_executor *x = h->session->x;
     fprintf(stderr, "tessera intake: serving %s on %s (KV cache %ld tokens, up to %ld running)\n", h->model.name,
-            listen, (long)x->n_pages * x->page_size, max_running);
+            listen, (long)x->n_pages * x->page_size, (long)ho.max_running);
     while (!stop_signal) {
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
