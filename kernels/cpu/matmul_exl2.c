@@ -1,16 +1,23 @@
-/* EXL2 (and 4-bit GPTQ) matrix multiplication on the CPU, dequantizing tile by tile.
+/* EXL2 (and 4-bit GPTQ) matrix multiplication on the CPU, dequantizing band by band.
  *
- * Work is split over blocks of TILE_N output columns. For each block, every group is walked in chunks of up to
- * 32 stored rows: the chunk's packed words (b words per 32 rows at b bits, since each column is an independent bit
- * stream) are loaded for the block's columns, unpacked, offset by 2^(b-1) and multiplied by the fp16-rounded
- * column scale into a small fp32 tile [32][TILE_N] on the stack. Every input row then accumulates
- * x[m][perm[row]] · tile into y: the activation is gathered through the permutation, the weights stay in stored
- * order, and no full-precision copy of the matrix ever exists. Each weight value (code − offset) · scale is exact
- * in fp32; accumulation is fp32.
+ * The output columns are cut into blocks of CB columns, handed to the threads in contiguous ranges. A thread walks
+ * the matrix group by group and, inside a group, in bands of up to BAND stored rows; for each band it gathers the
+ * band's activations through the permutation once (x[m][perm[row]]), then visits each of its column blocks: the
+ * band's packed words (b words per 32 rows at b bits: each column is an independent bit stream) are decoded into a
+ * small tile of (code − zero) values, exact small integers in fp32, and every input row accumulates x · tile into its
+ * block's per-group sums, four rows at a time so that one tile load feeds four products. At the end of the group
+ * each column's sum is multiplied by its group scale and added to y. Walking a band across all of the thread's
+ * columns reads each packed row contiguously; the sums of the thread's blocks stay in a per-thread buffer between
+ * bands.
  *
- * GPTQ matrices (tsr_qmatrix kind TSR_QMATRIX_GPTQ, see gptq.h) go through the same loop: their groups are 4-bit
- * streams, and the per-column offset is the group's zero point (tsr_qmatrix_zero) instead of 2^(b-1), the scale
- * the fp16 GPTQ scale; both come from the same per-(group, column) tables, so EXL2 results are unchanged. */
+ * Each row's arithmetic (the order of its products and sums) is the same whatever M is and however the columns are
+ * split over threads, so a sequence's results do not depend on what it is batched with or on the thread count.
+ * Products are fused multiply-adds where the build targets a CPU that has them (kernels/sources.cmake).
+ *
+ * The scales: EXL2 stores a 4-bit code per (group, column) standing for one of 16 fp16 values of the group
+ * (tsr_qmatrix_code_scale), tabulated once per group here; GPTQ stores fp16 scales and a 4-bit zero point per
+ * (group, column) (gptq.h), read once per group and column. Before this version every weight's tile entry was
+ * multiplied by a scale recomputed per column and chunk (18 % of a 1B decode step in `perf`; BENCHMARKS.md). */
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/threadpool.h"
 #include "runtime/half.h"
@@ -19,8 +26,30 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TILE_N 32
-#define CHUNK_ROWS 32
+#define CB   16 /* columns per block (N is padded to a multiple of 32, so a block never reads past a packed row) */
+#define BAND 64 /* stored rows decoded per visit of a block: a multiple of 32, so a band starts on a whole word */
+#define MT   4  /* input rows per pass over a decoded tile */
+#define MS   64 /* input rows per slab: the per-thread sums are [blocks][MS][CB] */
+#define NBLK 4  /* column blocks decoded before their products */
+
+/* Eight floats as one value (GCC and Clang vector extensions: one AVX register, two SSE or NEON ones), so that the
+ * sums below are held in registers; unaligned loads and stores through memcpy. */
+#define VF 8
+typedef float vf __attribute__((vector_size(VF * sizeof(float))));
+static inline vf vf_load(const float *p)
+{
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void vf_store(float *p, vf v) { memcpy(p, &v, sizeof v); }
+typedef uint32_t vu __attribute__((vector_size(VF * sizeof(uint32_t))));
+static inline vu vu_load(const uint32_t *p)
+{
+    vu v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
 
 typedef struct {
     const tsr_qmatrix *q;
@@ -30,120 +59,227 @@ typedef struct {
     float *y;
 } exl2_job;
 
-/* Decodes rows [j0, j0 + rows) of group g for columns [n0, n0 + nb) into tile[rows][TILE_N]:
- * (code − zero[c]) · scale[c]. */
-static void decode_chunk(const tsr_qmatrix *q, const tsr_qgroup *g, int j0, int rows, int n0, int nb,
-                         const float *zero, const float *scale, float tile[CHUNK_ROWS][TILE_N])
+/* ---- the per-thread workspace (a thread-specific key frees it when its thread exits: service loops and worker
+ * threads come and go) ---- */
+static _Thread_local float *ws_buf;
+static _Thread_local size_t ws_cap;
+static pthread_key_t ws_key;
+static pthread_once_t ws_once = PTHREAD_ONCE_INIT;
+
+static void ws_key_init(void) { pthread_key_create(&ws_key, free); }
+
+static float *workspace(size_t n)
 {
-    const int b = g->bits;
-    const uint32_t mask = (1u << b) - 1u;
-    const size_t N = (size_t)q->N;
-    /* j0 is a multiple of 32 within the group, so the chunk starts on a word boundary */
-    const size_t w0 = (size_t)g->qrow0 + (size_t)j0 * (size_t)b / 32;
-    const int n_words = (rows * b + 31) / 32;
-    uint32_t words[8][TILE_N];
-    for (int t = 0; t < n_words; t++) {
-        const uint32_t *src = q->q_weight + (w0 + (size_t)t) * N + (size_t)n0;
-        for (int c = 0; c < nb; c++) words[t][c] = src[c];
-        for (int c = nb; c < TILE_N; c++) words[t][c] = 0;
-    }
-    for (int j = 0; j < rows; j++) {
-        const int bit = j * b, t = bit >> 5, sh = bit & 31;
-        float *dst = tile[j];
-        if (sh + b <= 32) {
-            for (int c = 0; c < TILE_N; c++) dst[c] = ((float)((words[t][c] >> sh) & mask) - zero[c]) * scale[c];
-        } else {
-            for (int c = 0; c < TILE_N; c++) {
-                uint32_t v = (words[t][c] >> sh) | (words[t + 1][c] << (32 - sh));
-                dst[c] = ((float)(v & mask) - zero[c]) * scale[c];
-            }
-        }
-    }
-}
-
-/* Per-thread buffer of the current group's column scales and zero points over the thread's column range; a
- * thread-specific key frees it when its thread exits (the service loop and worker threads come and go). */
-static _Thread_local float *param_buf;
-static _Thread_local size_t param_cap;
-static pthread_key_t param_key;
-static pthread_once_t param_once = PTHREAD_ONCE_INIT;
-
-static void param_key_init(void) { pthread_key_create(&param_key, free); }
-
-static float *params(size_t n)
-{
-    if (n > param_cap) {
-        pthread_once(&param_once, param_key_init);
-        float *grown = realloc(param_buf, n * sizeof *grown);
+    if (n > ws_cap) {
+        pthread_once(&ws_once, ws_key_init);
+        float *grown = realloc(ws_buf, n * sizeof *grown);
         if (!grown) return NULL;
-        param_buf = grown;
-        param_cap = n;
-        pthread_setspecific(param_key, grown);
+        ws_buf = grown;
+        ws_cap = n;
+        pthread_setspecific(ws_key, grown);
     }
-    return param_buf;
+    return ws_buf;
 }
 
-/* Walks the matrix row chunk by row chunk, and inside each chunk across the thread's column blocks, so that the
- * packed words of one row are read contiguously (reading one 32-column block down all rows would stride by the
- * row length and touch a new page every row). Sums go straight into y. */
-static void exl2_range(void *ctx, int begin, int end)
+/* ---- decoding a band of one column block: tile[j][c] = code(row j, column c) − zero[c] ---- */
+
+/* Row j of the band (the band's first packed row at the block's first column is w; N: the packed row length) into
+ * tile[j]: the code as the float 2^23 + code (its bits ORed into 2^23's), minus 2^23 + zero, which is exact. */
+static inline __attribute__((always_inline)) void decode_row(const int B, int j, const uint32_t *w, size_t N,
+                                                             const vf *magic_zero, float (*tile)[CB])
 {
-    const exl2_job *job = ctx;
+    const int bit = j * B, t = bit >> 5, sh = bit & 31;
+    const vu mask = (vu){0} + ((1u << B) - 1u), two23 = (vu){0} + 0x4B000000u;
+    for (int v = 0; v < CB / VF; v++) {
+        vu code = vu_load(w + (size_t)t * N + v * VF) >> sh;
+        if (sh + B > 32) code |= vu_load(w + (size_t)(t + 1) * N + v * VF) << (32 - sh);
+        vf_store(&tile[j][v * VF], (vf)((code & mask) | two23) - magic_zero[v]);
+    }
+}
+
+/* B is a constant after inlining (decode_band's switch); each whole 32 rows (B packed rows) are unrolled, so that
+ * every shift and packed row is a constant too. */
+static inline __attribute__((always_inline)) void decode_bits(const int B, const uint32_t *w, size_t N, int rows,
+                                                              const float *zero, float (*tile)[CB])
+{
+    vf magic_zero[CB / VF];
+    for (int v = 0; v < CB / VF; v++) magic_zero[v] = vf_load(zero + v * VF) + 8388608.0f;
+    int j0 = 0;
+    for (; j0 + 32 <= rows; j0 += 32) {
+        const uint32_t *w32 = w + (size_t)(j0 / 32 * B) * N;
+        _Pragma("GCC unroll 32") for (int j = 0; j < 32; j++) decode_row(B, j, w32, N, magic_zero, tile + j0);
+    }
+    for (int j = j0; j < rows; j++) decode_row(B, j, w, N, magic_zero, tile);
+}
+
+static void decode_band(int bits, const uint32_t *w, size_t N, int rows, const float *zero, float (*tile)[CB])
+{
+    switch (bits) {
+    case 2: decode_bits(2, w, N, rows, zero, tile); break;
+    case 3: decode_bits(3, w, N, rows, zero, tile); break;
+    case 4: decode_bits(4, w, N, rows, zero, tile); break;
+    case 5: decode_bits(5, w, N, rows, zero, tile); break;
+    case 6: decode_bits(6, w, N, rows, zero, tile); break;
+    default: decode_bits(8, w, N, rows, zero, tile); break;
+    }
+}
+
+/* ---- products: sum[m][c] += Σ_j xg[m][j] · tile[j][c] ----
+ *
+ * R input rows over NB consecutive column blocks (a function per pair used). Every (row, column) sum is one
+ * chain of multiply-adds over j in order, whatever R and NB: they only choose how many chains run side by side
+ * (one or two rows keep 2-4 blocks' chains in flight, so that the adds' latency does not bound decode at one row).
+ * sum: block k's sums of row r at sum[k * bstride + r * CB + c]. */
+#define BAND_ROWS(R, NB)                                                                                       \
+    static void band_rows_##R##_##NB(const float(*tiles)[BAND][CB], int rows, const float *xg, float *sum,      \
+                                     size_t bstride)                                                           \
+    {                                                                                                          \
+        vf a[R][NB][CB / VF]; /* exactly the chains in flight, in registers */                                 \
+        _Pragma("GCC unroll 16") for (int r = 0; r < R; r++)                                                   \
+        _Pragma("GCC unroll 16") for (int k = 0; k < NB; k++)                                                  \
+        _Pragma("GCC unroll 16") for (int v = 0; v < CB / VF; v++)                                             \
+            a[r][k][v] = vf_load(sum + k * bstride + r * CB + v * VF);                                         \
+        for (int j = 0; j < rows; j++)                                                                         \
+            _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {                                             \
+                const float xv = xg[r * BAND + j];                                                             \
+                _Pragma("GCC unroll 16") for (int k = 0; k < NB; k++)                                          \
+                _Pragma("GCC unroll 16") for (int v = 0; v < CB / VF; v++)                                     \
+                    a[r][k][v] += xv * vf_load(&tiles[k][j][v * VF]);                                          \
+            }                                                                                                  \
+        _Pragma("GCC unroll 16") for (int r = 0; r < R; r++)                                                   \
+        _Pragma("GCC unroll 16") for (int k = 0; k < NB; k++)                                                  \
+        _Pragma("GCC unroll 16") for (int v = 0; v < CB / VF; v++)                                             \
+            vf_store(sum + k * bstride + r * CB + v * VF, a[r][k][v]);                                         \
+    }
+BAND_ROWS(4, 1)
+BAND_ROWS(3, 1)
+BAND_ROWS(2, 2)
+BAND_ROWS(2, 1)
+BAND_ROWS(1, 4)
+BAND_ROWS(1, 3)
+BAND_ROWS(1, 2)
+BAND_ROWS(1, 1)
+
+/* The `ms` rows of a slab over nb (<= NBLK) decoded tiles; sums: the first tile's block, ms · CB per block. */
+static void band_products(const float (*tiles)[BAND][CB], int nb, int rows, const float *xg, int ms, float *sums)
+{
+    const size_t bs = (size_t)ms * CB;
+    int m = 0;
+    for (; m + MT <= ms; m += MT)
+        for (int k = 0; k < nb; k++) band_rows_4_1(tiles + k, rows, xg + (size_t)m * BAND, sums + k * bs + m * CB, bs);
+    const float *x = xg + (size_t)m * BAND;
+    float *s = sums + (size_t)m * CB;
+    int k = 0;
+    switch (ms - m) {
+    case 3:
+        for (; k < nb; k++) band_rows_3_1(tiles + k, rows, x, s + k * bs, bs);
+        break;
+    case 2:
+        for (; k + 2 <= nb; k += 2) band_rows_2_2(tiles + k, rows, x, s + k * bs, bs);
+        if (k < nb) band_rows_2_1(tiles + k, rows, x, s + k * bs, bs);
+        break;
+    case 1:
+        for (; k + 4 <= nb; k += 4) band_rows_1_4(tiles + k, rows, x, s + k * bs, bs);
+        switch (nb - k) {
+        case 3: band_rows_1_3(tiles + k, rows, x, s + k * bs, bs); break;
+        case 2: band_rows_1_2(tiles + k, rows, x, s + k * bs, bs); break;
+        case 1: band_rows_1_1(tiles + k, rows, x, s + k * bs, bs); break;
+        default: break;
+        }
+        break;
+    default: break;
+    }
+}
+
+/* ---- one thread's column blocks [begin, end) ---- */
+
+/* Group gi's scale and zero point of the CB columns from n0 (EXL2: through the group's table of 16 scales). */
+static void group_params(const tsr_qmatrix *q, int gi, const float *table, int n0, float *scale, float *zero)
+{
+    if (q->kind == TSR_QMATRIX_GPTQ) {
+        for (int c = 0; c < CB; c++) {
+            scale[c] = tsr_qmatrix_scale(q, gi, n0 + c);
+            zero[c] = (float)tsr_qmatrix_zero(q, gi, n0 + c);
+        }
+        return;
+    }
+    const uint32_t *codes = q->q_scale + (size_t)gi * (size_t)(q->N / 8) + (size_t)(n0 / 8);
+    const float z = (float)(1 << (q->groups[gi].bits - 1));
+    for (int c = 0; c < CB; c++) {
+        scale[c] = table[(codes[c / 8] >> (4 * (c % 8))) & 0xfu];
+        zero[c] = z;
+    }
+}
+
+static int slab_rows(const exl2_job *job) { return job->M < MS ? job->M : MS; }
+
+/* Column blocks [begin, end); ws holds their sums [blocks][slab_rows][CB], then their scales and zeros
+ * [blocks][2][CB]. */
+static void exl2_blocks(const exl2_job *job, int begin, int end, float *ws)
+{
     const tsr_qmatrix *q = job->q;
-    float tile[CHUNK_ROWS][TILE_N];
-    float acc[TILE_N];
     const int n_blocks = end - begin;
-    float *par = params((size_t)n_blocks * TILE_N * 2);
-    for (int blk = begin; blk < end; blk++) {
-        const int n0 = blk * TILE_N;
-        const int nb = job->N - n0 < TILE_N ? job->N - n0 : TILE_N;
+    const size_t N = (size_t)q->N;
+    float *sums = ws, *par = sums + (size_t)n_blocks * slab_rows(job) * CB;
+    float xg[MS * BAND], tiles[NBLK][BAND][CB], table[16];
+
+    for (int bi = 0; bi < n_blocks; bi++) {
+        const int n0 = (begin + bi) * CB, nb = job->N - n0 < CB ? job->N - n0 : CB;
         for (int m = 0; m < job->M; m++) {
             float *yr = job->y + (size_t)m * job->N + n0;
             for (int c = 0; c < nb; c++) yr[c] = q->bias ? tsr_half_to_float(q->bias[n0 + c]) : 0.0f;
         }
     }
-    float scale_one[TILE_N], zero_one[TILE_N];
-    for (int gi = 0; gi < q->G; gi++) {
-        const tsr_qgroup *g = &q->groups[gi];
-        /* the group's scales and zero points for every column of the range (recomputed per block if no buffer) */
-        for (int bi = 0; par && bi < n_blocks; bi++) {
-            const int n0 = (begin + bi) * TILE_N, nb = job->N - n0 < TILE_N ? job->N - n0 : TILE_N;
-            float *sc = par + (size_t)bi * TILE_N * 2, *ze = sc + TILE_N;
-            for (int c = 0; c < TILE_N; c++) sc[c] = c < nb ? tsr_qmatrix_scale(q, gi, n0 + c) : 0.0f;
-            for (int c = 0; c < TILE_N; c++)
-                ze[c] = q->kind == TSR_QMATRIX_GPTQ ? (c < nb ? (float)tsr_qmatrix_zero(q, gi, n0 + c) : 0.0f)
-                                                    : (float)(1 << (g->bits - 1));
-        }
-        for (int j0 = 0; j0 < g->rows; j0 += CHUNK_ROWS) {
-            const int rows = g->rows - j0 < CHUNK_ROWS ? g->rows - j0 : CHUNK_ROWS;
-            const int32_t *perm = q->perm + g->row0 + j0;
-            for (int bi = 0; bi < n_blocks; bi++) {
-                const int n0 = (begin + bi) * TILE_N, nb = job->N - n0 < TILE_N ? job->N - n0 : TILE_N;
-                const float *sc = par ? par + (size_t)bi * TILE_N * 2 : scale_one, *ze = par ? sc + TILE_N : zero_one;
-                if (!par) {
-                    for (int c = 0; c < TILE_N; c++) scale_one[c] = c < nb ? tsr_qmatrix_scale(q, gi, n0 + c) : 0.0f;
-                    for (int c = 0; c < TILE_N; c++)
-                        zero_one[c] = q->kind == TSR_QMATRIX_GPTQ ? (c < nb ? (float)tsr_qmatrix_zero(q, gi, n0 + c) : 0.0f)
-                                                                  : (float)(1 << (g->bits - 1));
+    for (int m0 = 0; m0 < job->M; m0 += MS) {
+        const int ms = job->M - m0 < MS ? job->M - m0 : MS;
+        const float *x = job->x + (size_t)m0 * q->K;
+        for (int gi = 0; gi < q->G; gi++) {
+            const tsr_qgroup *g = &q->groups[gi];
+            if (q->kind != TSR_QMATRIX_GPTQ)
+                for (uint32_t code = 0; code < 16; code++) table[code] = tsr_qmatrix_code_scale(q, gi, code);
+            for (int bi = 0; bi < n_blocks; bi++)
+                group_params(q, gi, table, (begin + bi) * CB, par + (size_t)bi * 2 * CB, par + (size_t)bi * 2 * CB + CB);
+            memset(sums, 0, (size_t)n_blocks * ms * CB * sizeof *sums);
+            for (int j0 = 0; j0 < g->rows; j0 += BAND) {
+                const int rows = g->rows - j0 < BAND ? g->rows - j0 : BAND;
+                const int32_t *perm = q->perm + g->row0 + j0;
+                for (int m = 0; m < ms; m++)
+                    for (int j = 0; j < rows; j++) xg[(size_t)m * BAND + j] = x[(size_t)m * q->K + perm[j]];
+                const uint32_t *band = q->q_weight + ((size_t)g->qrow0 + (size_t)j0 * (size_t)g->bits / 32) * N;
+                for (int bi = 0; bi < n_blocks; bi += NBLK) {
+                    const int nb = n_blocks - bi < NBLK ? n_blocks - bi : NBLK;
+                    for (int k = 0; k < nb; k++)
+                        decode_band(g->bits, band + (size_t)(begin + bi + k) * CB, N, rows,
+                                    par + (size_t)(bi + k) * 2 * CB + CB, tiles[k]);
+                    band_products((const float(*)[BAND][CB])tiles, nb, rows, xg, ms, sums + (size_t)bi * ms * CB);
                 }
-                decode_chunk(q, g, j0, rows, n0, nb, ze, sc, tile);
-                for (int m = 0; m < job->M; m++) {
-                    const float *xr = job->x + (size_t)m * q->K;
-                    for (int c = 0; c < TILE_N; c++) acc[c] = 0.0f;
-                    for (int j = 0; j < rows; j++) {
-                        const float xv = xr[perm[j]];
-                        for (int c = 0; c < TILE_N; c++) acc[c] += xv * tile[j][c];
-                    }
-                    float *yr = job->y + (size_t)m * job->N + n0;
-                    for (int c = 0; c < nb; c++) yr[c] += acc[c];
+            }
+            for (int bi = 0; bi < n_blocks; bi++) {
+                const int n0 = (begin + bi) * CB, nb = job->N - n0 < CB ? job->N - n0 : CB;
+                const float *scale = par + (size_t)bi * 2 * CB, *s = sums + (size_t)bi * ms * CB;
+                for (int m = 0; m < ms; m++) {
+                    float *yr = job->y + (size_t)(m0 + m) * job->N + n0;
+                    for (int c = 0; c < nb; c++) yr[c] += scale[c] * s[(size_t)m * CB + c];
                 }
             }
         }
     }
 }
 
+static void exl2_range(void *ctx, int begin, int end)
+{
+    const exl2_job *job = ctx;
+    float *ws = workspace((size_t)(end - begin) * (size_t)(slab_rows(job) + 2) * CB);
+    if (ws) {
+        exl2_blocks(job, begin, end, ws);
+        return;
+    }
+    float one[(MS + 2) * CB]; /* no memory for the range's sums: one block at a time */
+    for (int b = begin; b < end; b++) exl2_blocks(job, b, b + 1, one);
+}
+
 void tsr_cpu_linear_exl2(const tsr_qmatrix *q, int N, const float *x, int M, float *y)
 {
     exl2_job job = {q, N, x, M, y};
-    tsr_parallel_for((N + TILE_N - 1) / TILE_N, exl2_range, &job);
+    tsr_parallel_for((N + CB - 1) / CB, exl2_range, &job);
 }
