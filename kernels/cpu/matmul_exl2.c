@@ -2,22 +2,25 @@
  *
  * The output columns are cut into blocks of CB columns, handed to the threads in contiguous ranges. A thread walks
  * the matrix group by group and, inside a group, in bands of up to BAND stored rows; for each band it gathers the
- * band's activations through the permutation once (x[m][perm[row]]), then visits each of its column blocks: the
- * band's packed words (b words per 32 rows at b bits: each column is an independent bit stream) are decoded into a
- * small tile of (code − zero) values, exact small integers in fp32, and every input row accumulates x · tile into its
- * block's per-group sums, four rows at a time so that one tile load feeds four products. At the end of the group
- * each column's sum is multiplied by its group scale and added to y. Walking a band across all of the thread's
- * columns reads each packed row contiguously; the sums of the thread's blocks stay in a per-thread buffer between
- * bands.
+ * band's activations through the permutation once (x[m][perm[row]]), then visits its column blocks NBLK at a time.
+ * A code is decoded as the float 2^23 + code (its bits ORed into those of 2^23) minus 2^23 + zero: the exact
+ * integer code − zero, in three vector operations (each column is an independent bit stream, b packed rows per 32
+ * rows at b bits; the shifts and packed rows are constants of each width's unrolled code). One input row (decode)
+ * multiplies each decoded vector into its sums at once; several rows (batches, prefill) decode the band into small
+ * tiles first and run up to four rows over each. A block's sums stay in registers across a band and in a
+ * per-thread buffer between bands; at the end of the group each column's sum is multiplied by its group scale and
+ * added to y. Walking a band across all of the thread's columns reads each packed row contiguously.
  *
  * Each row's arithmetic (the order of its products and sums) is the same whatever M is and however the columns are
- * split over threads, so a sequence's results do not depend on what it is batched with or on the thread count.
- * Products are fused multiply-adds where the build targets a CPU that has them (kernels/sources.cmake).
+ * split over threads, so a sequence's results do not depend on what it is batched with or on the thread count
+ * (tests/unit/test_exl2.c checks rows alone against the same rows in a batch). Products are fused multiply-adds
+ * where the build targets a CPU that has them (kernels/sources.cmake).
  *
  * The scales: EXL2 stores a 4-bit code per (group, column) standing for one of 16 fp16 values of the group
  * (tsr_qmatrix_code_scale), tabulated once per group here; GPTQ stores fp16 scales and a 4-bit zero point per
- * (group, column) (gptq.h), read once per group and column. Before this version every weight's tile entry was
- * multiplied by a scale recomputed per column and chunk (18 % of a 1B decode step in `perf`; BENCHMARKS.md). */
+ * (group, column) (gptq.h), read once per group and column. The version before this one multiplied every weight by
+ * a scale recomputed per column and chunk and decoded through a tile at every row count: 4.7 against 16 tok/s at
+ * batch 1 for a 1B geometry on two cores (BENCHMARKS.md, "CPU decode"). */
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/threadpool.h"
 #include "runtime/half.h"
@@ -32,9 +35,9 @@
 #define MS   64 /* input rows per slab: the per-thread sums are [blocks][MS][CB] */
 #define NBLK 4  /* column blocks decoded before their products */
 
-/* Eight floats as one value (GCC and Clang vector extensions: one AVX register, two SSE or NEON ones), so that the
- * sums below are held in registers; unaligned loads and stores through memcpy. */
-#define VF 8
+/* VF floats as one value (GCC and Clang vector extensions: one AVX-512 register, two AVX, four SSE or NEON ones),
+ * so that the sums below are held in registers; unaligned loads and stores through memcpy. */
+#define VF 16
 typedef float vf __attribute__((vector_size(VF * sizeof(float))));
 static inline vf vf_load(const float *p)
 {
@@ -83,18 +86,23 @@ static float *workspace(size_t n)
 
 /* ---- decoding a band of one column block: tile[j][c] = code(row j, column c) − zero[c] ---- */
 
-/* Row j of the band (the band's first packed row at the block's first column is w; N: the packed row length) into
- * tile[j]: the code as the float 2^23 + code (its bits ORed into 2^23's), minus 2^23 + zero, which is exact. */
-static inline __attribute__((always_inline)) void decode_row(const int B, int j, const uint32_t *w, size_t N,
-                                                             const vf *magic_zero, float (*tile)[CB])
+/* Row j of the band at VF columns from w (the band's first packed row; N: the packed row length): each code as the
+ * float 2^23 + code (its bits ORed into 2^23's), minus 2^23 + zero (magic_zero), which is exact. */
+static inline __attribute__((always_inline)) vf decode_vec(const int B, int j, const uint32_t *w, size_t N,
+                                                           vf magic_zero)
 {
     const int bit = j * B, t = bit >> 5, sh = bit & 31;
     const vu mask = (vu){0} + ((1u << B) - 1u), two23 = (vu){0} + 0x4B000000u;
-    for (int v = 0; v < CB / VF; v++) {
-        vu code = vu_load(w + (size_t)t * N + v * VF) >> sh;
-        if (sh + B > 32) code |= vu_load(w + (size_t)(t + 1) * N + v * VF) << (32 - sh);
-        vf_store(&tile[j][v * VF], (vf)((code & mask) | two23) - magic_zero[v]);
-    }
+    vu code = vu_load(w + (size_t)t * N) >> sh;
+    if (sh + B > 32) code |= vu_load(w + (size_t)(t + 1) * N) << (32 - sh);
+    return (vf)((code & mask) | two23) - magic_zero;
+}
+
+/* Row j of the band into tile[j]. */
+static inline __attribute__((always_inline)) void decode_row(const int B, int j, const uint32_t *w, size_t N,
+                                                             const vf *magic_zero, float (*tile)[CB])
+{
+    for (int v = 0; v < CB / VF; v++) vf_store(&tile[j][v * VF], decode_vec(B, j, w + v * VF, N, magic_zero[v]));
 }
 
 /* B is a constant after inlining (decode_band's switch); each whole 32 rows (B packed rows) are unrolled, so that
@@ -121,6 +129,51 @@ static void decode_band(int bits, const uint32_t *w, size_t N, int rows, const f
     case 5: decode_bits(5, w, N, rows, zero, tile); break;
     case 6: decode_bits(6, w, N, rows, zero, tile); break;
     default: decode_bits(8, w, N, rows, zero, tile); break;
+    }
+}
+
+/* One input row over NBLK blocks without a tile (decode at one row): each decoded vector goes straight into its
+ * multiply-add, the same expression band_rows applies to the tile's values, so the sums are the same. sum: block
+ * k's at sum + k * CB. */
+static inline __attribute__((always_inline)) void fused_bits(const int B, const uint32_t *w, size_t N, int rows,
+                                                             const float *const *zero, const float *xg, float *sum)
+{
+    vf a[NBLK][CB / VF], mz[NBLK][CB / VF];
+    _Pragma("GCC unroll 16") for (int k = 0; k < NBLK; k++)
+    _Pragma("GCC unroll 16") for (int v = 0; v < CB / VF; v++) {
+        a[k][v] = vf_load(sum + k * CB + v * VF);
+        mz[k][v] = vf_load(zero[k] + v * VF) + 8388608.0f;
+    }
+    int j0 = 0;
+    for (; j0 + 32 <= rows; j0 += 32) {
+        const uint32_t *w32 = w + (size_t)(j0 / 32 * B) * N;
+        _Pragma("GCC unroll 32") for (int j = 0; j < 32; j++) {
+            const float xv = xg[j0 + j];
+            _Pragma("GCC unroll 16") for (int k = 0; k < NBLK; k++)
+            _Pragma("GCC unroll 16") for (int v = 0; v < CB / VF; v++)
+                a[k][v] += xv * decode_vec(B, j, w32 + k * CB + v * VF, N, mz[k][v]);
+        }
+    }
+    for (int j = j0; j < rows; j++) {
+        const float xv = xg[j];
+        _Pragma("GCC unroll 16") for (int k = 0; k < NBLK; k++)
+        _Pragma("GCC unroll 16") for (int v = 0; v < CB / VF; v++)
+            a[k][v] += xv * decode_vec(B, j, w + k * CB + v * VF, N, mz[k][v]);
+    }
+    _Pragma("GCC unroll 16") for (int k = 0; k < NBLK; k++)
+    _Pragma("GCC unroll 16") for (int v = 0; v < CB / VF; v++) vf_store(sum + k * CB + v * VF, a[k][v]);
+}
+
+static void fused_band(int bits, const uint32_t *w, size_t N, int rows, const float *const *zero, const float *xg,
+                       float *sum)
+{
+    switch (bits) {
+    case 2: fused_bits(2, w, N, rows, zero, xg, sum); break;
+    case 3: fused_bits(3, w, N, rows, zero, xg, sum); break;
+    case 4: fused_bits(4, w, N, rows, zero, xg, sum); break;
+    case 5: fused_bits(5, w, N, rows, zero, xg, sum); break;
+    case 6: fused_bits(6, w, N, rows, zero, xg, sum); break;
+    default: fused_bits(8, w, N, rows, zero, xg, sum); break;
     }
 }
 
@@ -248,6 +301,12 @@ static void exl2_blocks(const exl2_job *job, int begin, int end, float *ws)
                 const uint32_t *band = q->q_weight + ((size_t)g->qrow0 + (size_t)j0 * (size_t)g->bits / 32) * N;
                 for (int bi = 0; bi < n_blocks; bi += NBLK) {
                     const int nb = n_blocks - bi < NBLK ? n_blocks - bi : NBLK;
+                    if (ms == 1 && nb == NBLK) {
+                        const float *zero[NBLK];
+                        for (int k = 0; k < NBLK; k++) zero[k] = par + (size_t)(bi + k) * 2 * CB + CB;
+                        fused_band(g->bits, band + (size_t)(begin + bi) * CB, N, rows, zero, xg, sums + (size_t)bi * CB);
+                        continue;
+                    }
                     for (int k = 0; k < nb; k++)
                         decode_band(g->bits, band + (size_t)(begin + bi + k) * CB, N, rows,
                                     par + (size_t)(bi + k) * 2 * CB + CB, tiles[k]);
