@@ -31,13 +31,21 @@
 
 #define CB   16 /* columns per block (N is padded to a multiple of 32, so a block never reads past a packed row) */
 #define BAND 64 /* stored rows decoded per visit of a block: a multiple of 32, so a band starts on a whole word */
-#define MT   4  /* input rows per pass over a decoded tile */
 #define MS   64 /* input rows per slab: the per-thread sums are [blocks][MS][CB] */
-#define NBLK 4  /* column blocks decoded before their products */
 
-/* VF floats as one value (GCC and Clang vector extensions: one AVX-512 register, two AVX, four SSE or NEON ones),
- * so that the sums below are held in registers; unaligned loads and stores through memcpy. */
+/* VF floats as one value, one vector register of the target (GCC and Clang vector extensions), so that the sums
+ * below are held in registers; unaligned loads and stores through memcpy. The blocks taken together (NBLK) and the
+ * rows per pass over a tile (MT) keep about eight registers of sums in flight: with 16-float values on a target
+ * of 8-float registers (AVX2) the spills made the kernel slower than the scalar-tile version it replaced. */
+#if defined(__AVX512F__)
 #define VF 16
+#elif defined(__AVX__)
+#define VF 8
+#else
+#define VF 4
+#endif
+#define NBLK (VF / 4)          /* column blocks decoded before their products: 4, 2 or 1 */
+#define MT   (VF >= 8 ? 4 : 2) /* input rows per pass over a decoded tile */
 typedef float vf __attribute__((vector_size(VF * sizeof(float))));
 static inline vf vf_load(const float *p)
 {
@@ -181,10 +189,10 @@ static void fused_band(int bits, const uint32_t *w, size_t N, int rows, const fl
  *
  * R input rows over NB consecutive column blocks (a function per pair used). Every (row, column) sum is one
  * chain of multiply-adds over j in order, whatever R and NB: they only choose how many chains run side by side
- * (one or two rows keep 2-4 blocks' chains in flight, so that the adds' latency does not bound decode at one row).
+ * (one or two rows keep NBLK or 2 blocks' chains in flight, so that the adds' latency does not bound them).
  * sum: block k's sums of row r at sum[k * bstride + r * CB + c]. */
 #define BAND_ROWS(R, NB)                                                                                       \
-    static void band_rows_##R##_##NB(const float(*tiles)[BAND][CB], int rows, const float *xg, float *sum,      \
+    __attribute__((unused)) static void band_rows_##R##_##NB(const float(*tiles)[BAND][CB], int rows, const float *xg, float *sum,      \
                                      size_t bstride)                                                           \
     {                                                                                                          \
         vf a[R][NB][CB / VF]; /* exactly the chains in flight, in registers */                                 \
@@ -213,13 +221,31 @@ BAND_ROWS(1, 3)
 BAND_ROWS(1, 2)
 BAND_ROWS(1, 1)
 
+/* One row over nb (1-4) tiles. */
+static void band_rows_1(int nb, const float (*tiles)[BAND][CB], int rows, const float *xg, float *sum, size_t bs)
+{
+    switch (nb) {
+    case 4: band_rows_1_4(tiles, rows, xg, sum, bs); break;
+    case 3: band_rows_1_3(tiles, rows, xg, sum, bs); break;
+    case 2: band_rows_1_2(tiles, rows, xg, sum, bs); break;
+    default: band_rows_1_1(tiles, rows, xg, sum, bs); break;
+    }
+}
+
 /* The `ms` rows of a slab over nb (<= NBLK) decoded tiles; sums: the first tile's block, ms · CB per block. */
 static void band_products(const float (*tiles)[BAND][CB], int nb, int rows, const float *xg, int ms, float *sums)
 {
     const size_t bs = (size_t)ms * CB;
     int m = 0;
     for (; m + MT <= ms; m += MT)
-        for (int k = 0; k < nb; k++) band_rows_4_1(tiles + k, rows, xg + (size_t)m * BAND, sums + k * bs + m * CB, bs);
+        for (int k = 0; k < nb; k++) {
+            const float *x = xg + (size_t)m * BAND;
+            float *s = sums + k * bs + (size_t)m * CB;
+            if (MT == 4)
+                band_rows_4_1(tiles + k, rows, x, s, bs);
+            else
+                band_rows_2_1(tiles + k, rows, x, s, bs);
+        }
     const float *x = xg + (size_t)m * BAND;
     float *s = sums + (size_t)m * CB;
     int k = 0;
@@ -228,17 +254,11 @@ static void band_products(const float (*tiles)[BAND][CB], int nb, int rows, cons
         for (; k < nb; k++) band_rows_3_1(tiles + k, rows, x, s + k * bs, bs);
         break;
     case 2:
-        for (; k + 2 <= nb; k += 2) band_rows_2_2(tiles + k, rows, x, s + k * bs, bs);
-        if (k < nb) band_rows_2_1(tiles + k, rows, x, s + k * bs, bs);
+        for (; NBLK >= 2 && k + 2 <= nb; k += 2) band_rows_2_2(tiles + k, rows, x, s + k * bs, bs);
+        for (; k < nb; k++) band_rows_2_1(tiles + k, rows, x, s + k * bs, bs);
         break;
     case 1:
-        for (; k + 4 <= nb; k += 4) band_rows_1_4(tiles + k, rows, x, s + k * bs, bs);
-        switch (nb - k) {
-        case 3: band_rows_1_3(tiles + k, rows, x, s + k * bs, bs); break;
-        case 2: band_rows_1_2(tiles + k, rows, x, s + k * bs, bs); break;
-        case 1: band_rows_1_1(tiles + k, rows, x, s + k * bs, bs); break;
-        default: break;
-        }
+        for (; k < nb; k += NBLK) band_rows_1(nb - k < NBLK ? nb - k : NBLK, tiles + k, rows, x, s + k * bs, bs);
         break;
     default: break;
     }
