@@ -144,12 +144,13 @@ static void decode_band(int bits, const uint32_t *w, size_t N, int rows, const f
  * multiply-add, the same expression band_rows applies to the tile's values, so the sums are the same. sum: block
  * k's at sum + k * CB. */
 static inline __attribute__((always_inline)) void fused_bits(const int B, const uint32_t *w, size_t N, int rows,
-                                                             const float *const *zero, const float *xg, float *sum)
+                                                             const float *const *zero, const float *xg, float *sum,
+                                                             int first)
 {
     vf a[NBLK][CB / VF], mz[NBLK][CB / VF];
     _Pragma("GCC unroll 16") for (int k = 0; k < NBLK; k++)
     _Pragma("GCC unroll 16") for (int v = 0; v < CB / VF; v++) {
-        a[k][v] = vf_load(sum + k * CB + v * VF);
+        a[k][v] = first ? (vf){0} : vf_load(sum + k * CB + v * VF);
         mz[k][v] = vf_load(zero[k] + v * VF) + 8388608.0f;
     }
     int j0 = 0;
@@ -173,15 +174,15 @@ static inline __attribute__((always_inline)) void fused_bits(const int B, const 
 }
 
 static void fused_band(int bits, const uint32_t *w, size_t N, int rows, const float *const *zero, const float *xg,
-                       float *sum)
+                       float *sum, int first)
 {
     switch (bits) {
-    case 2: fused_bits(2, w, N, rows, zero, xg, sum); break;
-    case 3: fused_bits(3, w, N, rows, zero, xg, sum); break;
-    case 4: fused_bits(4, w, N, rows, zero, xg, sum); break;
-    case 5: fused_bits(5, w, N, rows, zero, xg, sum); break;
-    case 6: fused_bits(6, w, N, rows, zero, xg, sum); break;
-    default: fused_bits(8, w, N, rows, zero, xg, sum); break;
+    case 2: fused_bits(2, w, N, rows, zero, xg, sum, first); break;
+    case 3: fused_bits(3, w, N, rows, zero, xg, sum, first); break;
+    case 4: fused_bits(4, w, N, rows, zero, xg, sum, first); break;
+    case 5: fused_bits(5, w, N, rows, zero, xg, sum, first); break;
+    case 6: fused_bits(6, w, N, rows, zero, xg, sum, first); break;
+    default: fused_bits(8, w, N, rows, zero, xg, sum, first); break;
     }
 }
 
@@ -190,16 +191,18 @@ static void fused_band(int bits, const uint32_t *w, size_t N, int rows, const fl
  * R input rows over NB consecutive column blocks (a function per pair used). Every (row, column) sum is one
  * chain of multiply-adds over j in order, whatever R and NB: they only choose how many chains run side by side
  * (one or two rows keep NBLK or 2 blocks' chains in flight, so that the adds' latency does not bound them).
- * sum: block k's sums of row r at sum[k * bstride + r * CB + c]. */
+ * sum: block k's sums of row r at sum[k * bstride + r * CB + c]; first: the group's first band, whose sums start
+ * at zero instead of being read. */
 #define BAND_ROWS(R, NB)                                                                                       \
-    __attribute__((unused)) static void band_rows_##R##_##NB(const float(*tiles)[BAND][CB], int rows, const float *xg, float *sum,      \
-                                     size_t bstride)                                                           \
+    __attribute__((unused)) static void band_rows_##R##_##NB(const float(*tiles)[BAND][CB], int rows,           \
+                                                             const float *xg, float *sum, size_t bstride,      \
+                                                             int first)                                        \
     {                                                                                                          \
         vf a[R][NB][CB / VF]; /* exactly the chains in flight, in registers */                                 \
         _Pragma("GCC unroll 16") for (int r = 0; r < R; r++)                                                   \
         _Pragma("GCC unroll 16") for (int k = 0; k < NB; k++)                                                  \
         _Pragma("GCC unroll 16") for (int v = 0; v < CB / VF; v++)                                             \
-            a[r][k][v] = vf_load(sum + k * bstride + r * CB + v * VF);                                         \
+            a[r][k][v] = first ? (vf){0} : vf_load(sum + k * bstride + r * CB + v * VF);                       \
         for (int j = 0; j < rows; j++)                                                                         \
             _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {                                             \
                 const float xv = xg[r * BAND + j];                                                             \
@@ -222,18 +225,20 @@ BAND_ROWS(1, 2)
 BAND_ROWS(1, 1)
 
 /* One row over nb (1-4) tiles. */
-static void band_rows_1(int nb, const float (*tiles)[BAND][CB], int rows, const float *xg, float *sum, size_t bs)
+static void band_rows_1(int nb, const float (*tiles)[BAND][CB], int rows, const float *xg, float *sum, size_t bs,
+                        int first)
 {
     switch (nb) {
-    case 4: band_rows_1_4(tiles, rows, xg, sum, bs); break;
-    case 3: band_rows_1_3(tiles, rows, xg, sum, bs); break;
-    case 2: band_rows_1_2(tiles, rows, xg, sum, bs); break;
-    default: band_rows_1_1(tiles, rows, xg, sum, bs); break;
+    case 4: band_rows_1_4(tiles, rows, xg, sum, bs, first); break;
+    case 3: band_rows_1_3(tiles, rows, xg, sum, bs, first); break;
+    case 2: band_rows_1_2(tiles, rows, xg, sum, bs, first); break;
+    default: band_rows_1_1(tiles, rows, xg, sum, bs, first); break;
     }
 }
 
 /* The `ms` rows of a slab over nb (<= NBLK) decoded tiles; sums: the first tile's block, ms · CB per block. */
-static void band_products(const float (*tiles)[BAND][CB], int nb, int rows, const float *xg, int ms, float *sums)
+static void band_products(const float (*tiles)[BAND][CB], int nb, int rows, const float *xg, int ms, float *sums,
+                          int first)
 {
     const size_t bs = (size_t)ms * CB;
     int m = 0;
@@ -242,23 +247,24 @@ static void band_products(const float (*tiles)[BAND][CB], int nb, int rows, cons
             const float *x = xg + (size_t)m * BAND;
             float *s = sums + k * bs + (size_t)m * CB;
             if (MT == 4)
-                band_rows_4_1(tiles + k, rows, x, s, bs);
+                band_rows_4_1(tiles + k, rows, x, s, bs, first);
             else
-                band_rows_2_1(tiles + k, rows, x, s, bs);
+                band_rows_2_1(tiles + k, rows, x, s, bs, first);
         }
     const float *x = xg + (size_t)m * BAND;
     float *s = sums + (size_t)m * CB;
     int k = 0;
     switch (ms - m) {
     case 3:
-        for (; k < nb; k++) band_rows_3_1(tiles + k, rows, x, s + k * bs, bs);
+        for (; k < nb; k++) band_rows_3_1(tiles + k, rows, x, s + k * bs, bs, first);
         break;
     case 2:
-        for (; NBLK >= 2 && k + 2 <= nb; k += 2) band_rows_2_2(tiles + k, rows, x, s + k * bs, bs);
-        for (; k < nb; k++) band_rows_2_1(tiles + k, rows, x, s + k * bs, bs);
+        for (; NBLK >= 2 && k + 2 <= nb; k += 2) band_rows_2_2(tiles + k, rows, x, s + k * bs, bs, first);
+        for (; k < nb; k++) band_rows_2_1(tiles + k, rows, x, s + k * bs, bs, first);
         break;
     case 1:
-        for (; k < nb; k += NBLK) band_rows_1(nb - k < NBLK ? nb - k : NBLK, tiles + k, rows, x, s + k * bs, bs);
+        for (; k < nb; k += NBLK)
+            band_rows_1(nb - k < NBLK ? nb - k : NBLK, tiles + k, rows, x, s + k * bs, bs, first);
         break;
     default: break;
     }
@@ -310,9 +316,10 @@ static void exl2_blocks(const exl2_job *job, int begin, int end, float *ws)
             const tsr_qgroup *g = &q->groups[gi];
             if (q->kind != TSR_QMATRIX_GPTQ)
                 for (uint32_t code = 0; code < 16; code++) table[code] = tsr_qmatrix_code_scale(q, gi, code);
-            for (int bi = 0; bi < n_blocks; bi++)
-                group_params(q, gi, table, (begin + bi) * CB, par + (size_t)bi * 2 * CB, par + (size_t)bi * 2 * CB + CB);
-            memset(sums, 0, (size_t)n_blocks * ms * CB * sizeof *sums);
+            for (int bi = 0; bi < n_blocks; bi++) {
+                float *scale = par + (size_t)bi * 2 * CB;
+                group_params(q, gi, table, (begin + bi) * CB, scale, scale + CB);
+            }
             for (int j0 = 0; j0 < g->rows; j0 += BAND) {
                 const int rows = g->rows - j0 < BAND ? g->rows - j0 : BAND;
                 const int32_t *perm = q->perm + g->row0 + j0;
@@ -324,13 +331,15 @@ static void exl2_blocks(const exl2_job *job, int begin, int end, float *ws)
                     if (ms == 1 && nb == NBLK) {
                         const float *zero[NBLK];
                         for (int k = 0; k < NBLK; k++) zero[k] = par + (size_t)(bi + k) * 2 * CB + CB;
-                        fused_band(g->bits, band + (size_t)(begin + bi) * CB, N, rows, zero, xg, sums + (size_t)bi * CB);
+                        fused_band(g->bits, band + (size_t)(begin + bi) * CB, N, rows, zero, xg, sums + (size_t)bi * CB,
+                                   j0 == 0);
                         continue;
                     }
                     for (int k = 0; k < nb; k++)
                         decode_band(g->bits, band + (size_t)(begin + bi + k) * CB, N, rows,
                                     par + (size_t)(bi + k) * 2 * CB + CB, tiles[k]);
-                    band_products((const float(*)[BAND][CB])tiles, nb, rows, xg, ms, sums + (size_t)bi * ms * CB);
+                    band_products((const float(*)[BAND][CB])tiles, nb, rows, xg, ms, sums + (size_t)bi * ms * CB,
+                                  j0 == 0);
                 }
             }
             for (int bi = 0; bi < n_blocks; bi++) {
