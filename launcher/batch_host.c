@@ -35,6 +35,17 @@ static int take_int(const tsr_host_opts *o, const char *a, const char *v, long l
     return 1;
 }
 
+/* The shared options that take a value. */
+static const char *const valued_opts[] = {"--model",     "--device",      "--served-model-name", "--max-running",
+                                          "--kv-tokens", "--step-tokens", "--prefill-chunk",     "--threads"};
+
+static int is_valued_opt(const char *a)
+{
+    for (size_t k = 0; k < sizeof valued_opts / sizeof *valued_opts; k++)
+        if (!strcmp(a, valued_opts[k])) return 1;
+    return 0;
+}
+
 int tsr_host_opts_take(tsr_host_opts *o, int argc, char **argv, int *i)
 {
     const char *a = argv[*i];
@@ -44,24 +55,26 @@ int tsr_host_opts_take(tsr_host_opts *o, int argc, char **argv, int *i)
     }
     const int par = tsr_par_opts_take(o->cmd, &o->par, argc, argv, i);
     if (par) return par;
-    static const char *const valued[] = {"--model",     "--device",        "--served-model-name", "--max-running",
-                                         "--kv-tokens", "--step-tokens", "--prefill-chunk",     "--threads"};
-    size_t k = 0;
-    while (k < sizeof valued / sizeof *valued && strcmp(a, valued[k]))
-        k++;
-    if (k == sizeof valued / sizeof *valued) return 0;
+    if (!is_valued_opt(a)) return 0;
     const char *v = tsr_cli_value(o->cmd, argc, argv, i);
     if (!v) return -1;
-    switch (k) {
-    case 0: o->model_dir = v; return 1;
-    case 1: o->device = v; return 1;
-    case 2: o->served_name = v; return 1;
-    case 3: return take_int(o, a, v, 1, 4096, &o->max_running);
-    case 4: return tsr_cli_int(o->cmd, a, v, 16, 1L << 30, &o->kv_tokens) ? -1 : 1;
-    case 5: return take_int(o, a, v, 1, 1 << 20, &o->step_tokens);
-    case 6: return take_int(o, a, v, 0, 1 << 20, &o->prefill_chunk);
-    default: return take_int(o, a, v, 1, 1024, &o->threads);
-    }
+    if (!strcmp(a, "--model"))
+        o->model_dir = v;
+    else if (!strcmp(a, "--device"))
+        o->device = v;
+    else if (!strcmp(a, "--served-model-name"))
+        o->served_name = v;
+    else if (!strcmp(a, "--max-running"))
+        return take_int(o, a, v, 1, 4096, &o->max_running);
+    else if (!strcmp(a, "--kv-tokens"))
+        return tsr_cli_int(o->cmd, a, v, 16, 1L << 30, &o->kv_tokens) ? -1 : 1;
+    else if (!strcmp(a, "--step-tokens"))
+        return take_int(o, a, v, 1, 1 << 20, &o->step_tokens);
+    else if (!strcmp(a, "--prefill-chunk"))
+        return take_int(o, a, v, 0, 1 << 20, &o->prefill_chunk);
+    else
+        return take_int(o, a, v, 1, 1024, &o->threads);
+    return 1;
 }
 
 static tsr_session_req session_req(const tsr_host_opts *o)
