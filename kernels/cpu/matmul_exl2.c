@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CB   16 /* columns per block (N is padded to a multiple of 32, so a block never reads past a packed row) */
+#define CB   16 /* columns per block (EXL2 pads N to a multiple of 32; GPTQ's N may end inside a block: edge_band) */
 #define BAND 64 /* stored rows decoded per visit of a block: a multiple of 32, so a band starts on a whole word */
 #define MS   64 /* input rows per slab: the per-thread sums are [blocks][MS][CB] */
 
@@ -272,13 +272,15 @@ static void band_products(const float (*tiles)[BAND][CB], int nb, int rows, cons
 
 /* ---- one thread's column blocks [begin, end) ---- */
 
-/* Group gi's scale and zero point of the CB columns from n0 (EXL2: through the group's table of 16 scales). */
+/* Group gi's scale and zero point of the CB columns from n0 (EXL2: through the group's table of 16 scales; GPTQ:
+ * 0 past the matrix's last column). */
 static void group_params(const tsr_qmatrix *q, int gi, const float *table, int n0, float *scale, float *zero)
 {
     if (q->kind == TSR_QMATRIX_GPTQ) {
         for (int c = 0; c < CB; c++) {
-            scale[c] = tsr_qmatrix_scale(q, gi, n0 + c);
-            zero[c] = (float)tsr_qmatrix_zero(q, gi, n0 + c);
+            const int live = n0 + c < q->N;
+            scale[c] = live ? tsr_qmatrix_scale(q, gi, n0 + c) : 0.0f;
+            zero[c] = live ? (float)tsr_qmatrix_zero(q, gi, n0 + c) : 0.0f;
         }
         return;
     }
@@ -292,6 +294,18 @@ static void group_params(const tsr_qmatrix *q, int gi, const float *table, int n
 
 static int slab_rows(const exl2_job *job) { return job->M < MS ? job->M : MS; }
 
+/* The packed rows of a band (rows at `bits`) for the block at column n0 of a matrix whose rows end inside the
+ * block (GPTQ: N need not be a multiple of CB), copied into edge[][CB] with zeros past the end, so that decoding
+ * reads nothing outside the matrix. Returns edge, whose packed row length is CB. */
+static const uint32_t *edge_band(const uint32_t *band, size_t N, size_t n0, int rows, int bits,
+                                 uint32_t (*edge)[CB])
+{
+    const int words = (rows * bits + 31) / 32;
+    for (int t = 0; t < words; t++)
+        for (size_t c = 0; c < CB; c++) edge[t][c] = n0 + c < N ? band[(size_t)t * N + n0 + c] : 0u;
+    return &edge[0][0];
+}
+
 /* Column blocks [begin, end); ws holds their sums [blocks][slab_rows][CB], then their scales and zeros
  * [blocks][2][CB]. */
 static void exl2_blocks(const exl2_job *job, int begin, int end, float *ws)
@@ -301,6 +315,7 @@ static void exl2_blocks(const exl2_job *job, int begin, int end, float *ws)
     const size_t N = (size_t)q->N;
     float *sums = ws, *par = sums + (size_t)n_blocks * slab_rows(job) * CB;
     float xg[MS * BAND], tiles[NBLK][BAND][CB], table[16];
+    uint32_t edge[BAND * 8 / 32][CB];
 
     for (int bi = 0; bi < n_blocks; bi++) {
         const int n0 = (begin + bi) * CB, nb = job->N - n0 < CB ? job->N - n0 : CB;
@@ -328,16 +343,22 @@ static void exl2_blocks(const exl2_job *job, int begin, int end, float *ws)
                 const uint32_t *band = q->q_weight + ((size_t)g->qrow0 + (size_t)j0 * (size_t)g->bits / 32) * N;
                 for (int bi = 0; bi < n_blocks; bi += NBLK) {
                     const int nb = n_blocks - bi < NBLK ? n_blocks - bi : NBLK;
-                    if (ms == 1 && nb == NBLK) {
+                    const int inside = (size_t)(begin + bi + nb) * CB <= N; /* no block reads past a packed row */
+                    if (ms == 1 && nb == NBLK && inside) {
                         const float *zero[NBLK];
                         for (int k = 0; k < NBLK; k++) zero[k] = par + (size_t)(bi + k) * 2 * CB + CB;
                         fused_band(g->bits, band + (size_t)(begin + bi) * CB, N, rows, zero, xg, sums + (size_t)bi * CB,
                                    j0 == 0);
                         continue;
                     }
-                    for (int k = 0; k < nb; k++)
-                        decode_band(g->bits, band + (size_t)(begin + bi + k) * CB, N, rows,
-                                    par + (size_t)(bi + k) * 2 * CB + CB, tiles[k]);
+                    for (int k = 0; k < nb; k++) {
+                        const size_t n0 = (size_t)(begin + bi + k) * CB;
+                        const float *zero = par + (size_t)(bi + k) * 2 * CB + CB;
+                        if (n0 + CB <= N)
+                            decode_band(g->bits, band + n0, N, rows, zero, tiles[k]);
+                        else
+                            decode_band(g->bits, edge_band(band, N, n0, rows, g->bits, edge), CB, rows, zero, tiles[k]);
+                    }
                     band_products((const float(*)[BAND][CB])tiles, nb, rows, xg, ms, sums + (size_t)bi * ms * CB,
                                   j0 == 0);
                 }
