@@ -6,6 +6,7 @@
  * time with the F16C instruction where the build targets it (the same values as tsr_half_to_float: the conversion
  * is exact either way; per element it was 55 % of a decode step of a GPTQ model with an fp16 head in `perf`). */
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_vec.h"
 #include "kernels/cpu/threadpool.h"
 
 #if defined(__F16C__)
@@ -49,17 +50,18 @@ static void convert_row(const tsr_dense *w, int n, int k0, int nk, float *dst)
     }
 }
 
-/* Dot product with 8 independent partial sums, so the compiler can vectorize it without reassociating. */
+/* Dot product in four vector sums (cpu_vec.h), so that the multiply-adds' latency does not bound it; the order of
+ * the additions depends only on n, so every input row gets the same arithmetic. */
 static float dot(const float *a, const float *b, int n)
 {
-    float lane[8] = {0};
+    vf acc[4] = {{0}};
     int k = 0;
-    for (; k + 8 <= n; k += 8)
-        for (int l = 0; l < 8; l++) lane[l] += a[k + l] * b[k + l];
-    float acc = 0.0f;
-    for (; k < n; k++) acc += a[k] * b[k];
-    for (int l = 0; l < 8; l++) acc += lane[l];
-    return acc;
+    for (; k + 4 * VF <= n; k += 4 * VF)
+        for (int u = 0; u < 4; u++) acc[u] += vf_load(a + k + u * VF) * vf_load(b + k + u * VF);
+    for (; k + VF <= n; k += VF) acc[0] += vf_load(a + k) * vf_load(b + k);
+    float total = vf_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+    for (; k < n; k++) total += a[k] * b[k];
+    return total;
 }
 
 static void dense_range(void *ctx, int begin, int end)

@@ -22,6 +22,7 @@
  * a scale recomputed per column and chunk and decoded through a tile at every row count: 4.7 against 16 tok/s at
  * batch 1 for a 1B geometry on two cores (BENCHMARKS.md, "CPU decode"). */
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_vec.h"
 #include "kernels/cpu/threadpool.h"
 #include "runtime/half.h"
 
@@ -33,34 +34,10 @@
 #define BAND 64 /* stored rows decoded per visit of a block: a multiple of 32, so a band starts on a whole word */
 #define MS   64 /* input rows per slab: the per-thread sums are [blocks][MS][CB] */
 
-/* VF floats as one value, one vector register of the target (GCC and Clang vector extensions), so that the sums
- * below are held in registers; unaligned loads and stores through memcpy. The blocks taken together (NBLK) and the
- * rows per pass over a tile (MT) keep about eight registers of sums in flight: with 16-float values on a target
- * of 8-float registers (AVX2) the spills made the kernel slower than the scalar-tile version it replaced. */
-#if defined(__AVX512F__)
-#define VF 16
-#elif defined(__AVX__)
-#define VF 8
-#else
-#define VF 4
-#endif
+/* The blocks taken together (NBLK) and the rows per pass over a tile (MT) keep about eight vector registers of sums
+ * in flight (cpu_vec.h: VF floats per register). */
 #define NBLK (VF / 4)          /* column blocks decoded before their products: 4, 2 or 1 */
 #define MT   (VF >= 8 ? 4 : 2) /* input rows per pass over a decoded tile */
-typedef float vf __attribute__((vector_size(VF * sizeof(float))));
-static inline vf vf_load(const float *p)
-{
-    vf v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-static inline void vf_store(float *p, vf v) { memcpy(p, &v, sizeof v); }
-typedef uint32_t vu __attribute__((vector_size(VF * sizeof(uint32_t))));
-static inline vu vu_load(const uint32_t *p)
-{
-    vu v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
 
 typedef struct {
     const tsr_qmatrix *q;

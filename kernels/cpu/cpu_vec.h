@@ -1,0 +1,47 @@
+/* Vector values for the CPU kernels: VF floats (or 32-bit words) as one value, one vector register of the target
+ * (GCC and Clang vector extensions: 16 floats with AVX-512, 8 with AVX, 4 otherwise: SSE, NEON), so that sums held
+ * in them stay in registers. Values wider than the target's registers spill: with 16-float values on AVX2 the EXL2
+ * kernel ran slower than the scalar version it replaced (BENCHMARKS.md, CPU decode, stop 44). Loads and stores are
+ * unaligned, through memcpy. Internal to kernels/cpu. */
+#ifndef TSR_CPU_VEC_H
+#define TSR_CPU_VEC_H
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#define VF 16
+#elif defined(__AVX__)
+#define VF 8
+#else
+#define VF 4
+#endif
+
+typedef float vf __attribute__((vector_size(VF * sizeof(float))));
+typedef uint32_t vu __attribute__((vector_size(VF * sizeof(uint32_t))));
+
+static inline vf vf_load(const float *p)
+{
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void vf_store(float *p, vf v) { memcpy(p, &v, sizeof v); }
+
+static inline vu vu_load(const uint32_t *p)
+{
+    vu v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The sum of a value's lanes, in lane order. */
+static inline float vf_sum(vf v)
+{
+    float s = 0.0f;
+    for (int l = 0; l < VF; l++) s += v[l];
+    return s;
+}
+
+#endif
