@@ -13,6 +13,7 @@
  * runtime/kv_cache.h) are read exactly from the staging area into a second, plain-domain accumulator, as ExLlamaV2
  * lets a chunk attend to its own fp16 K/V. kv_store quantizes each (token, head) vector on its own. */
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_vec.h"
 #include "kernels/cpu/threadpool.h"
 #include "runtime/half.h"
 
@@ -36,8 +37,7 @@ static inline void load_row(const void *base, size_t off, int d, int f32, float 
         const float *src = (const float *)base + off;
         for (int i = 0; i < d; i++) dst[i] = src[i];
     } else {
-        const uint16_t *src = (const uint16_t *)base + off;
-        for (int i = 0; i < d; i++) dst[i] = tsr_half_to_float(src[i]);
+        halves_to_floats((const uint16_t *)base + off, d, dst);
     }
 }
 
@@ -50,7 +50,7 @@ static void attn_range(void *ctx, int begin, int end)
     const int d = a->head_dim, group = a->n_heads / a->n_kv_heads;
     const int f32 = kv->dtype == TSR_F32;
     const void *kbase = kv->k[a->layer], *vbase = kv->v[a->layer];
-    float acc[MAX_HEAD_DIM], kf[MAX_HEAD_DIM], vf[MAX_HEAD_DIM];
+    float acc[MAX_HEAD_DIM], kf[MAX_HEAD_DIM], vrow[MAX_HEAD_DIM];
     for (int item = begin; item < end; item++) {
         const int row = item / a->n_heads, h = item % a->n_heads, kvh = h / group;
         const int32_t *table = b->page_tables + (size_t)b->row_seq[row] * b->max_pages;
@@ -79,8 +79,8 @@ static void attn_range(void *ctx, int begin, int end)
             }
             const float w = expf(score - mx);
             sum += w;
-            load_row(vbase, off, d, f32, vf);
-            for (int k = 0; k < d; k++) acc[k] += w * vf[k];
+            load_row(vbase, off, d, f32, vrow);
+            for (int k = 0; k < d; k++) acc[k] += w * vrow[k];
         }
         const float inv = sum > 0 ? 1.0f / sum : 0.0f;
         for (int k = 0; k < d; k++) o[k] = acc[k] * inv;
@@ -151,7 +151,7 @@ static void attn_range_q(void *ctx, int begin, int end)
     const uint16_t *ksc = kv->k_scale[a->layer], *vsc = kv->v_scale[a->layer];
     /* acc: rotated-domain values (codes), acc_x: exact values (staged rows) */
     float acc[MAX_HEAD_DIM], acc_x[MAX_HEAD_DIM], qr[MAX_HEAD_DIM], qsum[MAX_HEAD_DIM / TSR_KV_QGROUP];
-    float kf[MAX_HEAD_DIM], vf[MAX_HEAD_DIM];
+    float kf[MAX_HEAD_DIM], vrow[MAX_HEAD_DIM];
     for (int item = begin; item < end; item++) {
         const int row = item / a->n_heads, h = item % a->n_heads, kvh = h / group;
         const int32_t *table = b->page_tables + (size_t)b->row_seq[row] * b->max_pages;
@@ -175,8 +175,8 @@ static void attn_range_q(void *ctx, int begin, int end)
             float score;
             if (fr >= 0) {
                 const size_t so = ((size_t)fr * kv->n_kv_heads + kvh) * d;
-                for (int i = 0; i < d; i++) kf[i] = tsr_half_to_float(kv->stage_k[so + i]);
-                for (int i = 0; i < d; i++) vf[i] = tsr_half_to_float(kv->stage_v[so + i]);
+                halves_to_floats(kv->stage_k + so, d, kf);
+                halves_to_floats(kv->stage_v + so, d, vrow);
                 score = 0.0f;
                 for (int i = 0; i < d; i++) score += qx[i] * kf[i];
                 score *= a->scale;
@@ -192,7 +192,7 @@ static void attn_range_q(void *ctx, int begin, int end)
             const float w = expf(score - mx);
             sum += w;
             if (fr >= 0)
-                for (int k = 0; k < d; k++) acc_x[k] += w * vf[k];
+                for (int k = 0; k < d; k++) acc_x[k] += w * vrow[k];
             else
                 q_axpy(w, vbase + off * vb / 8, vsc + off / TSR_KV_QGROUP, d, vb, acc);
         }

@@ -3,15 +3,11 @@
  * Work is split over blocks of ROWS_N weight rows (= output columns). Each block walks K in chunks of CHUNK_K,
  * converting that piece of its rows to fp32 once into a stack tile, then adding the partial dot products of every
  * input row. fp32 accumulation; weights are read in place from the mapped file. fp16 weights convert eight at a
- * time with the F16C instruction where the build targets it (the same values as tsr_half_to_float: the conversion
- * is exact either way; per element it was 55 % of a decode step of a GPTQ model with an fp16 head in `perf`). */
+ * time with F16C where the build targets it (cpu_vec.h; one at a time it was 55 % of a decode step of a GPTQ model
+ * with an fp16 head in `perf`). */
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_vec.h"
 #include "kernels/cpu/threadpool.h"
-
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
 
 #define ROWS_N 8
 #define CHUNK_K 256
@@ -28,13 +24,7 @@ static void convert_row(const tsr_dense *w, int n, int k0, int nk, float *dst)
     size_t base = (size_t)n * (size_t)w->cols + (size_t)k0;
     switch (w->dtype) {
     case TSR_F16: {
-        const uint16_t *s = (const uint16_t *)w->data + base;
-        int k = 0;
-#if defined(__F16C__)
-        for (; k + 8 <= nk; k += 8)
-            _mm256_storeu_ps(dst + k, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + k))));
-#endif
-        for (; k < nk; k++) dst[k] = tsr_half_to_float(s[k]);
+        halves_to_floats((const uint16_t *)w->data + base, nk, dst);
         break;
     }
     case TSR_BF16: {
