@@ -996,9 +996,10 @@ void tsr_cuda_gemv_stage_done(const tsr_linear_dev *const *Ls, int n, const floa
     g_ahead.launch = tsr_cuda_launches;
 }
 
-/* The entries staged ahead for this GEMV, if they are still the latest writes (no launch since); either way the
- * record is used up. */
-static bool take_staged(const tsr_linear_dev *const *Ls, int n, const float *x, int M, bool exact, const uint2 **xs)
+/* The entries staged ahead for these matrices, if they are still the latest writes (no launch since); either way
+ * the record is used up. The GEMV takes them, and the fused MLP (cuda_kernels.cuh). */
+bool tsr_cuda_gemv_take_staged(const tsr_linear_dev *const *Ls, int n, const float *x, int M, bool exact,
+                               const uint2 **xs)
 {
     const staged_ahead a = g_ahead;
     g_ahead.x = NULL;
@@ -1011,13 +1012,6 @@ static bool take_staged(const tsr_linear_dev *const *Ls, int n, const float *x, 
         xs[i] = a.xs[i];
     g_ahead_taken++;
     return true;
-}
-
-/* The entries staged ahead for a kernel of these matrices other than the GEMV (the fused MLP; cuda_kernels.cuh). */
-bool tsr_cuda_gemv_take_staged(const tsr_linear_dev *const *Ls, int n, const float *x, int M, bool exact,
-                               const uint2 **xs)
-{
-    return take_staged(Ls, n, x, M, exact, xs);
 }
 
 /* The activations of n matrices sharing x (cuda_kernels.cuh): fg_prestage_kernel's entries of every part in scratch
@@ -1097,7 +1091,7 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
     const bool exact = fg_exact(M, bulk);
     if (!exact || fg_prestage_exact()) { /* every part's activations staged once, in B-operand order */
         const uint2 *xs[FG_MAX_PARTS];
-        if (!take_staged(Ls, n, x, M, exact, xs)) tsr_cuda_gemv_prestage(Ls, n, x, M, exact, 0, xs);
+        if (!tsr_cuda_gemv_take_staged(Ls, n, x, M, exact, xs)) tsr_cuda_gemv_prestage(Ls, n, x, M, exact, 0, xs);
         for (int i = 0; i < n; i++)
             G.p[i].xs = xs[i];
     }
