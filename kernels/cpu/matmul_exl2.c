@@ -71,13 +71,16 @@ static float *workspace(size_t n)
 
 /* ---- decoding a band of one column block: tile[j][c] = code(row j, column c) − zero[c] ---- */
 
+/* What decode_vec subtracts from 2^23 + code: 2^23 + zero, for the VF columns from zero. */
+static inline vf magic_zero_of(const float *zero) { return vf_load(zero) + 8388608.0f; }
+
 /* Row j of the band at VF columns from w (the band's first packed row; N: the packed row length): each code as the
  * float 2^23 + code (its bits ORed into 2^23's), minus 2^23 + zero (magic_zero), which is exact. */
 static inline __attribute__((always_inline)) vf decode_vec(const int B, int j, const uint32_t *w, size_t N,
                                                            vf magic_zero)
 {
     const int bit = j * B, t = bit >> 5, sh = bit & 31;
-    const vu mask = (vu){0} + ((1u << B) - 1u), two23 = (vu){0} + 0x4B000000u;
+    const vu mask = (vu){0} + ((1u << B) - 1u), two23 = (vu){0} + 0x4B000000u; /* the bits of 2^23 as a float */
     vu code = vu_load(w + (size_t)t * N) >> sh;
     if (sh + B > 32) code |= vu_load(w + (size_t)(t + 1) * N) << (32 - sh);
     return (vf)((code & mask) | two23) - magic_zero;
@@ -96,7 +99,7 @@ static inline __attribute__((always_inline)) void decode_bits(const int B, const
                                                               const float *zero, float (*tile)[CB])
 {
     vf magic_zero[CB / VF];
-    for (int v = 0; v < CB / VF; v++) magic_zero[v] = vf_load(zero + v * VF) + 8388608.0f;
+    for (int v = 0; v < CB / VF; v++) magic_zero[v] = magic_zero_of(zero + v * VF);
     int j0 = 0;
     for (; j0 + 32 <= rows; j0 += 32) {
         const uint32_t *w32 = w + (size_t)(j0 / 32 * B) * N;
@@ -128,7 +131,7 @@ static inline __attribute__((always_inline)) void fused_bits(const int B, const 
     _Pragma("GCC unroll 16") for (int k = 0; k < NBLK; k++)
     _Pragma("GCC unroll 16") for (int v = 0; v < CB / VF; v++) {
         a[k][v] = first ? (vf){0} : vf_load(sum + k * CB + v * VF);
-        mz[k][v] = vf_load(zero[k] + v * VF) + 8388608.0f;
+        mz[k][v] = magic_zero_of(zero[k] + v * VF);
     }
     int j0 = 0;
     for (; j0 + 32 <= rows; j0 += 32) {
