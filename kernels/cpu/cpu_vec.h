@@ -25,6 +25,11 @@
 
 typedef float vf __attribute__((vector_size(VF * sizeof(float))));
 typedef uint32_t vu __attribute__((vector_size(VF * sizeof(uint32_t))));
+typedef int32_t vi __attribute__((vector_size(VF * sizeof(int32_t))));
+
+/* Words below 2^31 as floats (one signed conversion instruction; exact for values of at most 24 significant
+ * bits). */
+static inline vf vu_to_vf(vu v) { return __builtin_convertvector((vi)v, vf); }
 
 static inline vf vf_load(const float *p)
 {
