@@ -1,10 +1,68 @@
-/* Thread pool behind tsr_parallel_for (see threadpool.h): workers sleep on a condition variable between jobs;
- * a job is (fn, ctx, n) and each worker takes the chunk matching its index. */
+/* Thread pool behind tsr_parallel_for (see threadpool.h): a job is (fn, ctx, n) and each worker takes the chunk
+ * matching its index. Between jobs a worker first watches the job counter for up to SPIN_NS, since a decode step
+ * hands out its products back to back (a 1B model's step: about 130 jobs), and only then sleeps on a condition
+ * variable; the caller likewise watches for the workers' end before it sleeps. Waking sleeping threads had cost
+ * some tens of microseconds per job on a 2-core VM (BENCHMARKS.md, CPU decode, stop 45). Past the spin everything
+ * is as before: an idle pool sleeps, and an oversubscribed machine (several CPU ranks under mpirun) loses at most
+ * the spin per job. */
 #include "kernels/cpu/threadpool.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
+
+#ifndef SPIN_NS
+#define SPIN_NS 50000 /* how long a thread watches before it sleeps */
+#endif
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static long long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* Waits up to SPIN_NS for *v to differ from `from`; returns its last value. */
+static unsigned long spin_while_ulong(atomic_ulong *v, unsigned long from)
+{
+    const long long end = now_ns() + SPIN_NS;
+    unsigned long cur;
+    for (int i = 0; (cur = atomic_load_explicit(v, memory_order_acquire)) == from; i++) {
+        cpu_relax();
+        if ((i & 63) == 63) {
+            if (now_ns() > end) break;
+            sched_yield(); /* an oversubscribed machine (CPU ranks under mpirun) runs someone else meanwhile */
+        }
+    }
+    return cur;
+}
+
+/* Waits up to SPIN_NS for *v to fall to zero; returns its last value. */
+static int spin_while_positive(atomic_int *v)
+{
+    const long long end = now_ns() + SPIN_NS;
+    int cur;
+    for (int i = 0; (cur = atomic_load_explicit(v, memory_order_acquire)) > 0; i++) {
+        cpu_relax();
+        if ((i & 63) == 63) {
+            if (now_ns() > end) break;
+            sched_yield(); /* an oversubscribed machine (CPU ranks under mpirun) runs someone else meanwhile */
+        }
+    }
+    return cur;
+}
 
 #define TSR_MAX_THREADS 256
 
@@ -14,8 +72,8 @@ static pthread_cond_t done = PTHREAD_COND_INITIALIZER;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int requested_threads;
 static int n_threads = 1;
-static unsigned long generation;
-static int pending;
+static atomic_ulong generation; /* changed under lock, read without it while spinning */
+static atomic_int pending;
 static tsr_range_fn job_fn;
 static void *job_ctx;
 static int job_n;
@@ -34,14 +92,19 @@ static void *worker(void *arg)
     int idx = (int)(long)arg;
     unsigned long seen = 0;
     inside_job = 1;
-    pthread_mutex_lock(&lock);
     for (;;) {
-        while (generation == seen) pthread_cond_wait(&wake, &lock);
-        seen = generation;
-        pthread_mutex_unlock(&lock);
+        if (spin_while_ulong(&generation, seen) == seen) {
+            pthread_mutex_lock(&lock);
+            while (atomic_load_explicit(&generation, memory_order_relaxed) == seen) pthread_cond_wait(&wake, &lock);
+            pthread_mutex_unlock(&lock);
+        }
+        seen = atomic_load_explicit(&generation, memory_order_acquire); /* the job's fn, ctx and n with it */
         run_chunk(idx);
-        pthread_mutex_lock(&lock);
-        if (--pending == 0) pthread_cond_signal(&done);
+        if (atomic_fetch_sub_explicit(&pending, 1, memory_order_acq_rel) == 1) { /* the last: the caller may sleep */
+            pthread_mutex_lock(&lock);
+            pthread_cond_signal(&done);
+            pthread_mutex_unlock(&lock);
+        }
     }
     return NULL;
 }
@@ -85,8 +148,8 @@ void tsr_parallel_for(int n, tsr_range_fn fn, void *ctx)
     job_fn = fn;
     job_ctx = ctx;
     job_n = n;
-    pending = n_threads - 1;
-    generation++;
+    atomic_store_explicit(&pending, n_threads - 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&generation, 1, memory_order_release); /* publishes the job to spinning workers */
     pthread_cond_broadcast(&wake);
     pthread_mutex_unlock(&lock);
 
@@ -94,8 +157,10 @@ void tsr_parallel_for(int n, tsr_range_fn fn, void *ctx)
     run_chunk(0);
     inside_job = 0;
 
-    pthread_mutex_lock(&lock);
-    while (pending > 0) pthread_cond_wait(&done, &lock);
-    pthread_mutex_unlock(&lock);
+    if (spin_while_positive(&pending) > 0) {
+        pthread_mutex_lock(&lock);
+        while (atomic_load_explicit(&pending, memory_order_acquire) > 0) pthread_cond_wait(&done, &lock);
+        pthread_mutex_unlock(&lock);
+    }
     pthread_mutex_unlock(&caller);
 }
