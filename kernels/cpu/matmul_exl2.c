@@ -295,12 +295,16 @@ static void band_products(const float (*tiles)[BAND][CB], int nb, int rows, cons
  * 0 past the matrix's last column). */
 static void group_params(const tsr_qmatrix *q, int gi, const float *table, int n0, float *scale, float *zero)
 {
-    if (q->kind == TSR_QMATRIX_GPTQ) {
-        for (int c = 0; c < CB; c++) {
-            const int live = n0 + c < q->N;
-            scale[c] = live ? tsr_qmatrix_scale(q, gi, n0 + c) : 0.0f;
-            zero[c] = live ? (float)tsr_qmatrix_zero(q, gi, n0 + c) : 0.0f;
-        }
+    if (q->kind == TSR_QMATRIX_GPTQ) { /* as tsr_qmatrix_scale and tsr_qmatrix_zero read them, a block at once */
+        const int live = q->N - n0 < CB ? q->N - n0 : CB;
+        const size_t at = (size_t)gi * (size_t)q->N + (size_t)n0;
+        if (q->g_scales_f32)
+            for (int c = 0; c < live; c++) scale[c] = tsr_round_half(((const float *)q->g_scales)[at + c]);
+        else
+            halves_to_floats((const uint16_t *)q->g_scales + at, live, scale);
+        const uint32_t *zc = q->g_zeros + (size_t)gi * (size_t)(q->N / 8) + (size_t)(n0 / 8);
+        for (int c = 0; c < live; c++) zero[c] = (float)((int)((zc[c / 8] >> (4 * (c % 8))) & 0xfu) + q->zero_add);
+        for (int c = live; c < CB; c++) scale[c] = zero[c] = 0.0f;
         return;
     }
     const uint32_t *codes = q->q_scale + (size_t)gi * (size_t)(q->N / 8) + (size_t)(n0 / 8);
