@@ -5,6 +5,7 @@
 #include "launcher/cli.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,25 +27,25 @@ static char *base_name(const char *dir)
     return s;
 }
 
-/* A long option value within [lo, hi] into *out (an int field). */
-static int take_int(const tsr_host_opts *o, const char *a, const char *v, long lo, long hi, int *out)
-{
-    long n;
-    if (tsr_cli_int(o->cmd, a, v, lo, hi, &n)) return -1;
-    *out = (int)n;
-    return 1;
-}
+/* The shared options that take a value: where each goes in tsr_host_opts, and the range of a number. */
+typedef enum { HOST_TEXT, HOST_INT, HOST_LONG } host_opt_kind;
+typedef struct {
+    const char *name;
+    host_opt_kind kind;
+    size_t field; /* offsetof(tsr_host_opts, ...) */
+    long lo, hi;
+} host_opt;
 
-/* The shared options that take a value. */
-static const char *const valued_opts[] = {"--model",     "--device",      "--served-model-name", "--max-running",
-                                          "--kv-tokens", "--step-tokens", "--prefill-chunk",     "--threads"};
-
-static int is_valued_opt(const char *a)
-{
-    for (size_t k = 0; k < sizeof valued_opts / sizeof *valued_opts; k++)
-        if (!strcmp(a, valued_opts[k])) return 1;
-    return 0;
-}
+static const host_opt valued_opts[] = {
+    {"--model", HOST_TEXT, offsetof(tsr_host_opts, model_dir), 0, 0},
+    {"--device", HOST_TEXT, offsetof(tsr_host_opts, device), 0, 0},
+    {"--served-model-name", HOST_TEXT, offsetof(tsr_host_opts, served_name), 0, 0},
+    {"--max-running", HOST_INT, offsetof(tsr_host_opts, max_running), 1, 4096},
+    {"--kv-tokens", HOST_LONG, offsetof(tsr_host_opts, kv_tokens), 16, 1L << 30},
+    {"--step-tokens", HOST_INT, offsetof(tsr_host_opts, step_tokens), 1, 1 << 20},
+    {"--prefill-chunk", HOST_INT, offsetof(tsr_host_opts, prefill_chunk), 0, 1 << 20},
+    {"--threads", HOST_INT, offsetof(tsr_host_opts, threads), 1, 1024},
+};
 
 int tsr_host_opts_take(tsr_host_opts *o, int argc, char **argv, int *i)
 {
@@ -55,25 +56,20 @@ int tsr_host_opts_take(tsr_host_opts *o, int argc, char **argv, int *i)
     }
     const int par = tsr_par_opts_take(o->cmd, &o->par, argc, argv, i);
     if (par) return par;
-    if (!is_valued_opt(a)) return 0;
+    const host_opt *opt = NULL;
+    for (size_t k = 0; k < sizeof valued_opts / sizeof *valued_opts && !opt; k++)
+        if (!strcmp(a, valued_opts[k].name)) opt = &valued_opts[k];
+    if (!opt) return 0;
     const char *v = tsr_cli_value(o->cmd, argc, argv, i);
     if (!v) return -1;
-    if (!strcmp(a, "--model"))
-        o->model_dir = v;
-    else if (!strcmp(a, "--device"))
-        o->device = v;
-    else if (!strcmp(a, "--served-model-name"))
-        o->served_name = v;
-    else if (!strcmp(a, "--max-running"))
-        return take_int(o, a, v, 1, 4096, &o->max_running);
-    else if (!strcmp(a, "--kv-tokens"))
-        return tsr_cli_int(o->cmd, a, v, 16, 1L << 30, &o->kv_tokens) ? -1 : 1;
-    else if (!strcmp(a, "--step-tokens"))
-        return take_int(o, a, v, 1, 1 << 20, &o->step_tokens);
-    else if (!strcmp(a, "--prefill-chunk"))
-        return take_int(o, a, v, 0, 1 << 20, &o->prefill_chunk);
-    else
-        return take_int(o, a, v, 1, 1024, &o->threads);
+    char *field = (char *)o + opt->field;
+    long n = 0;
+    if (opt->kind != HOST_TEXT && tsr_cli_int(o->cmd, a, v, opt->lo, opt->hi, &n)) return -1;
+    switch (opt->kind) {
+    case HOST_TEXT: *(const char **)(void *)field = v; break;
+    case HOST_INT: *(int *)(void *)field = (int)n; break;
+    case HOST_LONG: *(long *)(void *)field = n; break;
+    }
     return 1;
 }
 
