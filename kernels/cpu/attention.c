@@ -1,6 +1,7 @@
 /* Attention over the paged KV cache on the CPU, and the K/V store that fills it.
  *
- * One work item is one (query row, head) pair. Each walks the cached positions its row may see through its
+ * One work item is one (query row, head) pair (fp16 and fp32 caches: one (query row, KV head), its query heads
+ * together). Each walks the cached positions its row may see through its
  * sequence's page table (causal, and within the sliding window if any), computing scores against the keys and
  * accumulating values with an online softmax (running maximum and sum), so no score buffer of context length is
  * needed. fp32 throughout.
@@ -41,6 +42,30 @@ static inline void load_row(const void *base, size_t off, int d, int f32, float 
     }
 }
 
+/* q · k over d elements: VF-wide partial sums, then their lanes in order (the same order for every row). */
+static inline float dot_row(const float *q, const float *k, int d)
+{
+    vf s = {0};
+    int i = 0;
+    for (; i + VF <= d; i += VF) s += vf_load(q + i) * vf_load(k + i);
+    float score = vf_sum(s);
+    for (; i < d; i++) score += q[i] * k[i];
+    return score;
+}
+
+/* acc += w · v over d elements. */
+static inline void axpy_row(float w, const float *v, float *acc, int d)
+{
+    int i = 0;
+    for (; i + VF <= d; i += VF) vf_store(acc + i, vf_load(acc + i) + w * vf_load(v + i));
+    for (; i < d; i++) acc[i] += w * v[i];
+}
+
+/* fp16 and fp32 caches. One work item is one (query row, KV head): the query heads that share the KV head (up to
+ * ATTN_HEADS at a time) walk its cached positions together, so each key and value row is read and converted once
+ * for all of them (a 1B model with 4 query heads per KV head, 2048 positions: batch 1 decode 12.7 -> 13.7 tok/s,
+ * prefill 33 -> 39; stop 45). Each head's arithmetic is what it would be alone. */
+#define ATTN_HEADS 8
 static void attn_range(void *ctx, int begin, int end)
 {
     const attn_job *job = ctx;
@@ -50,40 +75,43 @@ static void attn_range(void *ctx, int begin, int end)
     const int d = a->head_dim, group = a->n_heads / a->n_kv_heads;
     const int f32 = kv->dtype == TSR_F32;
     const void *kbase = kv->k[a->layer], *vbase = kv->v[a->layer];
-    float acc[MAX_HEAD_DIM], kf[MAX_HEAD_DIM], vrow[MAX_HEAD_DIM];
+    float acc[ATTN_HEADS][MAX_HEAD_DIM], kf[MAX_HEAD_DIM], vrow[MAX_HEAD_DIM];
     for (int item = begin; item < end; item++) {
-        const int row = item / a->n_heads, h = item % a->n_heads, kvh = h / group;
+        const int row = item / a->n_kv_heads, kvh = item % a->n_kv_heads;
         const int32_t *table = b->page_tables + (size_t)b->row_seq[row] * b->max_pages;
-        const float *qr = job->q + ((size_t)row * a->n_heads + h) * d;
-        float *o = job->out + ((size_t)row * a->n_heads + h) * d;
         const int p = b->positions[row];
         const int lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
-        float mx = -INFINITY, sum = 0.0f;
-        for (int i = 0; i < d; i++) acc[i] = 0.0f;
-        for (int t = lo; t <= p; t++) {
-            const size_t off = tsr_kv_slot_offset(kv, table, t) + (size_t)kvh * d;
-            load_row(kbase, off, d, f32, kf);
-            float lane[8] = {0};
-            int i = 0;
-            for (; i + 8 <= d; i += 8)
-                for (int l = 0; l < 8; l++) lane[l] += qr[i + l] * kf[i + l];
-            float score = 0.0f;
-            for (; i < d; i++) score += qr[i] * kf[i];
-            for (int l = 0; l < 8; l++) score += lane[l];
-            score *= a->scale;
-            if (score > mx) {
-                const float r = expf(mx - score);
-                sum *= r;
-                for (int k = 0; k < d; k++) acc[k] *= r;
-                mx = score;
+        for (int h0 = kvh * group; h0 < (kvh + 1) * group; h0 += ATTN_HEADS) {
+            const int hn = (kvh + 1) * group - h0 < ATTN_HEADS ? (kvh + 1) * group - h0 : ATTN_HEADS;
+            const float *qr = job->q + ((size_t)row * a->n_heads + h0) * d; /* head h0 + j at qr + j · d */
+            float mx[ATTN_HEADS], sum[ATTN_HEADS];
+            for (int j = 0; j < hn; j++) {
+                mx[j] = -INFINITY, sum[j] = 0.0f;
+                for (int i = 0; i < d; i++) acc[j][i] = 0.0f;
             }
-            const float w = expf(score - mx);
-            sum += w;
-            load_row(vbase, off, d, f32, vrow);
-            for (int k = 0; k < d; k++) acc[k] += w * vrow[k];
+            for (int t = lo; t <= p; t++) {
+                const size_t off = tsr_kv_slot_offset(kv, table, t) + (size_t)kvh * d;
+                load_row(kbase, off, d, f32, kf);
+                load_row(vbase, off, d, f32, vrow);
+                for (int j = 0; j < hn; j++) {
+                    const float score = dot_row(qr + (size_t)j * d, kf, d) * a->scale;
+                    if (score > mx[j]) {
+                        const float r = expf(mx[j] - score);
+                        sum[j] *= r;
+                        for (int k = 0; k < d; k++) acc[j][k] *= r;
+                        mx[j] = score;
+                    }
+                    const float w = expf(score - mx[j]);
+                    sum[j] += w;
+                    axpy_row(w, vrow, acc[j], d);
+                }
+            }
+            for (int j = 0; j < hn; j++) {
+                float *o = job->out + ((size_t)row * a->n_heads + h0 + j) * d;
+                const float inv = sum[j] > 0 ? 1.0f / sum[j] : 0.0f;
+                for (int k = 0; k < d; k++) o[k] = acc[j][k] * inv;
+            }
         }
-        const float inv = sum > 0 ? 1.0f / sum : 0.0f;
-        for (int k = 0; k < d; k++) o[k] = acc[k] * inv;
     }
 }
 
@@ -207,7 +235,10 @@ void tsr_cpu_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const 
                        float *out)
 {
     attn_job job = {b, a, kv, q, out};
-    tsr_parallel_for(b->n_rows * a->n_heads, tsr_kv_is_quant(kv->dtype) ? attn_range_q : attn_range, &job);
+    if (tsr_kv_is_quant(kv->dtype))
+        tsr_parallel_for(b->n_rows * a->n_heads, attn_range_q, &job);
+    else
+        tsr_parallel_for(b->n_rows * a->n_kv_heads, attn_range, &job);
 }
 
 void tsr_cpu_kv_store(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v)
