@@ -47,6 +47,31 @@ static inline vu vu_load(const uint32_t *p)
     return v;
 }
 
+/* e^x in every lane, within about 2 ulp of expf for x in [-87, 88] (x is clamped there, so that very negative x give
+ * about 1e-38 rather than 0): x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor series to r^7 (Horner), and
+ * 2^n added to the exponent bits. */
+static inline vf vf_exp(vf x)
+{
+    const vf lo = (vf){0} - 87.0f, hi = (vf){0} + 88.0f;
+    vi m = x < lo; /* lanes all ones where true */
+    x = (vf)(((vi)lo & m) | ((vi)x & ~m));
+    m = x > hi;
+    x = (vf)(((vi)hi & m) | ((vi)x & ~m));
+    const vf round = (vf){0} + 12582912.0f; /* 1.5 · 2^23: adding it rounds to an integer */
+    const vf n = (x * 1.44269504088896341f + round) - round;
+    const vf r = (x - n * 0.693359375f) - n * -2.12194440e-4f; /* ln 2 in two parts: the first exact in n · it */
+    vf p = (vf){0} + (1.0f / 5040.0f);
+    p = p * r + (1.0f / 720.0f);
+    p = p * r + (1.0f / 120.0f);
+    p = p * r + (1.0f / 24.0f);
+    p = p * r + (1.0f / 6.0f);
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const vi e = __builtin_convertvector(n, vi) << 23;
+    return (vf)((vi)p + e);
+}
+
 /* The sum of a value's lanes, in lane order. */
 static inline float vf_sum(vf v)
 {
