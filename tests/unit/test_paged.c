@@ -65,19 +65,22 @@ static void reference(const float *q, const float *k, const float *v, int pos0, 
 /* Stores n rows of one sequence at positions pos0.. through the kv_store op. */
 static void store(tsr_kv_cache *kv, const int32_t *table, int pos0, int n, const float *k, const float *v)
 {
-    int32_t row_seq[16] = {0}, positions[16], seq_row0[] = {0, n};
+    int32_t row_seq[48] = {0}, positions[48], seq_row0[] = {0, n};
+    assert_true(n <= 48);
     for (int i = 0; i < n; i++) positions[i] = pos0 + i;
-    tsr_batch_layout b = {1, n, 4, pos0 + n - 1, row_seq, positions, seq_row0, table, NULL, NULL};
+    tsr_batch_layout b = {1, n, 12, pos0 + n - 1, row_seq, positions, seq_row0, table, NULL, NULL};
     tsr_ops_cpu()->kv_store(&b, kv, 0, k, v);
 }
 
-static void check_attention(tsr_dtype dtype, int window)
+/* T0: positions of sequence 0 (at most 48); with more than 16 its queries walk several of the CPU kernel's blocks of
+ * positions (kernels/cpu/attention.c), the running maximum changing between them. */
+static void check_attention(tsr_dtype dtype, int window, int T0)
 {
-    const int nh = 4, nkv = 2, d = 16, page = 4, T0 = 13, T1 = 6;
+    const int nh = 4, nkv = 2, d = 16, page = 4, T1 = 6;
     tsr_kv_cache kv;
     assert_int_equal(tsr_kv_init(&kv, tsr_ops_cpu(), 1, nkv, d, page, 16, dtype), TSR_OK);
     /* two sequences with interleaved, out-of-order pages */
-    int32_t table0[] = {9, 2, 14, 5}, table1[] = {0, 11};
+    int32_t table0[12] = {9, 2, 14, 5, 3, 7, 12, 1, 4, 6, 8, 10}, table1[] = {0, 11};
     float *k0 = malloc(T0 * nkv * d * sizeof(float)), *v0 = malloc(T0 * nkv * d * sizeof(float));
     float *k1 = malloc(T1 * nkv * d * sizeof(float)), *v1 = malloc(T1 * nkv * d * sizeof(float));
     for (int i = 0; i < T0 * nkv * d; i++) {
@@ -89,9 +92,9 @@ static void check_attention(tsr_dtype dtype, int window)
         v1[i] = dtype == TSR_F16 ? tsr_round_half(frand()) : frand();
     }
     const tsr_ops *ops = tsr_ops_cpu();
-    /* sequence 0 cached in two steps (prefill 10, then 3), sequence 1 in one */
-    store(&kv, table0, 0, 10, k0, v0);
-    store(&kv, table0, 10, 3, k0 + 10 * nkv * d, v0 + 10 * nkv * d);
+    /* sequence 0 cached in two steps (prefill T0 - 3, then 3), sequence 1 in one */
+    store(&kv, table0, 0, T0 - 3, k0, v0);
+    store(&kv, table0, T0 - 3, 3, k0 + (size_t)(T0 - 3) * nkv * d, v0 + (size_t)(T0 - 3) * nkv * d);
     store(&kv, table1, 0, T1, k1, v1);
     /* query: last 3 tokens of seq 0 and all 6 of seq 1, in one call */
     const int n0 = 3, rows = n0 + T1;
@@ -99,12 +102,14 @@ static void check_attention(tsr_dtype dtype, int window)
     float *want = malloc((size_t)rows * nh * d * sizeof(float));
     for (int i = 0; i < rows * nh * d; i++) q[i] = frand();
     for (int i = 0; i < rows * nh * d; i++) out[i] = NAN;
-    int32_t tables[2][4] = {{9, 2, 14, 5}, {0, 11, 0, 0}}, row_seq[9], positions[9], seq_row0[] = {0, n0, rows};
+    int32_t tables[2][12] = {{0}}, row_seq[9], positions[9], seq_row0[] = {0, n0, rows};
+    memcpy(tables[0], table0, sizeof table0);
+    memcpy(tables[1], table1, sizeof table1);
     for (int r = 0; r < rows; r++) {
         row_seq[r] = r < n0 ? 0 : 1;
         positions[r] = r < n0 ? T0 - n0 + r : r - n0;
     }
-    tsr_batch_layout b = {2, rows, 4, T0 - 1, row_seq, positions, seq_row0, &tables[0][0], NULL, NULL};
+    tsr_batch_layout b = {2, rows, 12, T0 - 1, row_seq, positions, seq_row0, &tables[0][0], NULL, NULL};
     tsr_attn_args a = {nh, nkv, d, 1.0f / sqrtf((float)d), window, 0, NULL};
     ops->attention(&b, &a, &kv, q, out);
     reference(q, k0, v0, T0 - n0, n0, nh, nkv, d, window, want);
@@ -118,9 +123,11 @@ static void check_attention(tsr_dtype dtype, int window)
 static void test_paged_attention(void **state)
 {
     (void)state;
-    check_attention(TSR_F16, 0);
-    check_attention(TSR_F32, 0);
-    check_attention(TSR_F32, 5);
+    check_attention(TSR_F16, 0, 13);
+    check_attention(TSR_F32, 0, 13);
+    check_attention(TSR_F32, 5, 13);
+    check_attention(TSR_F16, 0, 45);
+    check_attention(TSR_F32, 21, 45);
 }
 
 int main(void)
