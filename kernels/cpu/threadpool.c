@@ -14,18 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifndef SPIN_NS
 #define SPIN_NS 50000 /* how long a thread watches before it sleeps */
-#endif
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
 
 static long long now_ns(void)
 {
@@ -34,34 +23,19 @@ static long long now_ns(void)
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-/* Waits up to SPIN_NS for *v to differ from `from`; returns its last value. */
-static unsigned long spin_while_ulong(atomic_ulong *v, unsigned long from)
+/* Round i of a watch that ends at `end` (ns): a pause, and every 64th round a look at the clock and a yield (on an
+ * oversubscribed machine, CPU ranks under mpirun, someone else runs meanwhile). 0 once the time is up. */
+static int spin_round(int i, long long end)
 {
-    const long long end = now_ns() + SPIN_NS;
-    unsigned long cur;
-    for (int i = 0; (cur = atomic_load_explicit(v, memory_order_acquire)) == from; i++) {
-        cpu_relax();
-        if ((i & 63) == 63) {
-            if (now_ns() > end) break;
-            sched_yield(); /* an oversubscribed machine (CPU ranks under mpirun) runs someone else meanwhile */
-        }
-    }
-    return cur;
-}
-
-/* Waits up to SPIN_NS for *v to fall to zero; returns its last value. */
-static int spin_while_positive(atomic_int *v)
-{
-    const long long end = now_ns() + SPIN_NS;
-    int cur;
-    for (int i = 0; (cur = atomic_load_explicit(v, memory_order_acquire)) > 0; i++) {
-        cpu_relax();
-        if ((i & 63) == 63) {
-            if (now_ns() > end) break;
-            sched_yield(); /* an oversubscribed machine (CPU ranks under mpirun) runs someone else meanwhile */
-        }
-    }
-    return cur;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+    if ((i & 63) != 63) return 1;
+    if (now_ns() > end) return 0;
+    sched_yield();
+    return 1;
 }
 
 #define TSR_MAX_THREADS 256
@@ -93,7 +67,10 @@ static void *worker(void *arg)
     unsigned long seen = 0;
     inside_job = 1;
     for (;;) {
-        if (spin_while_ulong(&generation, seen) == seen) {
+        const long long end = now_ns() + SPIN_NS;
+        for (int i = 0; atomic_load_explicit(&generation, memory_order_acquire) == seen && spin_round(i, end); i++) {
+        }
+        if (atomic_load_explicit(&generation, memory_order_acquire) == seen) {
             pthread_mutex_lock(&lock);
             while (atomic_load_explicit(&generation, memory_order_relaxed) == seen) pthread_cond_wait(&wake, &lock);
             pthread_mutex_unlock(&lock);
@@ -157,7 +134,10 @@ void tsr_parallel_for(int n, tsr_range_fn fn, void *ctx)
     run_chunk(0);
     inside_job = 0;
 
-    if (spin_while_positive(&pending) > 0) {
+    const long long end = now_ns() + SPIN_NS;
+    for (int i = 0; atomic_load_explicit(&pending, memory_order_acquire) > 0 && spin_round(i, end); i++) {
+    }
+    if (atomic_load_explicit(&pending, memory_order_acquire) > 0) {
         pthread_mutex_lock(&lock);
         while (atomic_load_explicit(&pending, memory_order_acquire) > 0) pthread_cond_wait(&done, &lock);
         pthread_mutex_unlock(&lock);
