@@ -123,13 +123,30 @@ tsr_status tsr_qmatrix_load(const tsr_st_set *set, const char *key, int K, int N
     return TSR_OK;
 }
 
+/* GPTQ's fp16 scale and zero point of group g, column n (the one reading of their layout, inlined below). */
+static inline float gptq_scale(const tsr_qmatrix *m, int g, int n)
+{
+    size_t i = (size_t)g * (size_t)m->N + (size_t)n;
+    if (m->g_scales_f32) return tsr_round_half(((const float *)m->g_scales)[i]);
+    return tsr_half_to_float(((const uint16_t *)m->g_scales)[i]);
+}
+static inline int gptq_zero(const tsr_qmatrix *m, int g, int n)
+{
+    return (int)((m->g_zeros[(size_t)g * (size_t)(m->N / 8) + (size_t)(n / 8)] >> (4 * (n % 8))) & 0xfu) + m->zero_add;
+}
+
+void tsr_qmatrix_gptq_params(const tsr_qmatrix *m, int g, int n0, int n, float *scale, float *zero)
+{
+    if (m->g_scales_f32)
+        for (int c = 0; c < n; c++) scale[c] = gptq_scale(m, g, n0 + c);
+    else /* the same values, converted eight at a time where the build has F16C */
+        tsr_halves_to_floats((const uint16_t *)m->g_scales + (size_t)g * (size_t)m->N + (size_t)n0, (size_t)n, scale);
+    for (int c = 0; c < n; c++) zero[c] = (float)gptq_zero(m, g, n0 + c);
+}
+
 float tsr_qmatrix_scale(const tsr_qmatrix *m, int g, int n)
 {
-    if (m->kind == TSR_QMATRIX_GPTQ) {
-        size_t i = (size_t)g * (size_t)m->N + (size_t)n;
-        if (m->g_scales_f32) return tsr_round_half(((const float *)m->g_scales)[i]);
-        return tsr_half_to_float(((const uint16_t *)m->g_scales)[i]);
-    }
+    if (m->kind == TSR_QMATRIX_GPTQ) return gptq_scale(m, g, n);
     uint32_t code = (m->q_scale[(size_t)g * (m->N / 8) + n / 8] >> (4 * (n % 8))) & 0xfu;
     return tsr_qmatrix_code_scale(m, g, code);
 }
@@ -142,8 +159,7 @@ float tsr_qmatrix_code_scale(const tsr_qmatrix *m, int g, uint32_t code)
 
 int tsr_qmatrix_zero(const tsr_qmatrix *m, int g, int n)
 {
-    if (m->kind == TSR_QMATRIX_GPTQ)
-        return (int)((m->g_zeros[(size_t)g * (size_t)(m->N / 8) + (size_t)(n / 8)] >> (4 * (n % 8))) & 0xfu) + m->zero_add;
+    if (m->kind == TSR_QMATRIX_GPTQ) return gptq_zero(m, g, n);
     return 1 << (m->groups[g].bits - 1);
 }
 

@@ -63,6 +63,10 @@ float tsr_qmatrix_code_scale(const tsr_qmatrix *m, int g, uint32_t code);
 /* Zero point of group g, column n: the code that dequantizes to 0 (EXL2: 2^(bits-1); GPTQ: qzeros code + zero_add). */
 int tsr_qmatrix_zero(const tsr_qmatrix *m, int g, int n);
 
+/* GPTQ only: scale[c] and zero[c] of group g for the n columns from n0, as tsr_qmatrix_scale and tsr_qmatrix_zero
+ * give them one at a time (the CPU kernel reads a block of columns per group with one call). */
+void tsr_qmatrix_gptq_params(const tsr_qmatrix *m, int g, int n0, int n, float *scale, float *zero);
+
 /* Code (unsigned, 0..2^bits-1) of stored row `row` of group g in column n. Reference implementation: the
  * kernels decode whole tiles at once. */
 uint32_t tsr_qmatrix_code(const tsr_qmatrix *m, const tsr_qgroup *g, int row_in_group, int n);

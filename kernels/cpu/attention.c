@@ -38,19 +38,8 @@ static inline void load_row(const void *base, size_t off, int d, int f32, float 
         const float *src = (const float *)base + off;
         for (int i = 0; i < d; i++) dst[i] = src[i];
     } else {
-        halves_to_floats((const uint16_t *)base + off, d, dst);
+        tsr_halves_to_floats((const uint16_t *)base + off, d, dst);
     }
-}
-
-/* q · k over d elements: VF-wide partial sums, then their lanes in order (the same order for every row). */
-static inline float dot_row(const float *q, const float *k, int d)
-{
-    vf s = {0};
-    int i = 0;
-    for (; i + VF <= d; i += VF) s += vf_load(q + i) * vf_load(k + i);
-    float score = vf_sum(s);
-    for (; i < d; i++) score += q[i] * k[i];
-    return score;
 }
 
 /* acc += w · v over d elements. */
@@ -102,7 +91,7 @@ static void attn_range(void *ctx, int begin, int end)
                 for (int j = 0; j < hn; j++) {
                     float sc[ATTN_BT], w[ATTN_BT], bm = -INFINITY;
                     for (int u = 0; u < nt; u++) {
-                        sc[u] = dot_row(qr + (size_t)j * d, kt[u], d) * a->scale;
+                        sc[u] = vf_dot(qr + (size_t)j * d, kt[u], d) * a->scale;
                         bm = sc[u] > bm ? sc[u] : bm;
                     }
                     if (bm > mx[j]) {
@@ -216,11 +205,9 @@ static void attn_range_q(void *ctx, int begin, int end)
             float score;
             if (fr >= 0) {
                 const size_t so = ((size_t)fr * kv->n_kv_heads + kvh) * d;
-                halves_to_floats(kv->stage_k + so, d, kf);
-                halves_to_floats(kv->stage_v + so, d, vrow);
-                score = 0.0f;
-                for (int i = 0; i < d; i++) score += qx[i] * kf[i];
-                score *= a->scale;
+                tsr_halves_to_floats(kv->stage_k + so, d, kf);
+                tsr_halves_to_floats(kv->stage_v + so, d, vrow);
+                score = vf_dot(qx, kf, d) * a->scale;
             } else {
                 score = q_dot(qr, qsum, kbase + off * kb / 8, ksc + off / TSR_KV_QGROUP, d, kb);
             }
@@ -233,7 +220,7 @@ static void attn_range_q(void *ctx, int begin, int end)
             const float w = expf(score - mx);
             sum += w;
             if (fr >= 0)
-                for (int k = 0; k < d; k++) acc_x[k] += w * vrow[k];
+                axpy_row(w, vrow, acc_x, d);
             else
                 q_axpy(w, vbase + off * vb / 8, vsc + off / TSR_KV_QGROUP, d, vb, acc);
         }

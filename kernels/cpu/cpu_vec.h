@@ -11,10 +11,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
-
 #if defined(__AVX512F__)
 #define VF 16
 #elif defined(__AVX__)
@@ -80,15 +76,18 @@ static inline float vf_sum(vf v)
     return s;
 }
 
-/* n fp16 values to fp32: eight at a time with F16C where the build targets it, else one at a time; the conversion is
- * exact either way (the same values as tsr_half_to_float). */
-static inline void halves_to_floats(const uint16_t *s, int n, float *dst)
+/* a · b over n floats in four vector sums, so that the multiply-adds' latency does not bound it; the order of the
+ * additions depends only on n, so every row that goes through it gets the same arithmetic. */
+static inline float vf_dot(const float *a, const float *b, int n)
 {
+    vf acc[4] = {{0}};
     int k = 0;
-#if defined(__F16C__)
-    for (; k + 8 <= n; k += 8) _mm256_storeu_ps(dst + k, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + k))));
-#endif
-    for (; k < n; k++) dst[k] = tsr_half_to_float(s[k]);
+    for (; k + 4 * VF <= n; k += 4 * VF)
+        for (int u = 0; u < 4; u++) acc[u] += vf_load(a + k + u * VF) * vf_load(b + k + u * VF);
+    for (; k + VF <= n; k += VF) acc[0] += vf_load(a + k) * vf_load(b + k);
+    float total = vf_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+    for (; k < n; k++) total += a[k] * b[k];
+    return total;
 }
 
 #endif

@@ -3,8 +3,8 @@
  * Work is split over blocks of ROWS_N weight rows (= output columns). Each block walks K in chunks of CHUNK_K,
  * converting that piece of its rows to fp32 once into a stack tile, then adding the partial dot products of every
  * input row. fp32 accumulation; weights are read in place from the mapped file. fp16 weights convert eight at a
- * time with F16C where the build targets it (cpu_vec.h; one at a time it was 55 % of a decode step of a GPTQ model
- * with an fp16 head in `perf`). */
+ * time with F16C where the build targets it (tsr_halves_to_floats in runtime/half.h; one at a time it was 55 % of a
+ * decode step of a GPTQ model with an fp16 head in `perf`). */
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_vec.h"
 #include "kernels/cpu/threadpool.h"
@@ -24,7 +24,7 @@ static void convert_row(const tsr_dense *w, int n, int k0, int nk, float *dst)
     size_t base = (size_t)n * (size_t)w->cols + (size_t)k0;
     switch (w->dtype) {
     case TSR_F16: {
-        halves_to_floats((const uint16_t *)w->data + base, nk, dst);
+        tsr_halves_to_floats((const uint16_t *)w->data + base, nk, dst);
         break;
     }
     case TSR_BF16: {
@@ -38,20 +38,6 @@ static void convert_row(const tsr_dense *w, int n, int k0, int nk, float *dst)
         break;
     }
     }
-}
-
-/* Dot product in four vector sums (cpu_vec.h), so that the multiply-adds' latency does not bound it; the order of
- * the additions depends only on n, so every input row gets the same arithmetic. */
-static float dot(const float *a, const float *b, int n)
-{
-    vf acc[4] = {{0}};
-    int k = 0;
-    for (; k + 4 * VF <= n; k += 4 * VF)
-        for (int u = 0; u < 4; u++) acc[u] += vf_load(a + k + u * VF) * vf_load(b + k + u * VF);
-    for (; k + VF <= n; k += VF) acc[0] += vf_load(a + k) * vf_load(b + k);
-    float total = vf_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
-    for (; k < n; k++) total += a[k] * b[k];
-    return total;
 }
 
 static void dense_range(void *ctx, int begin, int end)
@@ -73,7 +59,7 @@ static void dense_range(void *ctx, int begin, int end)
             for (int m = 0; m < job->M; m++) {
                 const float *xr = job->x + (size_t)m * K + k0;
                 float *yr = job->y + (size_t)m * N + n0;
-                for (int r = 0; r < nr; r++) yr[r] += dot(xr, tile[r], nk);
+                for (int r = 0; r < nr; r++) yr[r] += vf_dot(xr, tile[r], nk);
             }
         }
     }

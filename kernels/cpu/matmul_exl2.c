@@ -110,6 +110,14 @@ static inline __attribute__((always_inline)) vf placed_vec(const int B, int j, c
     return vu_to_vf(vu_load(w + (size_t)t * N) & mask);
 }
 
+/* The `bytes` of each of the band's `packed` rows that a visit PF_WORDS ahead will read, asked of memory a cache line
+ * at a time. */
+static inline void prefetch_ahead(const uint32_t *w, size_t N, int packed, int bytes)
+{
+    for (int t = 0; t < packed; t++)
+        for (int l = 0; l < bytes; l += 64) __builtin_prefetch((const char *)(w + (size_t)t * N + PF_WORDS) + l);
+}
+
 /* Row j of the band into tile[j]. */
 static inline __attribute__((always_inline)) void decode_row(const int B, int j, const uint32_t *w, size_t N,
                                                              float (*tile)[CB])
@@ -122,8 +130,7 @@ static inline __attribute__((always_inline)) void decode_row(const int B, int j,
 static inline __attribute__((always_inline)) void decode_bits(const int B, const uint32_t *w, size_t N, int rows,
                                                               float (*tile)[CB])
 {
-    const int packed = (rows * B + 31) / 32;
-    for (int t = 0; t < packed; t++) __builtin_prefetch(w + (size_t)t * N + PF_WORDS);
+    prefetch_ahead(w, N, (rows * B + 31) / 32, CB * 4);
     int j0 = 0;
     for (; j0 + 32 <= rows; j0 += 32) {
         const uint32_t *w32 = w + (size_t)(j0 / 32 * B) * N;
@@ -160,10 +167,7 @@ static inline __attribute__((always_inline)) void fused_bits(const int B, const 
     _Pragma("GCC unroll 16") for (int k = 0; k < NBLK; k++)
     _Pragma("GCC unroll 16") for (int v = 0; v < CB / VF; v++)
         a[k][v] = first ? (vf){0} : vf_load(sum + k * CB + v * VF);
-    const int packed = (rows * B + 31) / 32;
-    for (int t = 0; t < packed; t++)
-        for (int l = 0; l < NBLK * CB * 4; l += 64) /* the NBLK blocks' bytes of the packed row, a line at a time */
-            __builtin_prefetch((const char *)(w + (size_t)t * N + PF_WORDS) + l);
+    prefetch_ahead(w, N, (rows * B + 31) / 32, NBLK * CB * 4);
     int j0 = 0;
     for (; j0 + 32 <= rows; j0 += 32) {
         const uint32_t *w32 = w + (size_t)(j0 / 32 * B) * N;
@@ -295,15 +299,9 @@ static void band_products(const float (*tiles)[BAND][CB], int nb, int rows, cons
  * 0 past the matrix's last column). */
 static void group_params(const tsr_qmatrix *q, int gi, const float *table, int n0, float *scale, float *zero)
 {
-    if (q->kind == TSR_QMATRIX_GPTQ) { /* as tsr_qmatrix_scale and tsr_qmatrix_zero read them, a block at once */
+    if (q->kind == TSR_QMATRIX_GPTQ) { /* a block per call: two calls per column had been 10 % of a step */
         const int live = q->N - n0 < CB ? q->N - n0 : CB;
-        const size_t at = (size_t)gi * (size_t)q->N + (size_t)n0;
-        if (q->g_scales_f32)
-            for (int c = 0; c < live; c++) scale[c] = tsr_round_half(((const float *)q->g_scales)[at + c]);
-        else
-            halves_to_floats((const uint16_t *)q->g_scales + at, live, scale);
-        const uint32_t *zc = q->g_zeros + (size_t)gi * (size_t)(q->N / 8) + (size_t)(n0 / 8);
-        for (int c = 0; c < live; c++) zero[c] = (float)((int)((zc[c / 8] >> (4 * (c % 8))) & 0xfu) + q->zero_add);
+        tsr_qmatrix_gptq_params(q, gi, n0, live, scale, zero);
         for (int c = live; c < CB; c++) scale[c] = zero[c] = 0.0f;
         return;
     }
