@@ -16,7 +16,10 @@
  * marks the request on the list of outstanding requests, and events are handled where the scheduler keeps
  * them (a stop-string match is passed back to the scheduler once the batch of events is handled). Text that
  * cannot be made (the detokenizer or stop matcher out of memory) ends the request with an error rather than
- * streaming text with a hole in it. */
+ * streaming text with a hole in it.
+ *
+ * Test hook: TSR_TEST_STEP_SLEEP_MS=n makes the loop sleep n ms after each committed step, so that tests which act
+ * on a request while it runs (a client killed mid-stream) do not depend on how fast the machine decodes. */
 #include "runtime/service.h"
 
 #include "runtime/text/stop_match.h"
@@ -85,6 +88,7 @@ struct tsr_service {
     size_t live_cap, live_n;
     flight fl[TSR_EXECUTOR_MAX_DEPTH]; /* steps planned and not yet committed, oldest at fl_head (a ring) */
     int fl_head, n_fl, depth;
+    long step_sleep_ms;                /* TSR_TEST_STEP_SLEEP_MS */
 };
 
 double tsr_service_now(void)
@@ -450,6 +454,10 @@ static void *loop_main(void *arg)
             continue;
         }
         collect_and_commit(s, &sched_s, &busy_s);
+        if (s->step_sleep_ms > 0) {
+            const struct timespec nap = {s->step_sleep_ms / 1000, s->step_sleep_ms % 1000 * 1000000L};
+            nanosleep(&nap, NULL);
+        }
         tsr_sched_stats sched_stats;
         tsr_sched_get_stats(s->sched, &sched_stats);
         pthread_mutex_lock(&s->mu);
@@ -468,6 +476,8 @@ tsr_status tsr_service_start(tsr_executor *x, const tsr_tokenizer *tok, const ts
     if (!s) return tsr_fail(TSR_ERR_NOMEM, "out of memory");
     s->x = x;
     s->tok = tok;
+    const char *sleep_ms = getenv("TSR_TEST_STEP_SLEEP_MS");
+    s->step_sleep_ms = sleep_ms ? strtol(sleep_ms, NULL, 10) : 0;
     s->opts = opts ? *opts : (tsr_service_opts){0};
     tsr_sched_opts *so = &s->opts.sched;
     if (so->page_size <= 0) so->page_size = x->page_size;

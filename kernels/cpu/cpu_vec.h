@@ -43,16 +43,18 @@ static inline vu vu_load(const uint32_t *p)
     return v;
 }
 
+/* Lane-wise select (m: all ones where a is wanted) and maximum. */
+static inline vf vf_select(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
+static inline vf vf_max(vf a, vf b) { return vf_select(a > b, a, b); }
+
 /* e^x in every lane, within about 2 ulp of expf for x in [-87, 88] (x is clamped there, so that very negative x give
  * about 1e-38 rather than 0): x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor series to r^7 (Horner), and
  * 2^n added to the exponent bits. */
 static inline vf vf_exp(vf x)
 {
     const vf lo = (vf){0} - 87.0f, hi = (vf){0} + 88.0f;
-    vi m = x < lo; /* lanes all ones where true */
-    x = (vf)(((vi)lo & m) | ((vi)x & ~m));
-    m = x > hi;
-    x = (vf)(((vi)hi & m) | ((vi)x & ~m));
+    x = vf_select(x < lo, lo, x);
+    x = vf_select(x > hi, hi, x);
     const vf round = (vf){0} + 12582912.0f; /* 1.5 · 2^23: adding it rounds to an integer */
     const vf n = (x * 1.44269504088896341f + round) - round;
     const vf r = (x - n * 0.693359375f) - n * -2.12194440e-4f; /* ln 2 in two parts: the first exact in n · it */
@@ -75,6 +77,57 @@ static inline float vf_sum(vf v)
     for (int l = 0; l < VF; l++) s += v[l];
     return s;
 }
+
+/* VF_LANES(F, h) lists F(l, h) for every lane l, as the constant indices of __builtin_shufflevector. */
+#define VF_L4(F, h, o) F((o), h), F((o) + 1, h), F((o) + 2, h), F((o) + 3, h)
+#if VF == 16
+#define VF_LANES(F, h) VF_L4(F, h, 0), VF_L4(F, h, 4), VF_L4(F, h, 8), VF_L4(F, h, 12)
+#elif VF == 8
+#define VF_LANES(F, h) VF_L4(F, h, 0), VF_L4(F, h, 4)
+#else
+#define VF_LANES(F, h) VF_L4(F, h, 0)
+#endif
+
+/* Folding two values a, b whose lanes form blocks of 2h, each block belonging to one sum: block m of the result's
+ * blocks of h lanes is the folded block m / 2 of a (m even) or of b (m odd), folded meaning its two halves added. */
+#define VF_FOLD_LO(l, h) ((((l) / (h)) & 1 ? VF : 0) + (l) / (h) / 2 * 2 * (h) + (l) % (h))
+#define VF_FOLD_HI(l, h) (VF_FOLD_LO(l, h) + (h))
+#define VF_FOLD(a, b, h)                                                                                               \
+    (__builtin_shufflevector(a, b, VF_LANES(VF_FOLD_LO, h)) + __builtin_shufflevector(a, b, VF_LANES(VF_FOLD_HI, h)))
+#define VF_XOR(l, h) ((l) ^ (h))
+
+/* Lane u of the result is the sum of v[u]'s lanes, for VF values v[0 .. VF-1] (overwritten): log2(VF) rounds that
+ * pair v[k] with v[k + h] and fold them, two shuffles and an add per pair, VF - 1 adds in all instead of the VF · (VF
+ * - 1) scalar adds (in one dependent chain each) of VF calls of vf_sum. The order of the additions is fixed. */
+static inline vf vf_sum_each(vf *v)
+{
+#if VF == 16
+    for (int k = 0; k < 8; k++) v[k] = VF_FOLD(v[k], v[k + 8], 8);
+#endif
+#if VF >= 8
+    for (int k = 0; k < 4; k++) v[k] = VF_FOLD(v[k], v[k + 4], 4);
+#endif
+    for (int k = 0; k < 2; k++) v[k] = VF_FOLD(v[k], v[k + 2], 2);
+    return VF_FOLD(v[0], v[1], 1);
+}
+
+/* The largest lane (a butterfly: every lane ends with the maximum). */
+static inline float vf_max_all(vf v)
+{
+#if VF == 16
+    v = vf_max(v, __builtin_shufflevector(v, v, VF_LANES(VF_XOR, 8)));
+#endif
+#if VF >= 8
+    v = vf_max(v, __builtin_shufflevector(v, v, VF_LANES(VF_XOR, 4)));
+#endif
+    v = vf_max(v, __builtin_shufflevector(v, v, VF_LANES(VF_XOR, 2)));
+    v = vf_max(v, __builtin_shufflevector(v, v, VF_LANES(VF_XOR, 1)));
+    return v[0];
+}
+
+/* The lane numbers 0, 1, ..., VF - 1. */
+#define VF_ID(l, h) (l)
+static inline vi vi_lanes(void) { return (vi){VF_LANES(VF_ID, 0)}; }
 
 /* a · b over n floats in four vector sums, so that the multiply-adds' latency does not bound it; the order of the
  * additions depends only on n, so every row that goes through it gets the same arithmetic. */

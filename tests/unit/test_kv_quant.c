@@ -295,9 +295,11 @@ static void test_store_is_per_token(void **state)
 
 /* ---- attention ---- */
 
-static void check_attention(tsr_dtype mode, int d, int window)
+/* T0: sequence 0's positions; with more than 16 (pages of 8 then) its queries walk several of the CPU kernel's
+ * blocks of positions. */
+static void check_attention(tsr_dtype mode, int d, int window, int T0)
 {
-    const int nh = 4, nkv = 2, page = 4, T0 = 13, T1 = 6;
+    const int nh = 4, nkv = 2, page = T0 > 16 ? 8 : 4, T1 = 6;
     const tsr_ops *ops = tsr_ops_cpu();
     tsr_kv_cache kq, kf;
     assert_int_equal(tsr_kv_init(&kq, ops, 1, nkv, d, page, 16, mode), TSR_OK);
@@ -309,8 +311,8 @@ static void check_attention(tsr_dtype mode, int d, int window)
         for (int i = 0; i < len[s] * nkv * d; i++) k[i] = 2 * frand(), v[i] = frand();
         /* sequence 0 in two steps, sequence 1 in one */
         if (s == 0) {
-            store(&kq, tables[0], 0, 10, k, v);
-            store(&kq, tables[0], 10, 3, k + 10 * nkv * d, v + 10 * nkv * d);
+            store(&kq, tables[0], 0, T0 - 3, k, v);
+            store(&kq, tables[0], T0 - 3, 3, k + (T0 - 3) * nkv * d, v + (T0 - 3) * nkv * d);
         } else {
             store(&kq, tables[1], 0, T1, k, v);
         }
@@ -349,9 +351,11 @@ static void test_attention_matches_dequantized(void **state)
 {
     (void)state;
     for (size_t mi = 0; mi < sizeof modes / sizeof modes[0]; mi++) {
-        check_attention(modes[mi], 64, 0);
-        check_attention(modes[mi], 128, 5);
-        check_attention(modes[mi], 256, 0);
+        check_attention(modes[mi], 64, 0, 13);
+        check_attention(modes[mi], 128, 5, 13);
+        check_attention(modes[mi], 256, 0, 13);
+        check_attention(modes[mi], 64, 0, 29);
+        check_attention(modes[mi], 192, 11, 31);
     }
 }
 

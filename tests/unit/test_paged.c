@@ -73,10 +73,12 @@ static void store(tsr_kv_cache *kv, const int32_t *table, int pos0, int n, const
 }
 
 /* T0: positions of sequence 0 (at most 48); with more than 16 its queries walk several of the CPU kernel's blocks of
- * positions (kernels/cpu/attention.c), the running maximum changing between them. */
-static void check_attention(tsr_dtype dtype, int window, int T0)
+ * positions (kernels/cpu/attention.c), the running maximum changing between them. d: the head size (the kernel has
+ * unrolled copies for 64 and 128, and tails for sizes that are not multiples of its vectors); nh query heads over 2
+ * KV heads. */
+static void check_attention(tsr_dtype dtype, int window, int T0, int d, int nh)
 {
-    const int nh = 4, nkv = 2, d = 16, page = 4, T1 = 6;
+    const int nkv = 2, page = 4, T1 = 6;
     tsr_kv_cache kv;
     assert_int_equal(tsr_kv_init(&kv, tsr_ops_cpu(), 1, nkv, d, page, 16, dtype), TSR_OK);
     /* two sequences with interleaved, out-of-order pages */
@@ -123,11 +125,15 @@ static void check_attention(tsr_dtype dtype, int window, int T0)
 static void test_paged_attention(void **state)
 {
     (void)state;
-    check_attention(TSR_F16, 0, 13);
-    check_attention(TSR_F32, 0, 13);
-    check_attention(TSR_F32, 5, 13);
-    check_attention(TSR_F16, 0, 45);
-    check_attention(TSR_F32, 21, 45);
+    check_attention(TSR_F16, 0, 13, 16, 4);
+    check_attention(TSR_F32, 0, 13, 16, 4);
+    check_attention(TSR_F32, 5, 13, 16, 4);
+    check_attention(TSR_F16, 0, 45, 16, 4);
+    check_attention(TSR_F32, 21, 45, 16, 4);
+    check_attention(TSR_F16, 0, 45, 64, 8);
+    check_attention(TSR_F16, 7, 33, 128, 2);
+    check_attention(TSR_F32, 0, 45, 72, 6);
+    check_attention(TSR_F16, 0, 20, 36, 20); /* 10 query heads per KV head: two passes of the kernel's 8 */
 }
 
 int main(void)
