@@ -13,7 +13,7 @@
 
 #include <math.h>
 #include <string.h>
-#if defined(__AVX2__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -114,32 +114,47 @@ static inline __attribute__((always_inline)) void axpy_rows(const float *w, cons
 
 /* VF codes as floats: 8-bit codes c[0 .. VF-1]; 4-bit codes two to a byte (low nibble first), VF/2 bytes. With
  * AVX-512 or AVX2, bytes widen to words in one instruction (the vector extensions' conversion of a byte vector had
- * GCC assemble it piece by piece); 4-bit codes have each byte doubled first, then shifted by 0 or 4 per lane. */
+ * GCC assemble it piece by piece); 4-bit codes have each byte doubled first, then shifted by 0 or 4 per lane. Only
+ * the codes' own bytes are read. */
+#if VF == 16 || (VF == 8 && defined(__AVX2__))
+#define CODES_WIDEN 1
+#endif
+
 static inline vf codes8(const uint8_t *c)
 {
-#if VF == 16
+#if defined(CODES_WIDEN) && VF == 16
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)c)));
-#elif VF == 8
+#elif defined(CODES_WIDEN)
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)c)));
 #else
-    return (vf){c[0], c[1], c[2], c[3]};
+    vf r;
+    for (int l = 0; l < VF; l++) r[l] = (float)c[l];
+    return r;
 #endif
 }
 
 static inline vf codes4(const uint8_t *c)
 {
-#if VF == 16 || VF == 8
-    const vi shift = (vi_lanes() & 1) * 4;
-    __m128i x = _mm_loadl_epi64((const __m128i *)c); /* VF / 2 <= 8 bytes */
-    x = _mm_unpacklo_epi8(x, x);                     /* each byte twice */
+#if defined(CODES_WIDEN)
+    __m128i x;
+#if VF == 16
+    x = _mm_loadl_epi64((const __m128i *)c); /* 8 bytes */
+#else
+    int32_t four;
+    memcpy(&four, c, sizeof four);
+    x = _mm_cvtsi32_si128(four);
+#endif
+    x = _mm_unpacklo_epi8(x, x); /* each byte twice */
 #if VF == 16
     const vi w = (vi)_mm512_cvtepu8_epi32(x);
 #else
     const vi w = (vi)_mm256_cvtepu8_epi32(x);
 #endif
-    return __builtin_convertvector((w >> shift) & 15, vf);
+    return __builtin_convertvector((w >> ((vi_lanes() & 1) * 4)) & 15, vf);
 #else
-    return (vf){c[0] & 15, c[0] >> 4, c[1] & 15, c[1] >> 4};
+    vf r;
+    for (int l = 0; l < VF; l++) r[l] = (float)(c[l / 2] >> 4 * (l & 1) & 15);
+    return r;
 #endif
 }
 
