@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__F16C__) && !defined(__CUDACC__)
+#if (defined(__F16C__) || defined(__AVX512F__)) && !defined(__CUDACC__)
 #include <immintrin.h>
 #endif
 
