@@ -85,7 +85,8 @@ static inline __attribute__((always_inline)) vf dot_rows(const float *q, const b
 
 /* acc += sum over u < n of w[u] · v[u], d elements: the accumulator held in registers 4 · VF elements at a time,
  * even and odd positions in separate sums so that the multiply-adds' latency does not bound it. */
-static inline __attribute__((always_inline)) void axpy_rows(const float *w, const block_rows *v, int n, float *acc, int d)
+static inline __attribute__((always_inline)) void axpy_rows(const float *w, const block_rows *v, int n, float *acc,
+                                                            int d)
 {
     int i = 0;
     for (; i + 4 * VF <= d; i += 4 * VF) {
@@ -159,7 +160,8 @@ static inline vf codes4(const uint8_t *c)
 }
 
 /* A cached row in the rotated domain: k~[e] = (code_e - m)·scale of e's group (exact in fp32). */
-static inline __attribute__((always_inline)) void dequant_row(const uint8_t *codes, const uint16_t *scales, int d, int bits, float *dst)
+static inline __attribute__((always_inline)) void dequant_row(const uint8_t *codes, const uint16_t *scales, int d,
+                                                              int bits, float *dst)
 {
     for (int g = 0; g < d / TSR_KV_QGROUP; g++) {
         const vf sc = (vf){0} + tsr_half_to_float(scales[g]);
@@ -183,8 +185,8 @@ static inline long staged_row(const tsr_kv_cache *kv, int layer, int r0, int p0,
 
 /* One position's key and value rows of a quantized cache: for a position this call's kv_store staged, its exact
  * fp16 rows (returns 1); else the rows decoded from the codes, in the rotated domain (returns 0). */
-static inline __attribute__((always_inline)) int load_rows_q(const tsr_kv_cache *kv, int layer, int kvh, int r0, int p0, int t, size_t off,
-                              size_t slot_off, float *k, float *v)
+static inline __attribute__((always_inline)) int load_rows_q(const tsr_kv_cache *kv, int layer, int kvh, int r0, int p0,
+                                                             int t, size_t off, size_t slot_off, float *k, float *v)
 {
     const int d = kv->head_dim;
     const long fr = t >= p0 ? staged_row(kv, layer, r0, p0, t, slot_off) : -1;
@@ -203,7 +205,8 @@ static inline __attribute__((always_inline)) int load_rows_q(const tsr_kv_cache 
 
 /* Lane u of the result: the scores of VF rows, in the rotated domain (against qrot) where bit u of staged is clear
  * and in the plain one (against q) where it is set; each kind of score only computed where some lane needs it. */
-static inline __attribute__((always_inline)) vf dot_rows_mixed(const float *q, const float *qrot, const block_rows *k, int d, uint32_t staged)
+static inline __attribute__((always_inline)) vf dot_rows_mixed(const float *q, const float *qrot, const block_rows *k,
+                                                               int d, uint32_t staged)
 {
     const uint32_t all = (1u << VF) - 1u; /* VF < 32 */
     if (!(staged & all)) return dot_rows(qrot, k, d);

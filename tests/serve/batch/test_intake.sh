@@ -13,8 +13,8 @@ export TMPDIR=$tmp # the clients' reply sockets (a killed client cannot remove i
 start_intake() { # ADDR: starts `tessera intake` in the background and waits until it listens
     # 2 ms per step (runtime/service.c's test hook): the killed client's 1500 tokens take 3 s or more, longer than
     # the 1 s it takes to find it gone, however fast the machine decodes
-    TSR_TEST_STEP_SLEEP_MS=2 "$bin" intake --model "$model" --listen "$1" --kv-tokens 8192 --client-timeout 5 --send-timeout 1 \
-        2> "$tmp/intake.err" &
+    TSR_TEST_STEP_SLEEP_MS=2 "$bin" intake --model "$model" --listen "$1" --kv-tokens 8192 --client-timeout 5 \
+        --send-timeout 1 2> "$tmp/intake.err" &
     pid=$!
     for _ in $(seq 100); do
         grep -q "serving" "$tmp/intake.err" 2> /dev/null && return 0
