@@ -233,9 +233,9 @@ static inline __attribute__((always_inline)) vf dot_rows_mixed(const float *q, c
  * not rotate every row it reads.
  *
  * A 1B model (4 query heads per KV head, head size 64) at 2048 positions, 2 cores, the attention of one decode
- * step (16 layers): fp16 8.9 -> 5.6 ms (transposed score sums, whole-vector conversion stores, the head size
- * unrolled), Q4 and Q8 23 -> 4.5-4.8 ms (one item per KV head instead of per head, codes widened by vectors);
- * BENCHMARKS.md, CPU decode, stop 46. */
+ * step (16 layers): fp16 12.9 -> 5.8-6.0 ms (transposed score sums, whole-vector conversion stores, the head size
+ * unrolled), Q4 25.6 -> 4.7 ms and Q8 22.1 -> 4.2-4.4 ms (one item per KV head instead of per head, codes widened
+ * by vectors); BENCHMARKS.md, CPU decode, stop 46. */
 #define ATTN_HEADS 8
 #define ATTN_BT    16 /* positions per block: a multiple of VF */
 static inline __attribute__((always_inline)) void attn_items(const attn_job *job, int begin, int end, const int d,
