@@ -2,9 +2,9 @@
  *
  * Work is split over blocks of ROWS_N weight rows (= output columns). Each block walks K in chunks of CHUNK_K,
  * converting that piece of its rows to fp32 once into a stack tile, then adding the partial dot products of every
- * input row. fp32 accumulation; weights are read in place from the mapped file. fp16 weights convert eight at a
- * time with F16C where the build targets it (tsr_halves_to_floats in runtime/half.h; one at a time it was 55 % of a
- * decode step of a GPTQ model with an fp16 head in `perf`). */
+ * input row. fp32 accumulation; weights are read in place from the mapped file. fp16 weights convert sixteen or
+ * eight at a time with AVX-512 or F16C where the build targets them (tsr_halves_to_floats in runtime/half.h; one at
+ * a time it was 55 % of a decode step of a GPTQ model with an fp16 head in `perf`). */
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_vec.h"
 #include "kernels/cpu/threadpool.h"
