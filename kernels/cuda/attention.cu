@@ -18,6 +18,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/kvq_tile.cuh"
 #include "kernels/cuda/stage_ahead.cuh"
 
 #include <math.h>
@@ -287,14 +288,6 @@ static void merge_item_launch(size_t items, size_t smem, int n_splits, const flo
 
 /* ---- quantized caches ---- */
 
-struct kvq_view {
-    const uint8_t *kc, *vc;         /* codes of the layer */
-    const __half *ks, *vs;          /* scales of the layer */
-    const __half *stage_k, *stage_v;/* the last kv_store call's rows, fp16 */
-    const int64_t *stage_key;       /* [stage_rows + 1] */
-    int stage_rows;
-};
-
 __device__ __forceinline__ float round_half(float x) { return __half2float(__float2half_rn(x)); }
 
 /* In place on a warp's d floats in shared memory: the per-chunk, per-parity 32-point Hadamard transform. */
@@ -445,7 +438,7 @@ static void launch_q(const tsr_batch_layout *b, const tsr_attn_args *a, const ts
     const int l = a->layer;
     kvq_view c = {(const uint8_t *)kv->k[l], (const uint8_t *)kv->v[l], (const __half *)kv->k_scale[l],
                   (const __half *)kv->v_scale[l], (const __half *)kv->stage_k, (const __half *)kv->stage_v,
-                  kv->stage_key, kv->stage_rows};
+                  kv->stage_key, kv->stage_rows, kv->k_bits, kv->v_bits};
     size_t warps = (size_t)b->n_rows * a->n_heads * n_splits;
     attn_q_kernel<DPL, KB, VB><<<tsr_div_up(warps * 32, 128), 128, 0, tsr_cuda_stream()>>>(*b, *a, c, kv->page_size, q,
                                                                                              out, ml, pacc, n_splits);
@@ -578,11 +571,17 @@ void tsr_cuda_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const
     /* batches with prefill rows (more than two rows per sequence on average) go to the tensor-core kernel of
      * attention_prefill.cu when the cache and head size allow it (TSR_CUDA_FLASH=0 passes them on below) */
     static const bool flash = !tsr_cuda_env_off("TSR_CUDA_FLASH");
-    if (flash && !quant && b->n_rows >= 2 * b->n_seqs && tsr_cuda_attention_prefill(b, a, kv, q, out)) return;
+    /* quantized caches take the fp16 kernels over rebuilt fp16 rows (kvq_tile.cuh: a prefill's context expanded into
+     * an fp16 cache first, attention_kvq.cu; decode tiles filled from the codes); TSR_CUDA_ATTN_KVQ=0 keeps them in
+     * this file's kernel, which attends in the codes' rotated domain in fp32 as the CPU does */
+    static const bool kvq_fast = !tsr_cuda_env_off("TSR_CUDA_ATTN_KVQ");
+    const bool prefill = b->n_rows >= 2 * b->n_seqs;
+    if (flash && prefill && !quant && tsr_cuda_attention_prefill(b, a, kv, q, out)) return;
+    if (flash && prefill && quant && kvq_fast && tsr_cuda_attention_prefill_kvq(b, a, kv, q, out)) return;
     /* the rest, over an fp16 cache with head_dim 64 or 128, go to attention_decode.cu's block per (row, KV head,
      * split) (TSR_CUDA_ATTN_DECODE=0 keeps them here) */
     static const bool fast_decode = !tsr_cuda_env_off("TSR_CUDA_ATTN_DECODE");
-    if (fast_decode && !quant && tsr_cuda_attention_decode(b, a, kv, q, out)) return;
+    if (fast_decode && (!quant || kvq_fast) && tsr_cuda_attention_decode(b, a, kv, q, out)) return;
     /* split the context when rows × heads alone would leave the chip idle: enough splits for about
      * ATTN_TARGET_WARPS warps, none shorter than ATTN_MIN_SPLIT positions of the longest row */
     size_t items = (size_t)b->n_rows * a->n_heads;

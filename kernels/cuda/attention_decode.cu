@@ -1,4 +1,4 @@
-/* Decode attention for fp16 KV caches: one block per (row, KV head, split of the context), all the query heads that
+/* Decode attention for fp16 and quantized KV caches: one block per (row, KV head, split of the context), all the query heads that
  * share the KV head together (grouped-query attention), the split's K and V rows copied to shared memory at once.
  *
  * The general kernel of attention.cu walks positions one round of four after another in a warp per (row, head);
@@ -18,11 +18,17 @@
  * Launched with programmatic dependent launch: the first round's K and V rows of earlier steps are requested before
  * the wait for the kernels before it (so they travel while the q/k/v reduction and rope_store finish), the rows this
  * step writes and q after it (+1 % at batch 1, +3 % at batch 8 on the 8B shape). A round's page-table entries are
- * read during the round before it (kv_tile_pages), so that its copies start without a table round trip. */
+ * read during the round before it (kv_tile_pages), so that its copies start without a table round trip.
+ * Quantized caches (Q4/Q6/Q8) fill the same fp16 tiles from their codes (ad_fill_quant: a warp per row rebuilds the
+ * plain fp16 vector, kvq_tile.cuh), the rows this step staged copied exactly; the rest of the kernel is the same, so
+ * it attends over fp16 rows as ExLlamaV2 does, not in the codes' rotated domain as the CPU and attention.cu's exact
+ * kernel do (test_cuda measures the difference: ~5e-5 relative). The fill is synchronous (plain loads, then the
+ * butterflies), earlier steps' rows before the programmatic-launch wait as above. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/kv_tile.cuh"
+#include "kernels/cuda/kvq_tile.cuh"
 
 #include <math.h>
 #include <stdlib.h>
@@ -72,10 +78,87 @@ __device__ __forceinline__ void ad_bfrag(const float *src, int r, bool valid, bo
     b1 = h2_bits(__halves2half2(ad_part(v2, lo), ad_part(v3, lo)));
 }
 
-template <int D, int NT>
+/* Where a block's rows come from: its sequence's page table, the row layout, its KV head, the first position this
+ * step wrote (p0) and the batch row that holds it (row0), for the staged-row rule of quantized caches. */
+struct ad_fill_at {
+    const int32_t *table;
+    int page_size, width, kvh, p0, row0, layer;
+};
+
+/* Rows r_lo .. r_hi - 1 of the round at t0 (n live rows) of a quantized cache as plain fp16 rows of the tiles ks and
+ * vs (kvq_tile.cuh), rows from n on as zeros (their probabilities are 0, and 0 · NaN would not be). A warp per row,
+ * ad_fill_batch(D) rows of a warp with their loads in flight together (two at 64-dim heads, whose
+ * kernels have 48 registers: four spilled 372 bytes there). Written with plain stores: the caller's
+ * __syncthreads makes them visible, its cp.async wait finds nothing to wait for. */
+__host__ __device__ constexpr int ad_fill_batch(int d) { return d == 64 ? 2 : 4; }
+template <int D, int KB, int VB>
+__device__ __forceinline__ void ad_fill_bits(__half *ks, __half *vs, const kvq_view &c, const ad_fill_at &f, int t0,
+                                             int n, int r_lo, int r_hi)
+{
+    constexpr int DP = D + 8, WARPS = AD_THREADS / 32, AD_FILL_BATCH = ad_fill_batch(D);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int rb = warp; rb < AD_CHUNK; rb += WARPS * AD_FILL_BATCH) {
+        int64_t slot[AD_FILL_BATCH];
+        bool staged[AD_FILL_BATCH];
+#pragma unroll
+        for (int i = 0; i < AD_FILL_BATCH; i++) {
+            const int r = rb + i * WARPS, t = t0 + r;
+            const bool live = r >= r_lo && r < r_hi && r < n;
+            slot[i] = live ? (int64_t)f.table[t / f.page_size] * f.page_size + t % f.page_size : -1;
+        }
+#pragma unroll
+        for (int i = 0; i < AD_FILL_BATCH; i++) {
+            const int t = t0 + rb + i * WARPS;
+            staged[i] = slot[i] >= 0 && t >= f.p0 && kvq_staged_row(c, (int64_t)f.row0 + (t - f.p0), f.layer, slot[i]);
+        }
+        uint32_t kw[AD_FILL_BATCH], vw[AD_FILL_BATCH];
+        float ksc[AD_FILL_BATCH], vsc[AD_FILL_BATCH];
+#pragma unroll
+        for (int i = 0; i < AD_FILL_BATCH; i++)
+            if (slot[i] >= 0 && !staged[i]) {
+                const size_t off = (size_t)slot[i] * f.width + (size_t)f.kvh * D;
+                kvq_row_load<D, KB>(c.kc, c.ks, off, lane, kw[i], ksc[i]);
+                kvq_row_load<D, VB>(c.vc, c.vs, off, lane, vw[i], vsc[i]);
+            }
+#pragma unroll
+        for (int i = 0; i < AD_FILL_BATCH; i++) {
+            const int r = rb + i * WARPS, t = t0 + r;
+            if (r < r_lo || r >= r_hi) continue;
+            __half *kd = ks + r * DP, *vd = vs + r * DP;
+            if (slot[i] < 0) { /* past the round's rows */
+                kvq_row_zero<D>(lane, kd);
+                kvq_row_zero<D>(lane, vd);
+            } else if (staged[i]) {
+                const size_t off = ((size_t)f.row0 + (t - f.p0)) * f.width + (size_t)f.kvh * D;
+                kvq_row_staged<D>(c.stage_k, off, lane, kd);
+                kvq_row_staged<D>(c.stage_v, off, lane, vd);
+            } else {
+                kvq_row_decode<D, KB>(kw[i], ksc[i], lane, kd);
+                kvq_row_decode<D, VB>(vw[i], vsc[i], lane, vd);
+            }
+        }
+    }
+}
+
+/* ad_fill_bits for the cache's code widths (c.k_bits, c.v_bits): one out-of-line copy per head size, so that the
+ * kernel's instances differ only in fp16 against quantized tiles (the bits as template arguments of the kernel made
+ * 18 more instances of ~70 KB of code each). */
+template <int D>
+__device__ __noinline__ void ad_fill_quant(__half *ks, __half *vs, const kvq_view &c, const ad_fill_at &f, int t0,
+                                           int n, int r_lo, int r_hi)
+{
+    if (c.k_bits == 4)
+        ad_fill_bits<D, 4, 4>(ks, vs, c, f, t0, n, r_lo, r_hi);
+    else if (c.v_bits == 4)
+        ad_fill_bits<D, 8, 4>(ks, vs, c, f, t0, n, r_lo, r_hi);
+    else
+        ad_fill_bits<D, 8, 8>(ks, vs, c, f, t0, n, r_lo, r_hi);
+}
+
+template <int D, int NT, bool Q>
 __global__ void __launch_bounds__(AD_THREADS, ad_min_blocks(D, NT))
     attn_decode_kernel(tsr_batch_layout b, tsr_attn_args a, const __half *kc, const __half *vc, int page_size,
-                       const float *q, float *out, float2 *part_ml, float *part_acc, int n_splits)
+                       const float *q, float *out, float2 *part_ml, float *part_acc, int n_splits, kvq_view c)
 {
     constexpr int DP = D + 8, VEC = D / 8;
     constexpr int HG = AD_THREADS / (D / 2);             /* head groups of the P·V threads */
@@ -113,11 +196,18 @@ __global__ void __launch_bounds__(AD_THREADS, ad_min_blocks(D, NT))
     /* the page-table entries of the thread's rows in the round to copy next (the page tables are in place before
      * the wait too): each round reads the next round's while its own rows travel and its scores are computed */
     int32_t pages[kv_tile_share<D, AD_CHUNK, AD_THREADS>::NP];
-    kv_tile_pages<D, AD_CHUNK, AD_THREADS>(table, page_size, first, n_first, pages);
-    kv_tile_copy<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, pages, page_size, width, kvh, first, n_first, 0, earlier);
-    tsr_pdl_wait();
-    kv_tile_copy<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, pages, page_size, width, kvh, first, n_first, earlier,
-                                          AD_CHUNK);
+    const ad_fill_at fa = {table, page_size, width, kvh, p0, b.seq_row0[seq], a.layer};
+    if constexpr (Q) {
+        ad_fill_quant<D>(ks, vs, c, fa, first, n_first, 0, earlier);
+        tsr_pdl_wait();
+        ad_fill_quant<D>(ks, vs, c, fa, first, n_first, earlier, AD_CHUNK);
+    } else {
+        kv_tile_pages<D, AD_CHUNK, AD_THREADS>(table, page_size, first, n_first, pages);
+        kv_tile_copy<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, pages, page_size, width, kvh, first, n_first, 0, earlier);
+        tsr_pdl_wait();
+        kv_tile_copy<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, pages, page_size, width, kvh, first, n_first, earlier,
+                                              AD_CHUNK);
+    }
 
     const int d2 = tid % (D / 2), hg = tid / (D / 2); /* P·V: output dims 2 d2, 2 d2 + 1 of heads hg + HG j */
     float2 o[NH];
@@ -136,10 +226,14 @@ __global__ void __launch_bounds__(AD_THREADS, ad_min_blocks(D, NT))
 
     for (int t0 = first; t0 <= p; t0 += stride) {
         const int n = min(AD_CHUNK, p + 1 - t0);
-        if (t0 != first) kv_tile_copy<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, pages, page_size, width, kvh, t0, n);
-        if (t0 + stride <= p)
-            kv_tile_pages<D, AD_CHUNK, AD_THREADS>(table, page_size, t0 + stride, min(AD_CHUNK, p + 1 - t0 - stride),
-                                                   pages);
+        if constexpr (Q) {
+            if (t0 != first) ad_fill_quant<D>(ks, vs, c, fa, t0, n, 0, AD_CHUNK);
+        } else {
+            if (t0 != first) kv_tile_copy<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, pages, page_size, width, kvh, t0, n);
+            if (t0 + stride <= p)
+                kv_tile_pages<D, AD_CHUNK, AD_THREADS>(table, page_size, t0 + stride,
+                                                       min(AD_CHUNK, p + 1 - t0 - stride), pages);
+        }
         if (t0 == first) { /* the first round (its rows requested above): q while they are on their way */
             for (int i = tid; i < G * D; i += AD_THREADS) qs[i] = q[item0 * D + i] * a.scale;
             if (tid < G) m_run[tid] = -INFINITY, l_run[tid] = 0.0f;
@@ -335,16 +429,30 @@ static int ad_resident_blocks(const void *kern, size_t smem)
     return last;
 }
 
-template <int D, int NT>
+/* The layer's quantized storage as the kernel reads it (zeros for an fp16 cache). */
+static kvq_view ad_view(const tsr_kv_cache *kv, int layer)
+{
+    kvq_view c = {};
+    if (!tsr_kv_is_quant(kv->dtype)) return c;
+    c.kc = (const uint8_t *)kv->k[layer], c.vc = (const uint8_t *)kv->v[layer];
+    c.ks = (const __half *)kv->k_scale[layer], c.vs = (const __half *)kv->v_scale[layer];
+    c.stage_k = (const __half *)kv->stage_k, c.stage_v = (const __half *)kv->stage_v;
+    c.stage_key = kv->stage_key, c.stage_rows = kv->stage_rows;
+    c.k_bits = kv->k_bits, c.v_bits = kv->v_bits;
+    return c;
+}
+
+template <int D, int NT, bool Q>
 static int ad_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
                      float *out)
 {
+    void (*kern)(tsr_batch_layout, tsr_attn_args, const __half *, const __half *, int, const float *, float *, float2 *,
+                 float *, int, kvq_view) = attn_decode_kernel<D, NT, Q>;
     const int G = a->n_heads / a->n_kv_heads;
     const size_t smem = ad_smem_bytes(D, G);
     static bool configured = false;
     if (!configured) {
-        tsr_cuda_allow_smem((const void *)attn_decode_kernel<D, NT>, ad_smem_bytes(D, AD_MAX_G),
-                            "the decode attention");
+        tsr_cuda_allow_smem((const void *)kern, ad_smem_bytes(D, AD_MAX_G), "the decode attention");
         configured = true;
     }
     /* as many splits as there are blocks that fit on the chip at once, at most one per round of the longest visible
@@ -353,7 +461,7 @@ static int ad_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const ts
     int span = b->max_position + 1;
     if (a->window > 0 && a->window < span) span = a->window;
     const int rounds = (span + AD_CHUNK - 1) / AD_CHUNK;
-    int n_splits = ad_resident_blocks((const void *)attn_decode_kernel<D, NT>, smem) / (b->n_rows * a->n_kv_heads);
+    int n_splits = ad_resident_blocks((const void *)kern, smem) / (b->n_rows * a->n_kv_heads);
     if (n_splits > rounds) n_splits = rounds;
     static const char *cap_env = getenv("TSR_CUDA_ATTN_SPLITS");
     static const int cap = cap_env ? atoi(cap_env) : 0;
@@ -366,9 +474,10 @@ static int ad_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const ts
         ml = (float2 *)tsr_cuda_scratch(1, items * n_splits * sizeof(float2));
         pacc = (float *)tsr_cuda_scratch(2, items * n_splits * D * sizeof(float));
     }
-    tsr_launch_smem(attn_decode_kernel<D, NT>, dim3((unsigned)n_splits, (unsigned)a->n_kv_heads, (unsigned)b->n_rows),
-                    dim3(AD_THREADS), smem, *b, *a, (const __half *)kv->k[a->layer], (const __half *)kv->v[a->layer],
-                    kv->page_size, q, out, ml, pacc, n_splits);
+    tsr_launch_smem(kern, dim3((unsigned)n_splits, (unsigned)a->n_kv_heads, (unsigned)b->n_rows), dim3(AD_THREADS),
+                    smem, *b, *a, Q ? (const __half *)NULL : (const __half *)kv->k[a->layer],
+                    Q ? (const __half *)NULL : (const __half *)kv->v[a->layer], kv->page_size, q, out, ml, pacc,
+                    n_splits, ad_view(kv, a->layer));
     if (n_splits > 1) tsr_cuda_attn_merge(items, D, n_splits, ml, pacc, out, a, b->n_rows);
     return 1;
 }
@@ -376,17 +485,25 @@ static int ad_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const ts
 int tsr_cuda_attention_decode(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
                               float *out)
 {
-    if (kv->dtype != TSR_F16 || a->n_heads % a->n_kv_heads || a->n_heads / a->n_kv_heads > AD_MAX_G) return 0;
-    /* tensor cores for groups of up to 8 query heads (TSR_CUDA_ATTN_MMA=0: the scalar path for all) */
+    const int quant = tsr_kv_is_quant(kv->dtype);
+    if ((kv->dtype != TSR_F16 && !quant) || a->n_heads % a->n_kv_heads || a->n_heads / a->n_kv_heads > AD_MAX_G)
+        return 0;
+    /* tensor cores for groups of up to 8 query heads (TSR_CUDA_ATTN_MMA=0: the scalar path for all, which quantized
+     * caches leave to attention.cu's kernel) */
     static const bool mma = !tsr_cuda_env_off("TSR_CUDA_ATTN_MMA");
     const int G = a->n_heads / a->n_kv_heads, nt = !mma ? 0 : G <= 4 ? 1 : G <= 8 ? 2 : 0;
-    switch (a->head_dim * 4 + nt) {
-    case 64 * 4 + 0: return ad_launch<64, 0>(b, a, kv, q, out);
-    case 64 * 4 + 1: return ad_launch<64, 1>(b, a, kv, q, out);
-    case 64 * 4 + 2: return ad_launch<64, 2>(b, a, kv, q, out);
-    case 128 * 4 + 0: return ad_launch<128, 0>(b, a, kv, q, out);
-    case 128 * 4 + 1: return ad_launch<128, 1>(b, a, kv, q, out);
-    case 128 * 4 + 2: return ad_launch<128, 2>(b, a, kv, q, out);
+    if (quant && nt == 0) return 0;
+    switch (a->head_dim * 8 + nt * 2 + quant) {
+    case 64 * 8 + 0: return ad_launch<64, 0, false>(b, a, kv, q, out);
+    case 64 * 8 + 2: return ad_launch<64, 1, false>(b, a, kv, q, out);
+    case 64 * 8 + 3: return ad_launch<64, 1, true>(b, a, kv, q, out);
+    case 64 * 8 + 4: return ad_launch<64, 2, false>(b, a, kv, q, out);
+    case 64 * 8 + 5: return ad_launch<64, 2, true>(b, a, kv, q, out);
+    case 128 * 8 + 0: return ad_launch<128, 0, false>(b, a, kv, q, out);
+    case 128 * 8 + 2: return ad_launch<128, 1, false>(b, a, kv, q, out);
+    case 128 * 8 + 3: return ad_launch<128, 1, true>(b, a, kv, q, out);
+    case 128 * 8 + 4: return ad_launch<128, 2, false>(b, a, kv, q, out);
+    case 128 * 8 + 5: return ad_launch<128, 2, true>(b, a, kv, q, out);
     default: return 0;
     }
 }

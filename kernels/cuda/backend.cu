@@ -34,7 +34,8 @@ static cublasHandle_t g_blas;
 static size_t g_allocated, g_peak;
 static std::unordered_map<void *, size_t> g_sizes;
 static void *g_scratch[8]; /* by slot: 0 GEMV activations, 1-2 attention partials, 3 GEMV parts / fp16 slab,
-                              4 argmax partials, 5-6 the fused MLP's staged input of down and partial sums */
+                              4 argmax partials, 5-6 the fused MLP's staged input of down and partial sums,
+                              7 a prefill's context of a quantized cache as fp16 (attention_kvq.cu) */
 static size_t g_scratch_size[8];
 
 extern "C" void tsr_cuda_fatal(const char *file, int line, const char *what)
@@ -359,17 +360,23 @@ static void cuda_run_cached(uint64_t key, void (*fn)(void *ctx), void *ctx)
     TSR_CUDA_CHECK(cudaGraphLaunch(r.exec, g_stream));
 }
 
-extern "C" void *tsr_cuda_scratch(int slot, size_t bytes)
+extern "C" void *tsr_cuda_scratch_try(int slot, size_t bytes)
 {
     if (g_scratch_size[slot] < bytes) {
         if (g_capturing) tsr_cuda_fatal(__FILE__, __LINE__, "scratch buffer growth while recording a graph");
         drop_graphs();
         if (g_scratch[slot]) cuda_release(g_scratch[slot]);
         g_scratch[slot] = cuda_alloc(bytes);
-        if (!g_scratch[slot]) tsr_cuda_fatal(__FILE__, __LINE__, "out of device memory for a scratch buffer");
-        g_scratch_size[slot] = bytes;
+        g_scratch_size[slot] = g_scratch[slot] ? bytes : 0;
     }
     return g_scratch[slot];
+}
+
+extern "C" void *tsr_cuda_scratch(int slot, size_t bytes)
+{
+    void *p = tsr_cuda_scratch_try(slot, bytes);
+    if (!p) tsr_cuda_fatal(__FILE__, __LINE__, "out of device memory for a scratch buffer");
+    return p;
 }
 
 extern "C" double tsr_cuda_copy_bandwidth(size_t bytes)

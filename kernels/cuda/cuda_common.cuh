@@ -35,6 +35,8 @@ cudaStream_t tsr_cuda_stream(void);
 cublasHandle_t tsr_cuda_blas(void);
 /* A scratch buffer of at least `bytes` bytes, reused between calls (grows only on the first large call). */
 void *tsr_cuda_scratch(int slot, size_t bytes);
+/* The same, or NULL (the slot left empty) where the device has no room for it; never while a graph is recorded. */
+void *tsr_cuda_scratch_try(int slot, size_t bytes);
 #ifdef __cplusplus
 }
 #endif

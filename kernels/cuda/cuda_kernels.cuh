@@ -115,13 +115,19 @@ void tsr_cuda_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const
  * returns 1 after launching it, 0 when the caller must use the general kernel. */
 int tsr_cuda_attention_prefill(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv,
                                const float *q, float *out);
+/* The prefill attention over a quantized cache (attention_kvq.cu): the context of the batch's sequences rebuilt as an
+ * fp16 cache in scratch memory, then tsr_cuda_attention_prefill over it. Returns 0 (nothing launched) where that
+ * kernel does not apply or the fp16 copy would not fit in device memory. */
+int tsr_cuda_attention_prefill_kvq(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv,
+                                   const float *q, float *out);
 /* Its wgmma form (attention_prefill_wgmma.cu), which tsr_cuda_attention_prefill tries first: returns 1 after
  * launching it, 0 where the build has no sm_90a code for the device, the shared memory does not fit or
  * TSR_CUDA_FA_WGMMA=0. */
 int tsr_cuda_fa_wgmma(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
                       float *out);
-/* Decode attention over an fp16 cache with head_dim 64 or 128 and at most 16 query heads per KV head
- * (attention_decode.cu): returns 1 after launching it, 0 when the caller must use the general kernel. */
+/* Decode attention over an fp16 or quantized cache with head_dim 64 or 128 and at most 16 query heads per KV head
+ * (attention_decode.cu; quantized rows rebuilt as fp16 in its tiles, kvq_tile.cuh): returns 1 after launching it,
+ * 0 when the caller must use the general kernel. */
 int tsr_cuda_attention_decode(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv,
                               const float *q, float *out);
 /* out[item][d] from n_splits partial (max, sum) pairs and unnormalized outputs per item (items = rows × a's heads;

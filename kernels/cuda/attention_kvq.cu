@@ -1,0 +1,111 @@
+/* Prefill attention over a quantized KV cache (Q4/Q6/Q8): the positions the batch's rows can see are rebuilt as an
+ * fp16 cache in a scratch buffer, and the tensor-core prefill kernels of the fp16 cache run over that copy.
+ *
+ * A prefill row attends to every position of its sequence up to its own, so each (position, KV head) vector is read
+ * by hundreds or thousands of rows: rebuilding it once (a warp per vector, kvq_tile.cuh) and reading fp16 from then
+ * on costs a pass over the context, where attention.cu's exact kernel decodes every code again for every row and
+ * head with scalar arithmetic (about 7x slower than the fp16 cache's prefill on the 8B shape). This is what
+ * ExLlamaV2 does too: it dequantizes the cache into fp16 tensors before flash attention. The rows the call stored
+ * itself come from the staging area, exact, as in every attention over a quantized cache (runtime/kv_cache.h).
+ *
+ * The copy gives sequence s the pages s · P .. s · P + P - 1 of its own (P = pages of the longest visible span), so
+ * its page table is the run of those numbers; the buffer holds the tables, then K, then V (scratch slot 7,
+ * n_seqs · P · page_size · width fp16 values each for K and V). Where the device has no room for it the caller keeps
+ * the exact kernel. Prefill calls are never recorded into CUDA graphs (only decode steps are), so the buffer may
+ * grow here. */
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_kernels.cuh"
+#include "kernels/cuda/kvq_tile.cuh"
+
+#define KX_WARPS 8 /* positions per block of the rebuild */
+
+/* Block (x, kvh, s): warp w rebuilds position 8x + w of sequence s, KV head kvh, K and V, into the fp16 copy; block
+ * (0, 0, s) also writes s's page table of the copy. */
+template <int D, int KB, int VB>
+__global__ void __launch_bounds__(KX_WARPS * 32)
+    kvq_expand_kernel(tsr_batch_layout b, kvq_view c, int layer, int page_size, int width, int span_pages, __half *ok,
+                      __half *ov, int32_t *tables)
+{
+    const int s = blockIdx.z, kvh = blockIdx.y, lane = threadIdx.x & 31;
+    const int r0 = b.seq_row0[s], r1 = b.seq_row0[s + 1];
+    const int p0 = b.positions[r0], span = b.positions[r1 - 1] + 1;
+    if (blockIdx.x == 0 && kvh == 0)
+        for (int i = threadIdx.x; i < span_pages; i += blockDim.x)
+            tables[(size_t)s * b.max_pages + i] = s * span_pages + i;
+    const int t = blockIdx.x * KX_WARPS + (threadIdx.x >> 5);
+    if (t >= span) return;
+    const int32_t *table = b.page_tables + (size_t)s * b.max_pages;
+    const int64_t slot = (int64_t)table[t / page_size] * page_size + t % page_size;
+    const size_t dst = (((size_t)s * span_pages * page_size) + t) * width + (size_t)kvh * D;
+    const int64_t fr = t >= p0 ? (int64_t)r0 + (t - p0) : -1;
+    kvq_row_pair<D, KB, VB>(c, slot, kvh, width, fr, layer, lane, ok + dst, ov + dst);
+}
+
+template <int D, int KB, int VB>
+static void expand(const tsr_batch_layout *b, const kvq_view &c, int layer, const tsr_kv_cache *kv, int span_pages,
+                   __half *ok, __half *ov, int32_t *tables)
+{
+    const dim3 grid(tsr_div_up((size_t)b->max_position + 1, KX_WARPS), (unsigned)kv->n_kv_heads, (unsigned)b->n_seqs);
+    kvq_expand_kernel<D, KB, VB><<<grid, KX_WARPS * 32, 0, tsr_cuda_stream()>>>(
+        *b, c, layer, kv->page_size, kv->n_kv_heads * D, span_pages, ok, ov, tables);
+    TSR_CUDA_LAUNCHED();
+}
+
+template <int D>
+static void expand_mode(const tsr_batch_layout *b, const kvq_view &c, int layer, const tsr_kv_cache *kv,
+                        int span_pages, __half *ok, __half *ov, int32_t *tables)
+{
+    if (kv->k_bits == 4)
+        expand<D, 4, 4>(b, c, layer, kv, span_pages, ok, ov, tables);
+    else if (kv->v_bits == 4)
+        expand<D, 8, 4>(b, c, layer, kv, span_pages, ok, ov, tables);
+    else
+        expand<D, 8, 8>(b, c, layer, kv, span_pages, ok, ov, tables);
+}
+
+/* The copy's buffer: rounded up to a power of two (at least 16 MiB) so that growing prompts do not reallocate it,
+ * and every growth drops the recorded decode graphs, at every call; the exact size where that does not fit. */
+static void *copy_buffer(size_t bytes)
+{
+    size_t want = (size_t)16 << 20;
+    while (want < bytes) want <<= 1;
+    void *p = tsr_cuda_scratch_try(7, want);
+    return p ? p : tsr_cuda_scratch_try(7, bytes);
+}
+
+int tsr_cuda_attention_prefill_kvq(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv,
+                                   const float *q, float *out)
+{
+    const int D = a->head_dim;
+    if (!tsr_kv_is_quant(kv->dtype) || (D != 64 && D != 128) || a->n_heads % a->n_kv_heads || b->n_seqs <= 0)
+        return 0;
+    const int span_pages = (b->max_position + kv->page_size) / kv->page_size;
+    if (span_pages > b->max_pages) return 0; /* positions past the page tables: not a valid batch */
+    const size_t width = (size_t)kv->n_kv_heads * D;
+    const size_t table_bytes = ((size_t)b->n_seqs * b->max_pages * sizeof(int32_t) + 255) & ~(size_t)255;
+    const size_t halves = (size_t)b->n_seqs * span_pages * kv->page_size * width;
+    char *base = (char *)copy_buffer(table_bytes + 2 * halves * sizeof(__half));
+    if (!base) return 0;
+    int32_t *tables = (int32_t *)base;
+    __half *ok = (__half *)(base + table_bytes), *ov = ok + halves;
+
+    const int l = a->layer;
+    kvq_view c = {(const uint8_t *)kv->k[l], (const uint8_t *)kv->v[l], (const __half *)kv->k_scale[l],
+                  (const __half *)kv->v_scale[l], (const __half *)kv->stage_k, (const __half *)kv->stage_v,
+                  kv->stage_key, kv->stage_rows, kv->k_bits, kv->v_bits};
+    if (D == 64)
+        expand_mode<64>(b, c, l, kv, span_pages, ok, ov, tables);
+    else
+        expand_mode<128>(b, c, l, kv, span_pages, ok, ov, tables);
+
+    /* the copy as a one-layer fp16 cache with its own page tables */
+    tsr_batch_layout fb = *b;
+    fb.page_tables = tables;
+    void *kp = ok, *vp = ov;
+    tsr_kv_cache fkv = *kv;
+    fkv.dtype = TSR_F16, fkv.k_bits = fkv.v_bits = 0;
+    fkv.k = &kp, fkv.v = &vp;
+    tsr_attn_args fa = *a;
+    fa.layer = 0;
+    return tsr_cuda_attention_prefill(&fb, &fa, &fkv, q, out);
+}
