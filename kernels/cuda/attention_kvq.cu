@@ -4,7 +4,7 @@
  * A prefill row attends to every position of its sequence up to its own, so each (position, KV head) vector is read
  * by hundreds or thousands of rows: rebuilding it once (a warp per vector, kvq_tile.cuh) and reading fp16 from then
  * on costs a pass over the context, where attention.cu's exact kernel decodes every code again for every row and
- * head with scalar arithmetic (about 7x slower than the fp16 cache's prefill on the 8B shape). This is what
+ * head with scalar arithmetic (8.6x slower than the fp16 cache's prefill on the 8B shape, stop 47). This is what
  * ExLlamaV2 does too: it dequantizes the cache into fp16 tensors before flash attention. The rows the call stored
  * itself come from the staging area, exact, as in every attention over a quantized cache (runtime/kv_cache.h).
  *
