@@ -1,4 +1,5 @@
-/* Attention over the paged KV cache on the GPU, for decode and prefill rows alike, and the quantized K/V store.
+/* Attention over the paged KV cache on the GPU, for decode and prefill rows alike: the general kernels, the
+ * dispatch to the tensor-core ones and the merge of split contexts.
  *
  * One warp handles one (row, head, split): the row's visible positions (causal, sliding window) are cut into
  * `n_splits` contiguous ranges so that short batches with long contexts still fill the chip. Each lane holds
@@ -12,9 +13,7 @@
  * algebra): each warp rotates its query once (a Hadamard butterfly over the warp's slice of shared memory), each
  * K/V load decodes the lane's codes times their group scale, and the output accumulator is rotated back once at
  * the end. Positions whose exact fp16 K/V the preceding kv_store staged (the call's own rows) are read from the
- * staging area instead, into a second accumulator in the plain domain. The quantized store runs one warp per
- * (row, KV head, 64-element chunk), lane j holding elements 2j and 2j+1: the butterflies are warp shuffles, every
- * step rounded to fp16 exactly like the CPU quantizer, which it matches code for code. */
+ * staging area instead, into a second accumulator in the plain domain. (The quantized store is kv_store_quant.cu.) */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -288,7 +287,6 @@ static void merge_item_launch(size_t items, size_t smem, int n_splits, const flo
 
 /* ---- quantized caches ---- */
 
-__device__ __forceinline__ float round_half(float x) { return __half2float(__float2half_rn(x)); }
 
 /* In place on a warp's d floats in shared memory: the per-chunk, per-parity 32-point Hadamard transform. */
 __device__ __forceinline__ void warp_rotate(float *sm, int d, int lane)
@@ -455,93 +453,6 @@ static void launch_q_bits(const tsr_batch_layout *b, const tsr_attn_args *a, con
         launch_q<DPL, 8, 4>(b, a, kv, q, out, ml, pacc, n_splits);
     else
         launch_q<DPL, 8, 8>(b, a, kv, q, out, ml, pacc, n_splits);
-}
-
-/* One code, exactly as tsr_kv_quantize computes it (fp16 division, one fp16 fma, round half to even, clamp). */
-__device__ __forceinline__ int quant_code(float v, float amax, int bits)
-{
-    const float m = bits == 4 ? 8.0f : 128.0f, top = 2.0f * m - 1.0f;
-    if (!(amax > 0.0f)) return (int)m;
-    float y = round_half(fmaf(round_half(__fdiv_rn(v, amax)), m, m));
-    if (!(y >= 0.0f)) y = 0.0f;
-    if (y > top) y = top;
-    return (int)rintf(y);
-}
-
-/* Lane j holds elements 2j, 2j+1 of a 64-element chunk starting at element e0 of the layer's storage. */
-template <int BITS>
-__device__ __forceinline__ void quantize_chunk(float x0, float x1, int lane, uint8_t *codes, __half *scales, size_t e0)
-{
-    x0 = round_half(x0), x1 = round_half(x1);
-#pragma unroll
-    for (int s = 1; s < 32; s <<= 1) {
-        const float y0 = __shfl_xor_sync(0xffffffffu, x0, s), y1 = __shfl_xor_sync(0xffffffffu, x1, s);
-        if (lane & s)
-            x0 = round_half(y0 - x0), x1 = round_half(y1 - x1);
-        else
-            x0 = round_half(x0 + y0), x1 = round_half(x1 + y1);
-    }
-    float amax = fmaxf(fabsf(x0), fabsf(x1));
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o)); /* 16-lane halves */
-    const int q0 = quant_code(x0, amax, BITS), q1 = quant_code(x1, amax, BITS);
-    if (BITS == 4) {
-        codes[e0 / 2 + lane] = (uint8_t)(q0 | q1 << 4);
-    } else {
-        codes[e0 + 2 * lane] = (uint8_t)q0;
-        codes[e0 + 2 * lane + 1] = (uint8_t)q1;
-    }
-    if ((lane & 15) == 0) scales[e0 / 32 + lane / 16] = __float2half_rn(amax * (BITS == 4 ? 0.125f : 1.0f / 128.0f));
-}
-
-template <int KB, int VB>
-__global__ void kvq_store_kernel(tsr_batch_layout b, uint8_t *kc, uint8_t *vc, __half *ks, __half *vs, __half *stage_k,
-                                 __half *stage_v, int64_t *stage_key, int stage_rows, int layer, int page_size, int nkv,
-                                 int d, const float *k, const float *v)
-{
-    const int lane = threadIdx.x & 31;
-    const size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int chunks = d / 64, width = nkv * d;
-    if (warp >= (size_t)b.n_rows * nkv * chunks) return;
-    const int row = (int)(warp / ((size_t)nkv * chunks)), rem = (int)(warp % ((size_t)nkv * chunks));
-    const int h = rem / chunks, c = rem % chunks;
-    const int pos = b.positions[row];
-    const int page = b.page_tables[(size_t)b.row_seq[row] * b.max_pages + pos / page_size];
-    const int64_t slot = (int64_t)page * page_size + pos % page_size;
-    const size_t in = (size_t)row * width + (size_t)h * d + (size_t)c * 64 + 2 * lane;
-    const size_t e0 = (size_t)slot * width + (size_t)h * d + (size_t)c * 64;
-    const float k0 = k[in], k1 = k[in + 1], v0 = v[in], v1 = v[in + 1];
-    quantize_chunk<KB>(k0, k1, lane, kc, ks, e0);
-    quantize_chunk<VB>(v0, v1, lane, vc, vs, e0);
-    if (row < stage_rows) {
-        stage_k[in] = __float2half_rn(k0), stage_k[in + 1] = __float2half_rn(k1);
-        stage_v[in] = __float2half_rn(v0), stage_v[in + 1] = __float2half_rn(v1);
-        if (rem == 0 && lane == 0) stage_key[row] = ((int64_t)layer << 40) | slot;
-    }
-    if (warp == 0 && lane == 0) stage_key[stage_rows] = min(b.n_rows, stage_rows);
-}
-
-void tsr_cuda_kv_store_quant(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v)
-{
-    const int d = kv->head_dim;
-    const size_t warps = (size_t)b->n_rows * kv->n_kv_heads * (d / 64);
-    if (!warps) return;
-    const unsigned blocks = tsr_div_up(warps * 32, 128);
-    uint8_t *kc = (uint8_t *)kv->k[layer], *vc = (uint8_t *)kv->v[layer];
-    __half *ks = (__half *)kv->k_scale[layer], *vs = (__half *)kv->v_scale[layer];
-    __half *sk = (__half *)kv->stage_k, *sv = (__half *)kv->stage_v;
-#define TSR_KVQ_STORE(KB, VB)                                                                                        \
-    kvq_store_kernel<KB, VB><<<blocks, 128, 0, tsr_cuda_stream()>>>(*b, kc, vc, ks, vs, sk, sv, kv->stage_key,        \
-                                                                    kv->stage_rows, layer, kv->page_size,             \
-                                                                    kv->n_kv_heads, d, k, v)
-    if (kv->k_bits == 4)
-        TSR_KVQ_STORE(4, 4);
-    else if (kv->v_bits == 4)
-        TSR_KVQ_STORE(8, 4);
-    else
-        TSR_KVQ_STORE(8, 8);
-#undef TSR_KVQ_STORE
-    TSR_CUDA_LAUNCHED();
 }
 
 template <int DPL>

@@ -19,11 +19,12 @@
  * the wait for the kernels before it (so they travel while the q/k/v reduction and rope_store finish), the rows this
  * step writes and q after it (+1 % at batch 1, +3 % at batch 8 on the 8B shape). A round's page-table entries are
  * read during the round before it (kv_tile_pages), so that its copies start without a table round trip.
- * Quantized caches (Q4/Q6/Q8) fill the same fp16 tiles from their codes (ad_fill_quant: a warp per row rebuilds the
- * plain fp16 vector, kvq_tile.cuh), the rows this step staged copied exactly; the rest of the kernel is the same, so
- * it attends over fp16 rows as ExLlamaV2 does, not in the codes' rotated domain as the CPU and attention.cu's exact
- * kernel do (test_cuda measures the difference: ~5e-5 relative). The fill is synchronous (plain loads, then the
- * butterflies), earlier steps' rows before the programmatic-launch wait as above. */
+ * Quantized caches (Q4/Q6/Q8) fill the same fp16 tiles from their codes: a round's codes and scales arrive by
+ * cp.async in a stage behind the tiles (ad_quant_request; earlier steps' rows before the programmatic-launch wait as
+ * above, the rows this step staged copied exactly into the tiles), then a warp per row rebuilds the plain fp16
+ * vector from the stage (ad_quant_decode, kvq_tile.cuh). The rest of the kernel is the same, so it attends over fp16
+ * rows as ExLlamaV2 does, not in the codes' rotated domain as the CPU and attention.cu's exact kernel do (test_cuda
+ * measures the difference: ~5e-5 relative). */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -85,74 +86,89 @@ struct ad_fill_at {
     int page_size, width, kvh, p0, row0, layer;
 };
 
-/* Rows r_lo .. r_hi - 1 of the round at t0 (n live rows) of a quantized cache as plain fp16 rows of the tiles ks and
- * vs (kvq_tile.cuh), rows from n on as zeros (their probabilities are 0, and 0 · NaN would not be). A warp per row,
- * ad_fill_batch(D) rows of a warp with their loads in flight together (two at 64-dim heads, whose
- * kernels have 48 registers: four spilled 372 bytes there). Written with plain stores: the caller's
- * __syncthreads makes them visible, its cp.async wait finds nothing to wait for. */
-__host__ __device__ constexpr int ad_fill_batch(int d) { return d == 64 ? 2 : 4; }
-template <int D, int KB, int VB>
-__device__ __forceinline__ void ad_fill_bits(__half *ks, __half *vs, const kvq_view &c, const ad_fill_at &f, int t0,
-                                             int n, int r_lo, int r_hi)
+/* A quantized cache's round as stored, in shared memory behind the tiles: K and V codes (D bytes a row, room for
+ * 8-bit codes), K and V scales (D / 32 a row) and a flag per row whose tile row came from the staging area. */
+static size_t ad_qstage_bytes(int D) { return 2 * (size_t)AD_CHUNK * D + 2 * (size_t)AD_CHUNK * (D / 16) + AD_CHUNK * 4; }
+struct ad_qstage {
+    uint8_t *kc, *vc;
+    __half *ks, *vs;
+    int *staged;
+};
+__device__ __forceinline__ ad_qstage ad_qstage_at(unsigned char *p, int D)
 {
-    constexpr int DP = D + 8, WARPS = AD_THREADS / 32, AD_FILL_BATCH = ad_fill_batch(D);
+    ad_qstage q;
+    q.kc = p, q.vc = p + AD_CHUNK * D;
+    q.ks = (__half *)(p + 2 * AD_CHUNK * D), q.vs = q.ks + AD_CHUNK * (D / 32);
+    q.staged = (int *)(q.vs + AD_CHUNK * (D / 32));
+    return q;
+}
+
+/* The copies of rows r_lo .. r_hi - 1 (below n) of the round at t0 of a quantized cache: codes and scales into the
+ * stage, or (check_staged: rows this step may have written) the staged fp16 rows straight into the tiles. Four
+ * threads per row, each a quarter of its 16-byte pieces; the caller commits them. */
+template <int D>
+__device__ __forceinline__ void ad_quant_request(const ad_qstage &st, __half *ks, __half *vs, const kvq_view &c,
+                                                 const ad_fill_at &f, int t0, int n, int r_lo, int r_hi,
+                                                 bool check_staged)
+{
+    constexpr int DP = D + 8, PIECES = AD_THREADS / AD_CHUNK;
+    const int r = threadIdx.x % AD_CHUNK, piece = threadIdx.x / AD_CHUNK, t = t0 + r;
+    if (r < r_lo || r >= r_hi || r >= n) return;
+    const int64_t slot = (int64_t)f.table[t / f.page_size] * f.page_size + t % f.page_size;
+    const bool staged = check_staged && t >= f.p0 && kvq_staged_row(c, (int64_t)f.row0 + (t - f.p0), f.layer, slot);
+    if (piece == 0) st.staged[r] = staged;
+    if (staged) {
+        const size_t off = ((size_t)f.row0 + (t - f.p0)) * f.width + (size_t)f.kvh * D;
+        for (int i = piece; i < D / 8; i += PIECES) {
+            cp_async16_zfill(ks + r * DP + 8 * i, c.stage_k + off + 8 * i, true);
+            cp_async16_zfill(vs + r * DP + 8 * i, c.stage_v + off + 8 * i, true);
+        }
+        return;
+    }
+    const size_t off = (size_t)slot * f.width + (size_t)f.kvh * D;
+    const int kbytes = D * c.k_bits / 8, vbytes = D * c.v_bits / 8;
+    for (int i = 16 * piece; i < kbytes; i += 16 * PIECES)
+        cp_async16_zfill(st.kc + r * D + i, c.kc + off * c.k_bits / 8 + i, true);
+    for (int i = 16 * piece; i < vbytes; i += 16 * PIECES)
+        cp_async16_zfill(st.vc + r * D + i, c.vc + off * c.v_bits / 8 + i, true);
+    if (piece == PIECES - 2) cp_async_small<D / 16>(st.ks + r * (D / 32), c.ks + off / 32);
+    if (piece == PIECES - 1) cp_async_small<D / 16>(st.vs + r * (D / 32), c.vs + off / 32);
+}
+
+/* The round's rows as plain fp16 rows of the tiles, from the stage (kvq_tile.cuh: a warp per row), rows the request
+ * copied from the staging area left as they are, rows from n on zeros (their probabilities are 0, and 0 · NaN would
+ * not be). */
+template <int D, int KB, int VB>
+__device__ __forceinline__ void ad_quant_decode_bits(const ad_qstage &st, __half *ks, __half *vs, int n)
+{
+    constexpr int DP = D + 8;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int rb = warp; rb < AD_CHUNK; rb += WARPS * AD_FILL_BATCH) {
-        int64_t slot[AD_FILL_BATCH];
-        bool staged[AD_FILL_BATCH];
-#pragma unroll
-        for (int i = 0; i < AD_FILL_BATCH; i++) {
-            const int r = rb + i * WARPS, t = t0 + r;
-            const bool live = r >= r_lo && r < r_hi && r < n;
-            slot[i] = live ? (int64_t)f.table[t / f.page_size] * f.page_size + t % f.page_size : -1;
+    for (int r = warp; r < AD_CHUNK; r += AD_THREADS / 32) {
+        __half *kd = ks + r * DP, *vd = vs + r * DP;
+        if (r >= n) {
+            kvq_row_zero<D>(lane, kd);
+            kvq_row_zero<D>(lane, vd);
+            continue;
         }
-#pragma unroll
-        for (int i = 0; i < AD_FILL_BATCH; i++) {
-            const int t = t0 + rb + i * WARPS;
-            staged[i] = slot[i] >= 0 && t >= f.p0 && kvq_staged_row(c, (int64_t)f.row0 + (t - f.p0), f.layer, slot[i]);
-        }
-        uint32_t kw[AD_FILL_BATCH], vw[AD_FILL_BATCH];
-        float ksc[AD_FILL_BATCH], vsc[AD_FILL_BATCH];
-#pragma unroll
-        for (int i = 0; i < AD_FILL_BATCH; i++)
-            if (slot[i] >= 0 && !staged[i]) {
-                const size_t off = (size_t)slot[i] * f.width + (size_t)f.kvh * D;
-                kvq_row_load<D, KB>(c.kc, c.ks, off, lane, kw[i], ksc[i]);
-                kvq_row_load<D, VB>(c.vc, c.vs, off, lane, vw[i], vsc[i]);
-            }
-#pragma unroll
-        for (int i = 0; i < AD_FILL_BATCH; i++) {
-            const int r = rb + i * WARPS, t = t0 + r;
-            if (r < r_lo || r >= r_hi) continue;
-            __half *kd = ks + r * DP, *vd = vs + r * DP;
-            if (slot[i] < 0) { /* past the round's rows */
-                kvq_row_zero<D>(lane, kd);
-                kvq_row_zero<D>(lane, vd);
-            } else if (staged[i]) {
-                const size_t off = ((size_t)f.row0 + (t - f.p0)) * f.width + (size_t)f.kvh * D;
-                kvq_row_staged<D>(c.stage_k, off, lane, kd);
-                kvq_row_staged<D>(c.stage_v, off, lane, vd);
-            } else {
-                kvq_row_decode<D, KB>(kw[i], ksc[i], lane, kd);
-                kvq_row_decode<D, VB>(vw[i], vsc[i], lane, vd);
-            }
-        }
+        if (st.staged[r]) continue;
+        uint32_t kw, vw;
+        float ksc, vsc;
+        kvq_row_load<D, KB>(st.kc + r * D, st.ks + r * (D / 32), lane, kw, ksc);
+        kvq_row_load<D, VB>(st.vc + r * D, st.vs + r * (D / 32), lane, vw, vsc);
+        kvq_row_decode<D, KB>(kw, ksc, lane, kd);
+        kvq_row_decode<D, VB>(vw, vsc, lane, vd);
     }
 }
 
-/* ad_fill_bits for the cache's code widths (c.k_bits, c.v_bits): one out-of-line copy per head size, so that the
- * kernel's instances differ only in fp16 against quantized tiles (the bits as template arguments of the kernel made
- * 18 more instances of ~70 KB of code each). */
 template <int D>
-__device__ __noinline__ void ad_fill_quant(__half *ks, __half *vs, const kvq_view &c, const ad_fill_at &f, int t0,
-                                           int n, int r_lo, int r_hi)
+__device__ __forceinline__ void ad_quant_decode(const ad_qstage &st, __half *ks, __half *vs, int n, const kvq_view &c)
 {
     if (c.k_bits == 4)
-        ad_fill_bits<D, 4, 4>(ks, vs, c, f, t0, n, r_lo, r_hi);
+        ad_quant_decode_bits<D, 4, 4>(st, ks, vs, n);
     else if (c.v_bits == 4)
-        ad_fill_bits<D, 8, 4>(ks, vs, c, f, t0, n, r_lo, r_hi);
+        ad_quant_decode_bits<D, 8, 4>(st, ks, vs, n);
     else
-        ad_fill_bits<D, 8, 8>(ks, vs, c, f, t0, n, r_lo, r_hi);
+        ad_quant_decode_bits<D, 8, 8>(st, ks, vs, n);
 }
 
 template <int D, int NT, bool Q>
@@ -197,10 +213,13 @@ __global__ void __launch_bounds__(AD_THREADS, ad_min_blocks(D, NT))
      * the wait too): each round reads the next round's while its own rows travel and its scores are computed */
     int32_t pages[kv_tile_share<D, AD_CHUNK, AD_THREADS>::NP];
     const ad_fill_at fa = {table, page_size, width, kvh, p0, b.seq_row0[seq], a.layer};
+    const ad_qstage qst = ad_qstage_at((unsigned char *)(vs + AD_CHUNK * DP), D);
     if constexpr (Q) {
-        ad_fill_quant<D>(ks, vs, c, fa, first, n_first, 0, earlier);
+        ad_quant_request<D>(qst, ks, vs, c, fa, first, n_first, 0, earlier, false);
+        asm volatile("cp.async.commit_group;\n" ::);
         tsr_pdl_wait();
-        ad_fill_quant<D>(ks, vs, c, fa, first, n_first, earlier, AD_CHUNK);
+        ad_quant_request<D>(qst, ks, vs, c, fa, first, n_first, earlier, AD_CHUNK, true);
+        asm volatile("cp.async.commit_group;\n" ::);
     } else {
         kv_tile_pages<D, AD_CHUNK, AD_THREADS>(table, page_size, first, n_first, pages);
         kv_tile_copy<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, pages, page_size, width, kvh, first, n_first, 0, earlier);
@@ -227,7 +246,10 @@ __global__ void __launch_bounds__(AD_THREADS, ad_min_blocks(D, NT))
     for (int t0 = first; t0 <= p; t0 += stride) {
         const int n = min(AD_CHUNK, p + 1 - t0);
         if constexpr (Q) {
-            if (t0 != first) ad_fill_quant<D>(ks, vs, c, fa, t0, n, 0, AD_CHUNK);
+            if (t0 != first) {
+                ad_quant_request<D>(qst, ks, vs, c, fa, t0, n, 0, AD_CHUNK, true);
+                asm volatile("cp.async.commit_group;\n" ::);
+            }
         } else {
             if (t0 != first) kv_tile_copy<D, AD_CHUNK, AD_THREADS>(ks, vs, kc, vc, pages, page_size, width, kvh, t0, n);
             if (t0 + stride <= p)
@@ -240,6 +262,10 @@ __global__ void __launch_bounds__(AD_THREADS, ad_min_blocks(D, NT))
         }
         asm volatile("cp.async.wait_group 0;\n" ::);
         __syncthreads();
+        if constexpr (Q) { /* the stage's codes into the tiles */
+            ad_quant_decode<D>(qst, ks, vs, n, c);
+            __syncthreads();
+        }
 
         if constexpr (NT > 0) {
             if (t0 == first && warp < AD_CHUNK / 16) /* q's B operands, once */
@@ -449,10 +475,10 @@ static int ad_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const ts
     void (*kern)(tsr_batch_layout, tsr_attn_args, const __half *, const __half *, int, const float *, float *, float2 *,
                  float *, int, kvq_view) = attn_decode_kernel<D, NT, Q>;
     const int G = a->n_heads / a->n_kv_heads;
-    const size_t smem = ad_smem_bytes(D, G);
+    const size_t qstage = Q ? ad_qstage_bytes(D) : 0, smem = ad_smem_bytes(D, G) + qstage;
     static bool configured = false;
     if (!configured) {
-        tsr_cuda_allow_smem((const void *)kern, ad_smem_bytes(D, AD_MAX_G), "the decode attention");
+        tsr_cuda_allow_smem((const void *)kern, ad_smem_bytes(D, AD_MAX_G) + qstage, "the decode attention");
         configured = true;
     }
     /* as many splits as there are blocks that fit on the chip at once, at most one per round of the longest visible

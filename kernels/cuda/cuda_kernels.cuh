@@ -104,11 +104,14 @@ void tsr_cuda_dq_reserve(size_t bytes);
 void tsr_cuda_forget_unit_order(const int32_t *uperm);
 void tsr_cuda_rope(const tsr_batch_layout *b, float *x, int n_heads, int head_dim, int rot_dim);
 void tsr_cuda_kv_store(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v);
-/* ops.h rope_store: rope of q and k, then k and v into the cache, in one launch (quantized caches: three) */
+/* ops.h rope_store: rope of q and k, then k and v into the cache, in one launch */
 void tsr_cuda_rope_store(const tsr_batch_layout *b, float *q, int n_heads, float *k, const float *v, tsr_kv_cache *kv,
                          int layer, int rot_dim);
-/* kv_store for the quantized KV modes (attention.cu; tsr_cuda_kv_store dispatches to it) */
+/* kv_store and rope_store for the quantized KV modes (kv_store_quant.cu; tsr_cuda_kv_store and tsr_cuda_rope_store
+ * dispatch to them): one launch each */
 void tsr_cuda_kv_store_quant(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v);
+void tsr_cuda_rope_store_quant(const tsr_batch_layout *b, float *q, int n_heads, float *k, const float *v,
+                               tsr_kv_cache *kv, int layer, int rot_dim);
 void tsr_cuda_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
                         float *out);
 /* The tensor-core prefill attention (attention_prefill.cu) when it applies (fp16 cache, head_dim 64 or 128):
@@ -117,7 +120,7 @@ int tsr_cuda_attention_prefill(const tsr_batch_layout *b, const tsr_attn_args *a
                                const float *q, float *out);
 /* The prefill attention over a quantized cache (attention_kvq.cu): the context of the batch's sequences rebuilt as an
  * fp16 cache in scratch memory, then tsr_cuda_attention_prefill over it. Returns 0 (nothing launched) where that
- * kernel does not apply or the fp16 copy would not fit in device memory. */
+ * kernel does not apply, the copy would be large for the batch's rows or would not fit in device memory. */
 int tsr_cuda_attention_prefill_kvq(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv,
                                    const float *q, float *out);
 /* Its wgmma form (attention_prefill_wgmma.cu), which tsr_cuda_attention_prefill tries first: returns 1 after

@@ -430,7 +430,7 @@ __global__ void kv_store_kernel(tsr_batch_layout b, T *kc, T *vc, int page_size,
 
 void tsr_cuda_kv_store(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v)
 {
-    if (tsr_kv_is_quant(kv->dtype)) { /* Q4/Q6/Q8: quantized per (token, head) in attention.cu */
+    if (tsr_kv_is_quant(kv->dtype)) { /* Q4/Q6/Q8: quantized per (token, head) in kv_store_quant.cu */
         tsr_cuda_kv_store_quant(b, kv, layer, k, v);
         return;
     }
@@ -590,10 +590,8 @@ void tsr_cuda_rope_store(const tsr_batch_layout *b, float *q, int n_heads, float
                          int layer, int rot_dim)
 {
     const int n_kv = kv->n_kv_heads, d = kv->head_dim, half = rot_dim / 2;
-    if (tsr_kv_is_quant(kv->dtype)) { /* the quantized caches keep their own store (attention.cu) */
-        tsr_cuda_rope(b, q, n_heads, d, rot_dim);
-        tsr_cuda_rope(b, k, n_kv, d, rot_dim);
-        tsr_cuda_kv_store_quant(b, kv, layer, k, v);
+    if (tsr_kv_is_quant(kv->dtype)) { /* the quantized caches have their own store (kv_store_quant.cu) */
+        tsr_cuda_rope_store_quant(b, q, n_heads, k, v, kv, layer, rot_dim);
         return;
     }
     const int per_row = (n_heads + n_kv) * half + n_kv * (d - 2 * half) + n_kv * d;

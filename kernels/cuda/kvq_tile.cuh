@@ -4,7 +4,8 @@
  * fp16 cache.
  *
  * A row is one (token slot, KV head) vector of D elements, D = 64 or 128. Lane l holds EPL = D / 32 consecutive
- * elements: its codes are one 1-, 2- or 4-byte load, its group's scale one fp16 load (a 32-element group spans 8 or
+ * elements: its codes are one 1-, 2- or 4-byte load (from global memory, or from a copy of the row in shared memory),
+ * its group's scale one fp16 load (a 32-element group spans 8 or
  * 16 lanes). Dequantized in the rotated domain, (code - m)·scale in fp32, the values are rotated back by the
  * per-chunk, per-parity 32-point Walsh-Hadamard transform: element e of a 64-element chunk is point e / 2 of parity
  * e % 2's transform, so with EPL = 4 a lane holds points 2L and 2L + 1 of both parities (L = l % 16; the first
@@ -34,21 +35,29 @@ struct kvq_view {
     int k_bits, v_bits;              /* 4 or 8 */
 };
 
-/* The lane's codes and scale of the row at element offset `off` (slot · width + kvh · D). */
+/* The lane's codes and scale of a row whose codes start at `codes` and scales at `scales` (global or shared). */
 template <int D, int BITS>
-__device__ __forceinline__ void kvq_row_load(const uint8_t *codes, const __half *scales, size_t off, int lane,
-                                             uint32_t &w, float &scale)
+__device__ __forceinline__ void kvq_row_load(const uint8_t *codes, const __half *scales, int lane, uint32_t &w,
+                                             float &scale)
 {
     constexpr int EPL = D / 32, BYTES = EPL * BITS / 8;
     static_assert(D == 64 || D == 128, "quantized rows of 64 or 128 elements");
-    const uint8_t *p = codes + (off + (size_t)EPL * lane) * BITS / 8;
+    const uint8_t *p = codes + EPL * lane * BITS / 8;
     if constexpr (BYTES == 4)
         w = *(const uint32_t *)p;
     else if constexpr (BYTES == 2)
         w = *(const uint16_t *)p;
     else
         w = *p;
-    scale = __half2float(scales[off / 32 + (EPL * lane) / 32]);
+    scale = __half2float(scales[(EPL * lane) / 32]);
+}
+
+/* N = 4, 8 or 16 bytes global → shared by cp.async (the caller commits). */
+template <int N> __device__ __forceinline__ void cp_async_small(void *smem, const void *gmem)
+{
+    static_assert(N == 4 || N == 8 || N == 16, "cp.async copies 4, 8 or 16 bytes");
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(gmem), "n"(N));
 }
 
 /* The lane's EPL plain-domain fp16 values of a row from its codes (kvq_row_load), stored at dst[EPL · lane ...].
@@ -130,8 +139,8 @@ __device__ __forceinline__ void kvq_row_pair(const kvq_view &c, int64_t slot, in
     const size_t off = (size_t)slot * width + (size_t)kvh * D;
     uint32_t kw, vw;
     float ksc, vsc;
-    kvq_row_load<D, KB>(c.kc, c.ks, off, lane, kw, ksc);
-    kvq_row_load<D, VB>(c.vc, c.vs, off, lane, vw, vsc);
+    kvq_row_load<D, KB>(c.kc + off * KB / 8, c.ks + off / 32, lane, kw, ksc);
+    kvq_row_load<D, VB>(c.vc + off * VB / 8, c.vs + off / 32, lane, vw, vsc);
     kvq_row_decode<D, KB>(kw, ksc, lane, kdst);
     kvq_row_decode<D, VB>(vw, vsc, lane, vdst);
 }

@@ -543,6 +543,45 @@ static void *host_bytes(const tsr_ops *ops, const void *p, size_t bytes)
     return h;
 }
 
+/* rope_store into a quantized cache kg (one launch) against rope, rope and kv_store on the GPU into a second cache:
+ * q, k, the codes, the scales, the staged rows and their keys must be the same bytes. q, k: the inputs (host);
+ * dq, dk: rope_store's outputs; dv its v. */
+static void check_rope_store_quant(const host_layout *h, const tsr_batch_layout *bg, const tsr_kv_cache *kg, int d,
+                                   int rot_dim, const float *q, const float *k, const float *dq, const float *dk,
+                                   const float *dv)
+{
+    const int nh = 8, nkv = kg->n_kv_heads;
+    const size_t nq = (size_t)h->n_rows * nh * d, nk = (size_t)h->n_rows * nkv * d;
+    tsr_kv_cache kr;
+    assert_int_equal(tsr_kv_init(&kr, gpu, 1, nkv, d, kg->page_size, kg->n_pages, kg->dtype), TSR_OK);
+    float *rq = dev_copy(q, nq * 4), *rk = dev_copy(k, nk * 4);
+    gpu->rope(bg, rq, nh, d, rot_dim);
+    gpu->rope(bg, rk, nkv, d, rot_dim);
+    gpu->kv_store(bg, &kr, 0, rk, dv);
+    const size_t elems = (size_t)kg->n_pages * kg->page_size * nkv * d;
+    const void *got[] = {dq, dk, kg->k[0], kg->v[0], kg->k_scale[0], kg->v_scale[0], kg->stage_k, kg->stage_v,
+                         kg->stage_key};
+    const void *ref[] = {rq, rk, kr.k[0], kr.v[0], kr.k_scale[0], kr.v_scale[0], kr.stage_k, kr.stage_v, kr.stage_key};
+    const size_t bytes[] = {nq * 4, nk * 4, elems * kg->k_bits / 8, elems * kg->v_bits / 8, elems / 32 * 2,
+                            elems / 32 * 2, (size_t)kg->stage_rows * nkv * d * 2, (size_t)kg->stage_rows * nkv * d * 2,
+                            ((size_t)kg->stage_rows + 1) * 8};
+    static const char *names[] = {"q", "k", "K codes", "V codes", "K scales", "V scales", "staged K", "staged V",
+                                  "stage keys"};
+    for (int i = 0; i < 9; i++) {
+        unsigned char *a = host_bytes(gpu, got[i], bytes[i]), *b = host_bytes(gpu, ref[i], bytes[i]);
+        size_t diff = 0;
+        for (size_t j = 0; j < bytes[i]; j++) diff += a[j] != b[j];
+        if (diff)
+            fail_msg("rope_store %s d%d rot %d: %s differ from rope + kv_store's in %zu of %zu bytes",
+                     tsr_kv_dtype_name(kg->dtype), d, rot_dim, names[i], diff, bytes[i]);
+        free(a), free(b);
+    }
+    print_message("  rope_store %s d%d rot %d: the same bytes as rope, rope and kv_store\n",
+                  tsr_kv_dtype_name(kg->dtype), d, rot_dim);
+    gpu->release(rq), gpu->release(rk);
+    tsr_kv_free(&kr);
+}
+
 /* rope_store against the CPU's rope of q, rope of k and kv_store: the rotated q and k, and the whole cache. */
 static void check_rope_store(int d, tsr_dtype kv_dtype, int rot_dim, int decode)
 {
@@ -569,19 +608,22 @@ static void check_rope_store(int d, tsr_dtype kv_dtype, int rot_dim, int decode)
     got = to_host(dk, nk);
     expect_close("  its k", got, k, nk, 2e-6);
     free(got);
-    /* the caches, as floats */
-    const size_t elems = (size_t)n_pages * page * nkv * d, es = tsr_dtype_size(kv_dtype);
-    for (int which = 0; which < 2; which++) {
-        const void *src = which ? kg.v[0] : kg.k[0];
-        unsigned char *raw = host_bytes(gpu, src, elems * es);
-        const unsigned char *ref = which ? kc.v[0] : kc.k[0];
-        float *a = malloc(elems * 4), *b = malloc(elems * 4);
-        for (size_t i = 0; i < elems; i++) {
-            a[i] = kv_dtype == TSR_F16 ? tsr_half_to_float(((uint16_t *)raw)[i]) : ((float *)raw)[i];
-            b[i] = kv_dtype == TSR_F16 ? tsr_half_to_float(((const uint16_t *)ref)[i]) : ((const float *)ref)[i];
+    if (tsr_kv_is_quant(kv_dtype)) { /* the quantized store: as rope, rope, kv_store on the GPU, byte for byte */
+        check_rope_store_quant(&h, &bg, &kg, d, rot_dim, q, k, dq, dk, dv);
+    } else { /* the caches, as floats */
+        const size_t elems = (size_t)n_pages * page * nkv * d, es = tsr_dtype_size(kv_dtype);
+        for (int which = 0; which < 2; which++) {
+            const void *src = which ? kg.v[0] : kg.k[0];
+            unsigned char *raw = host_bytes(gpu, src, elems * es);
+            const unsigned char *ref = which ? kc.v[0] : kc.k[0];
+            float *a = malloc(elems * 4), *b = malloc(elems * 4);
+            for (size_t i = 0; i < elems; i++) {
+                a[i] = kv_dtype == TSR_F16 ? tsr_half_to_float(((uint16_t *)raw)[i]) : ((float *)raw)[i];
+                b[i] = kv_dtype == TSR_F16 ? tsr_half_to_float(((const uint16_t *)ref)[i]) : ((const float *)ref)[i];
+            }
+            expect_close(which ? "  its V cache" : "  its K cache", a, b, elems, kv_dtype == TSR_F16 ? 1e-3 : 2e-6);
+            free(a), free(b), free(raw);
         }
-        expect_close(which ? "  its V cache" : "  its K cache", a, b, elems, kv_dtype == TSR_F16 ? 1e-3 : 2e-6);
-        free(a), free(b), free(raw);
     }
     gpu->release(dq), gpu->release(dk), gpu->release(dv);
     free(q), free(k), free(v);
@@ -600,6 +642,12 @@ static void test_rope_store(void **state)
     check_rope_store(96, TSR_F32, 32, 1);
     check_rope_store(96, TSR_F32, 32, 0); /* 232 rows: from 64 a block per row, pairs of values per item */
     check_rope_store(96, TSR_F16, 30, 0); /* an odd count of rotary pairs: one value per item */
+    /* quantized caches: rope of q and k and the store in one launch (kv_store_quant.cu) */
+    check_rope_store(128, TSR_KV_Q4, 128, 1);
+    check_rope_store(128, TSR_KV_Q6, 128, 0);
+    check_rope_store(64, TSR_KV_Q8, 64, 0);
+    check_rope_store(128, TSR_KV_Q4, 64, 0); /* partial rotary: partners in the same chunk */
+    check_rope_store(256, TSR_KV_Q8, 96, 1);
 }
 
 /* ---- quantized KV caches (Q4/Q6/Q8) ---- */
@@ -610,8 +658,9 @@ static void test_rope_store(void **state)
 static int kvq_rebuilt(int d, int prefill)
 {
     const char *kvq = getenv("TSR_CUDA_ATTN_KVQ"), *fl = getenv("TSR_CUDA_FLASH"), *dec = getenv("TSR_CUDA_ATTN_DECODE");
+    const int flash = !(fl && !strcmp(fl, "0")), decode_kernel = !(dec && !strcmp(dec, "0"));
     if ((kvq && !strcmp(kvq, "0")) || (d != 64 && d != 128)) return 0;
-    return prefill ? !(fl && !strcmp(fl, "0")) : !(dec && !strcmp(dec, "0"));
+    return prefill ? flash || decode_kernel : decode_kernel; /* without the prefill kernel, the decode kernel */
 }
 
 /* The CPU's attention over the same K/V as fp16 plain-domain rows, which is what the GPU's fast paths compute from

@@ -59,7 +59,7 @@ run_test_cuda() {
     fw128:TSR_CUDA_FW_BKV=128 \
     imma:TSR_CUDA_GEMV_IMMA=1 immaoff:TSR_CUDA_GEMV_IMMA=0 smem99:TSR_CUDA_SMEM_OPTIN=101376 \
     splits3:TSR_CUDA_ATTN_SPLITS=3 mergeold:TSR_CUDA_MERGE_ITEM=0 rcoff:TSR_CUDA_RESIDUAL_CLUSTER=0 \
-    kvqexact:TSR_CUDA_ATTN_KVQ=0 $2; do
+    kvqexact:TSR_CUDA_ATTN_KVQ=0 flashoff:TSR_CUDA_FLASH=0 $2; do
     name=${v%%:*}; envs=${v#*:}
     env ${envs//,/ } timeout 200 "$P/bin/test_cuda" > "$out/test_cuda-$name.log" 2>&1
     echo "test_cuda ($name: $envs) exit $? (at $SECONDS s)"
