@@ -447,12 +447,9 @@ template <int DPL>
 static void launch_q_bits(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
                           float *out, float2 *ml, float *pacc, int n_splits)
 {
-    if (kv->k_bits == 4)
-        launch_q<DPL, 4, 4>(b, a, kv, q, out, ml, pacc, n_splits);
-    else if (kv->v_bits == 4)
-        launch_q<DPL, 8, 4>(b, a, kv, q, out, ml, pacc, n_splits);
-    else
-        launch_q<DPL, 8, 8>(b, a, kv, q, out, ml, pacc, n_splits);
+    kvq_with_bits(kv->k_bits, kv->v_bits, [&](auto kb, auto vb) {
+        launch_q<DPL, decltype(kb)::value, decltype(vb)::value>(b, a, kv, q, out, ml, pacc, n_splits);
+    });
 }
 
 template <int DPL>

@@ -1,5 +1,6 @@
-/* Decode attention for fp16 and quantized KV caches: one block per (row, KV head, split of the context), all the query heads that
- * share the KV head together (grouped-query attention), the split's K and V rows copied to shared memory at once.
+/* Decode attention for fp16 and quantized KV caches: one block per (row, KV head, split of the context), all the
+ * query heads that share the KV head together (grouped-query attention), the split's K and V rows copied to shared
+ * memory at once.
  *
  * The general kernel of attention.cu walks positions one round of four after another in a warp per (row, head);
  * at batch 1 that costs ~29 µs per layer for a context a few hundred tokens long, all of it latency. Here a block
@@ -88,7 +89,10 @@ struct ad_fill_at {
 
 /* A quantized cache's round as stored, in shared memory behind the tiles: K and V codes (D bytes a row, room for
  * 8-bit codes), K and V scales (D / 32 a row) and a flag per row whose tile row came from the staging area. */
-static size_t ad_qstage_bytes(int D) { return 2 * (size_t)AD_CHUNK * D + 2 * (size_t)AD_CHUNK * (D / 16) + AD_CHUNK * 4; }
+static size_t ad_qstage_bytes(int D)
+{
+    return 2 * (size_t)AD_CHUNK * D + 2 * (size_t)AD_CHUNK * (D / 16) + AD_CHUNK * 4;
+}
 struct ad_qstage {
     uint8_t *kc, *vc;
     __half *ks, *vs;
@@ -163,12 +167,9 @@ __device__ __forceinline__ void ad_quant_decode_bits(const ad_qstage &st, __half
 template <int D>
 __device__ __forceinline__ void ad_quant_decode(const ad_qstage &st, __half *ks, __half *vs, int n, const kvq_view &c)
 {
-    if (c.k_bits == 4)
-        ad_quant_decode_bits<D, 4, 4>(st, ks, vs, n);
-    else if (c.v_bits == 4)
-        ad_quant_decode_bits<D, 8, 4>(st, ks, vs, n);
-    else
-        ad_quant_decode_bits<D, 8, 8>(st, ks, vs, n);
+    kvq_with_bits(c.k_bits, c.v_bits, [&](auto kb, auto vb) {
+        ad_quant_decode_bits<D, decltype(kb)::value, decltype(vb)::value>(st, ks, vs, n);
+    });
 }
 
 template <int D, int NT, bool Q>

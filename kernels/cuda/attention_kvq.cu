@@ -18,7 +18,7 @@
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/kvq_tile.cuh"
 
-#define KX_WARPS 8         /* positions per block of the rebuild */
+#define KX_WARPS        8  /* positions per block of the rebuild */
 #define KX_ROWS_PER_ROW 32 /* rebuilt positions per row of the batch, at most */
 
 /* Block (x, kvh, s): warp w rebuilds position 8x + w of sequence s, KV head kvh, K and V, into the fp16 copy; block
@@ -54,15 +54,12 @@ static void expand(const tsr_batch_layout *b, const kvq_view &c, int layer, cons
 }
 
 template <int D>
-static void expand_mode(const tsr_batch_layout *b, const kvq_view &c, int layer, const tsr_kv_cache *kv,
-                        int span_pages, __half *ok, __half *ov, int32_t *tables)
+static void expand_mode(const tsr_batch_layout *b, const kvq_view &c, int layer, const tsr_kv_cache *kv, int span_pages,
+                        __half *ok, __half *ov, int32_t *tables)
 {
-    if (kv->k_bits == 4)
-        expand<D, 4, 4>(b, c, layer, kv, span_pages, ok, ov, tables);
-    else if (kv->v_bits == 4)
-        expand<D, 8, 4>(b, c, layer, kv, span_pages, ok, ov, tables);
-    else
-        expand<D, 8, 8>(b, c, layer, kv, span_pages, ok, ov, tables);
+    kvq_with_bits(kv->k_bits, kv->v_bits, [&](auto kb, auto vb) {
+        expand<D, decltype(kb)::value, decltype(vb)::value>(b, c, layer, kv, span_pages, ok, ov, tables);
+    });
 }
 
 /* The copy's buffer: rounded up to a power of two (at least 16 MiB) so that growing prompts do not reallocate it,
@@ -70,7 +67,8 @@ static void expand_mode(const tsr_batch_layout *b, const kvq_view &c, int layer,
 static void *copy_buffer(size_t bytes)
 {
     size_t want = (size_t)16 << 20;
-    while (want < bytes) want <<= 1;
+    while (want < bytes)
+        want <<= 1;
     void *p = tsr_cuda_scratch_try(7, want);
     return p ? p : tsr_cuda_scratch_try(7, bytes);
 }
@@ -79,8 +77,7 @@ int tsr_cuda_attention_prefill_kvq(const tsr_batch_layout *b, const tsr_attn_arg
                                    const float *q, float *out)
 {
     const int D = a->head_dim;
-    if (!tsr_kv_is_quant(kv->dtype) || (D != 64 && D != 128) || a->n_heads % a->n_kv_heads || b->n_seqs <= 0)
-        return 0;
+    if (!tsr_kv_is_quant(kv->dtype) || (D != 64 && D != 128) || a->n_heads % a->n_kv_heads || b->n_seqs <= 0) return 0;
     const int span_pages = (b->max_position + kv->page_size) / kv->page_size;
     if (span_pages > b->max_pages) return 0; /* positions past the page tables: not a valid batch */
     /* a rebuilt position should serve many rows: a batch of long contexts with few prefill rows (decode rows of
@@ -95,9 +92,16 @@ int tsr_cuda_attention_prefill_kvq(const tsr_batch_layout *b, const tsr_attn_arg
     __half *ok = (__half *)(base + table_bytes), *ov = ok + halves;
 
     const int l = a->layer;
-    kvq_view c = {(const uint8_t *)kv->k[l], (const uint8_t *)kv->v[l], (const __half *)kv->k_scale[l],
-                  (const __half *)kv->v_scale[l], (const __half *)kv->stage_k, (const __half *)kv->stage_v,
-                  kv->stage_key, kv->stage_rows, kv->k_bits, kv->v_bits};
+    kvq_view c = {(const uint8_t *)kv->k[l],
+                  (const uint8_t *)kv->v[l],
+                  (const __half *)kv->k_scale[l],
+                  (const __half *)kv->v_scale[l],
+                  (const __half *)kv->stage_k,
+                  (const __half *)kv->stage_v,
+                  kv->stage_key,
+                  kv->stage_rows,
+                  kv->k_bits,
+                  kv->v_bits};
     if (D == 64)
         expand_mode<64>(b, c, l, kv, span_pages, ok, ov, tables);
     else

@@ -15,12 +15,16 @@
  * Launched with programmatic dependent launch, triggering at once as the small kernels do (launch.cuh). */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
+#include "kernels/cuda/kvq_tile.cuh"
 #include "kernels/cuda/launch.cuh"
 
-#define KVQ_THREADS 128
+#define KVQ_THREADS    128
 #define KVQ_MAX_CHUNKS 4 /* head_dim up to 256 */
 
-__device__ __forceinline__ float round_half(float x) { return __half2float(__float2half_rn(x)); }
+__device__ __forceinline__ float round_half(float x)
+{
+    return __half2float(__float2half_rn(x));
+}
 
 /* One code, exactly as tsr_kv_quantize computes it (fp16 division, one fp16 fma, round half to even, clamp). */
 __device__ __forceinline__ int quant_code(float v, float amax, int bits)
@@ -48,7 +52,8 @@ __device__ __forceinline__ void quantize_chunk(float x0, float x1, int lane, uin
     }
     float amax = fmaxf(fabsf(x0), fabsf(x1));
 #pragma unroll
-    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o)); /* 16-lane halves */
+    for (int o = 8; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o)); /* 16-lane halves */
     const int q0 = quant_code(x0, amax, BITS), q1 = quant_code(x1, amax, BITS);
     if (BITS == 4) {
         codes[e0 / 2 + lane] = (uint8_t)(q0 | q1 << 4);
@@ -79,9 +84,8 @@ __device__ __forceinline__ void kvq_cos_sin(const tsr_batch_layout &b, int seq, 
 /* Blocks [0, q_blocks): q's rotary pairs, a thread each (only with half > 0). The others: a warp per (row, KV head)
  * rotates K's first 2 half dims (half > 0), writes them back to k, and stores K and V. */
 template <int KB, int VB>
-__global__ void __launch_bounds__(KVQ_THREADS)
-    kvq_store_kernel(tsr_batch_layout b, kvq_dest o, float *q, int n_heads, float *k, const float *v, int half,
-                     unsigned q_blocks)
+__global__ void __launch_bounds__(KVQ_THREADS) kvq_store_kernel(tsr_batch_layout b, kvq_dest o, float *q, int n_heads,
+                                                                float *k, const float *v, int half, unsigned q_blocks)
 {
     tsr_pdl_start();
     const int d = o.d, width = o.nkv * d, lane = threadIdx.x & 31;
@@ -101,8 +105,8 @@ __global__ void __launch_bounds__(KVQ_THREADS)
     if (warp >= (size_t)b.n_rows * o.nkv) return; /* whole warps: the shuffles below see all 32 lanes */
     const int row = (int)(warp / o.nkv), h = (int)(warp % o.nkv), chunks = d / 64;
     const int seq = b.row_seq[row], pos = b.positions[row];
-    const int64_t slot = (int64_t)b.page_tables[(size_t)seq * b.max_pages + pos / o.page_size] * o.page_size +
-                         pos % o.page_size;
+    const int64_t slot =
+        (int64_t)b.page_tables[(size_t)seq * b.max_pages + pos / o.page_size] * o.page_size + pos % o.page_size;
     float *kh = k + (size_t)row * width + (size_t)h * d;
     const float *vh = v + (size_t)row * width + (size_t)h * d;
     float kx[KVQ_MAX_CHUNKS][2], vx[KVQ_MAX_CHUNKS][2];
@@ -154,20 +158,28 @@ static void kvq_store(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, fl
                       const float *v, int rot_dim)
 {
     const int d = kv->head_dim, half = rot_dim / 2;
-    if (d % 64 || d > 64 * KVQ_MAX_CHUNKS) tsr_cuda_fatal(__FILE__, __LINE__, "quantized KV caches need head_dim % 64 == 0 up to 256");
+    if (d % 64 || d > 64 * KVQ_MAX_CHUNKS)
+        tsr_cuda_fatal(__FILE__, __LINE__, "quantized KV caches need head_dim % 64 == 0 up to 256");
     const size_t warps = (size_t)b->n_rows * kv->n_kv_heads;
     if (!warps) return;
     const unsigned q_blocks = half > 0 ? tsr_div_up((size_t)b->n_rows * n_heads * half, KVQ_THREADS) : 0;
     const unsigned blocks = q_blocks + tsr_div_up(warps * 32, KVQ_THREADS);
-    const kvq_dest o = {(uint8_t *)kv->k[layer], (uint8_t *)kv->v[layer], (__half *)kv->k_scale[layer],
-                        (__half *)kv->v_scale[layer], (__half *)kv->stage_k, (__half *)kv->stage_v, kv->stage_key,
-                        kv->stage_rows, layer, kv->page_size, kv->n_kv_heads, d};
-    if (kv->k_bits == 4)
-        tsr_launch(kvq_store_kernel<4, 4>, dim3(blocks), dim3(KVQ_THREADS), *b, o, q, n_heads, k, v, half, q_blocks);
-    else if (kv->v_bits == 4)
-        tsr_launch(kvq_store_kernel<8, 4>, dim3(blocks), dim3(KVQ_THREADS), *b, o, q, n_heads, k, v, half, q_blocks);
-    else
-        tsr_launch(kvq_store_kernel<8, 8>, dim3(blocks), dim3(KVQ_THREADS), *b, o, q, n_heads, k, v, half, q_blocks);
+    const kvq_dest o = {(uint8_t *)kv->k[layer],
+                        (uint8_t *)kv->v[layer],
+                        (__half *)kv->k_scale[layer],
+                        (__half *)kv->v_scale[layer],
+                        (__half *)kv->stage_k,
+                        (__half *)kv->stage_v,
+                        kv->stage_key,
+                        kv->stage_rows,
+                        layer,
+                        kv->page_size,
+                        kv->n_kv_heads,
+                        d};
+    kvq_with_bits(kv->k_bits, kv->v_bits, [&](auto kb, auto vb) {
+        tsr_launch(kvq_store_kernel<decltype(kb)::value, decltype(vb)::value>, dim3(blocks), dim3(KVQ_THREADS), *b, o,
+                   q, n_heads, k, v, half, q_blocks);
+    });
     TSR_CUDA_LAUNCHED();
 }
 

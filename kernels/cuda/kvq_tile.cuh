@@ -24,6 +24,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 
 #include <stdint.h>
+#include <type_traits>
 
 /* A quantized cache's layer as the kernels read it. */
 struct kvq_view {
@@ -32,8 +33,20 @@ struct kvq_view {
     const __half *stage_k, *stage_v; /* the last kv_store call's rows, fp16 */
     const int64_t *stage_key;        /* [stage_rows + 1] */
     int stage_rows;
-    int k_bits, v_bits;              /* 4 or 8 */
+    int k_bits, v_bits; /* 4 or 8 */
 };
+
+/* f(KB, VB) with the code widths of a quantized mode as std::integral_constant values: (4, 4) for Q4, (8, 4) for
+ * Q6, (8, 8) for Q8 (runtime/kv_cache.h), so that one call site instantiates a template for each. */
+template <class F> __host__ __device__ __forceinline__ void kvq_with_bits(int k_bits, int v_bits, F &&f)
+{
+    if (k_bits == 4)
+        f(std::integral_constant<int, 4>{}, std::integral_constant<int, 4>{});
+    else if (v_bits == 4)
+        f(std::integral_constant<int, 8>{}, std::integral_constant<int, 4>{});
+    else
+        f(std::integral_constant<int, 8>{}, std::integral_constant<int, 8>{});
+}
 
 /* The lane's codes and scale of a row whose codes start at `codes` and scales at `scales` (global or shared). */
 template <int D, int BITS>
@@ -127,8 +140,8 @@ __device__ __forceinline__ bool kvq_staged_row(const kvq_view &c, int64_t fr, in
 /* K and V of one (slot, KV head) into fp16 rows kdst and vdst, from the staging area where batch row fr staged
  * them, else from the codes; the whole warp calls it. */
 template <int D, int KB, int VB>
-__device__ __forceinline__ void kvq_row_pair(const kvq_view &c, int64_t slot, int kvh, int width, int64_t fr,
-                                             int layer, int lane, __half *kdst, __half *vdst)
+__device__ __forceinline__ void kvq_row_pair(const kvq_view &c, int64_t slot, int kvh, int width, int64_t fr, int layer,
+                                             int lane, __half *kdst, __half *vdst)
 {
     if (kvq_staged_row(c, fr, layer, slot)) {
         const size_t off = (size_t)fr * width + (size_t)kvh * D;

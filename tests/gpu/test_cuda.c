@@ -657,7 +657,8 @@ static void test_rope_store(void **state)
  * prefill rows (the tensor-core prefill kernel), else the decode kernel (at most 16 query heads per KV head). */
 static int kvq_rebuilt(int d, int prefill)
 {
-    const char *kvq = getenv("TSR_CUDA_ATTN_KVQ"), *fl = getenv("TSR_CUDA_FLASH"), *dec = getenv("TSR_CUDA_ATTN_DECODE");
+    const char *kvq = getenv("TSR_CUDA_ATTN_KVQ"), *fl = getenv("TSR_CUDA_FLASH");
+    const char *dec = getenv("TSR_CUDA_ATTN_DECODE");
     const int flash = !(fl && !strcmp(fl, "0")), decode_kernel = !(dec && !strcmp(dec, "0"));
     if ((kvq && !strcmp(kvq, "0")) || (d != 64 && d != 128)) return 0;
     return prefill ? flash || decode_kernel : decode_kernel; /* without the prefill kernel, the decode kernel */
