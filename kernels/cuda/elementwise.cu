@@ -6,6 +6,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/stage_ahead.cuh"
 
 #include <cooperative_groups.h>
@@ -389,17 +390,10 @@ __global__ void rope_kernel(tsr_batch_layout b, float *x, int n_heads, int head_
     size_t per_row = (size_t)n_heads * half;
     if (i >= (size_t)b.n_rows * per_row) return;
     int row = (int)(i / per_row), h = (int)(i % per_row) / half, j = (int)(i % half);
-    int seq = b.row_seq[row];
-    float angle = (float)b.positions[row] * b.inv_freq[(size_t)seq * half + j];
-    float s, c;
-    sincosf(angle, &s, &c);
-    float af = b.attn_factor[seq];
-    c *= af;
-    s *= af;
+    float c, s;
+    tsr_rope_cos_sin(b, b.row_seq[row], b.positions[row], half, j, c, s);
     float *v = x + ((size_t)row * n_heads + h) * head_dim;
-    float p = v[j], q = v[j + half];
-    v[j] = p * c - q * s;
-    v[j + half] = q * c + p * s;
+    tsr_rope_rotate(v[j], v[j + half], c, s, v[j], v[j + half]);
 }
 
 void tsr_cuda_rope(const tsr_batch_layout *b, float *x, int n_heads, int head_dim, int rot_dim)
@@ -496,20 +490,14 @@ __device__ __forceinline__ void rope_store_item(const tsr_batch_layout &b, float
                 c[e] = cs[j + e];
                 s[e] = cs[half + j + e];
             } else {
-                sincosf((float)pos * b.inv_freq[(size_t)seq * half + j + e], &s[e], &c[e]);
-                const float af = b.attn_factor[seq];
-                c[e] *= af;
-                s[e] *= af;
+                tsr_rope_cos_sin(b, seq, pos, half, j + e, c[e], s[e]);
             }
         }
         float *x = is_k ? k + ((size_t)row * n_kv + h) * head_dim : q + ((size_t)row * n_heads + h) * head_dim;
         const floats<N> p0 = load_floats<N>(x + j), p1 = load_floats<N>(x + j + half);
         floats<N> r0, r1;
 #pragma unroll
-        for (int e = 0; e < N; e++) {
-            r0.x[e] = p0.x[e] * c[e] - p1.x[e] * s[e];
-            r1.x[e] = p1.x[e] * c[e] + p0.x[e] * s[e];
-        }
+        for (int e = 0; e < N; e++) tsr_rope_rotate(p0.x[e], p1.x[e], c[e], s[e], r0.x[e], r1.x[e]);
         store_floats<N>(x + j, r0);
         store_floats<N>(x + j + half, r1);
         if (is_k) {
@@ -556,13 +544,8 @@ __global__ void rope_store_rows_kernel(tsr_batch_layout b, float *q, int n_heads
     extern __shared__ float rs_cs[]; /* [2][half] */
     tsr_pdl_start();
     const int row = blockIdx.x, seq = b.row_seq[row], pos = b.positions[row];
-    const float af = b.attn_factor[seq];
-    for (int j = threadIdx.x; j < half; j += blockDim.x) {
-        float s, c;
-        sincosf((float)pos * b.inv_freq[(size_t)seq * half + j], &s, &c);
-        rs_cs[j] = c * af;
-        rs_cs[half + j] = s * af;
-    }
+    for (int j = threadIdx.x; j < half; j += blockDim.x)
+        tsr_rope_cos_sin(b, seq, pos, half, j, rs_cs[j], rs_cs[half + j]);
     __syncthreads();
     const size_t slot = rope_store_slot(b, seq, pos, page_size, n_kv * head_dim);
     if (pairs) {

@@ -17,6 +17,7 @@
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/kvq_tile.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/rope.cuh"
 
 #define KVQ_THREADS    128
 #define KVQ_MAX_CHUNKS 4 /* head_dim up to 256 */
@@ -72,15 +73,6 @@ struct kvq_dest {
     int stage_rows, layer, page_size, nkv, d;
 };
 
-/* cos and sin of rotary pair j of sequence seq at position pos, the attention factor applied (as elementwise.cu). */
-__device__ __forceinline__ void kvq_cos_sin(const tsr_batch_layout &b, int seq, int pos, int half, int j, float &c,
-                                            float &s)
-{
-    sincosf((float)pos * b.inv_freq[(size_t)seq * half + j], &s, &c);
-    const float af = b.attn_factor[seq];
-    c *= af, s *= af;
-}
-
 /* Blocks [0, q_blocks): q's rotary pairs, a thread each (only with half > 0). The others: a warp per (row, KV head)
  * rotates K's first 2 half dims (half > 0), writes them back to k, and stores K and V. */
 template <int KB, int VB>
@@ -94,11 +86,9 @@ __global__ void __launch_bounds__(KVQ_THREADS) kvq_store_kernel(tsr_batch_layout
         if (i >= (size_t)b.n_rows * per_row) return;
         const int row = (int)(i / per_row), h = (int)(i % per_row) / half, j = (int)(i % half);
         float c, s;
-        kvq_cos_sin(b, b.row_seq[row], b.positions[row], half, j, c, s);
+        tsr_rope_cos_sin(b, b.row_seq[row], b.positions[row], half, j, c, s);
         float *x = q + ((size_t)row * n_heads + h) * d;
-        const float p0 = x[j], p1 = x[j + half];
-        x[j] = p0 * c - p1 * s;
-        x[j + half] = p1 * c + p0 * s;
+        tsr_rope_rotate(x[j], x[j + half], c, s, x[j], x[j + half]);
         return;
     }
     const size_t warp = ((size_t)(blockIdx.x - q_blocks) * KVQ_THREADS + threadIdx.x) >> 5;
@@ -131,10 +121,12 @@ __global__ void __launch_bounds__(KVQ_THREADS) kvq_store_kernel(tsr_batch_layout
             for (int t = 0; t < 2; t++) {
                 const int e = 64 * c + 2 * lane + t;
                 if (c >= chunks || e >= 2 * half) continue;
-                float cs, sn;
-                kvq_cos_sin(b, seq, pos, half, e < half ? e : e - half, cs, sn);
-                kx[c][t] = e < half ? kx[c][t] * cs - pk[c][t] * sn : kx[c][t] * cs + pk[c][t] * sn;
-                kh[e] = kx[c][t];
+                float cs, sn, mine, partner;
+                tsr_rope_cos_sin(b, seq, pos, half, e < half ? e : e - half, cs, sn);
+                if (e < half) tsr_rope_rotate(kx[c][t], pk[c][t], cs, sn, mine, partner);
+                else tsr_rope_rotate(pk[c][t], kx[c][t], cs, sn, partner, mine);
+                kx[c][t] = mine;
+                kh[e] = mine;
             }
     }
     const size_t stage = (size_t)row * width + (size_t)h * d;

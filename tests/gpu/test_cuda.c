@@ -544,24 +544,23 @@ static void *host_bytes(const tsr_ops *ops, const void *p, size_t bytes)
 }
 
 /* rope_store into a quantized cache kg (one launch) against rope, rope and kv_store on the GPU into a second cache:
- * q, k, the codes, the scales, the staged rows and their keys must be the same bytes. q, k: the inputs (host);
- * dq, dk: rope_store's outputs; dv its v. */
+ * q, k, the codes, the scales, the staged rows and their keys must be the same bytes. q, k: the inputs on the device
+ * (rotated here in place); dq, dk: rope_store's outputs; dv its v. */
 static void check_rope_store_quant(const host_layout *h, const tsr_batch_layout *bg, const tsr_kv_cache *kg, int d,
-                                   int rot_dim, const float *q, const float *k, const float *dq, const float *dk,
+                                   int rot_dim, float *q, float *k, const float *dq, const float *dk,
                                    const float *dv)
 {
     const int nh = 8, nkv = kg->n_kv_heads;
     const size_t nq = (size_t)h->n_rows * nh * d, nk = (size_t)h->n_rows * nkv * d;
     tsr_kv_cache kr;
     assert_int_equal(tsr_kv_init(&kr, gpu, 1, nkv, d, kg->page_size, kg->n_pages, kg->dtype), TSR_OK);
-    float *rq = dev_copy(q, nq * 4), *rk = dev_copy(k, nk * 4);
-    gpu->rope(bg, rq, nh, d, rot_dim);
-    gpu->rope(bg, rk, nkv, d, rot_dim);
-    gpu->kv_store(bg, &kr, 0, rk, dv);
+    gpu->rope(bg, q, nh, d, rot_dim);
+    gpu->rope(bg, k, nkv, d, rot_dim);
+    gpu->kv_store(bg, &kr, 0, k, dv);
     const size_t elems = (size_t)kg->n_pages * kg->page_size * nkv * d;
     const void *got[] = {dq, dk, kg->k[0], kg->v[0], kg->k_scale[0], kg->v_scale[0], kg->stage_k, kg->stage_v,
                          kg->stage_key};
-    const void *ref[] = {rq, rk, kr.k[0], kr.v[0], kr.k_scale[0], kr.v_scale[0], kr.stage_k, kr.stage_v, kr.stage_key};
+    const void *ref[] = {q, k, kr.k[0], kr.v[0], kr.k_scale[0], kr.v_scale[0], kr.stage_k, kr.stage_v, kr.stage_key};
     const size_t bytes[] = {nq * 4, nk * 4, elems * kg->k_bits / 8, elems * kg->v_bits / 8, elems / 32 * 2,
                             elems / 32 * 2, (size_t)kg->stage_rows * nkv * d * 2, (size_t)kg->stage_rows * nkv * d * 2,
                             ((size_t)kg->stage_rows + 1) * 8};
@@ -578,7 +577,6 @@ static void check_rope_store_quant(const host_layout *h, const tsr_batch_layout 
     }
     print_message("  rope_store %s d%d rot %d: the same bytes as rope, rope and kv_store\n",
                   tsr_kv_dtype_name(kg->dtype), d, rot_dim);
-    gpu->release(rq), gpu->release(rk);
     tsr_kv_free(&kr);
 }
 
@@ -594,6 +592,7 @@ static void check_rope_store(int d, tsr_dtype kv_dtype, int rot_dim, int decode)
     const size_t nq = (size_t)h.n_rows * nh * d, nk = (size_t)h.n_rows * nkv * d;
     float *q = rand_host(nq, 1.0f), *k = rand_host(nk, 1.0f), *v = rand_host(nk, 1.0f);
     float *dq = dev_copy(q, nq * 4), *dk = dev_copy(k, nk * 4), *dv = dev_copy(v, nk * 4);
+    float *q_in = dev_copy(q, nq * 4), *k_in = dev_copy(k, nk * 4); /* before the CPU's rope turns q and k */
     tsr_batch_layout bc = view(&h, 0, max_pos), bg = view(&h, 1, max_pos);
     cpu->rope(&bc, q, nh, d, rot_dim);
     cpu->rope(&bc, k, nkv, d, rot_dim);
@@ -609,7 +608,7 @@ static void check_rope_store(int d, tsr_dtype kv_dtype, int rot_dim, int decode)
     expect_close("  its k", got, k, nk, 2e-6);
     free(got);
     if (tsr_kv_is_quant(kv_dtype)) { /* the quantized store: as rope, rope, kv_store on the GPU, byte for byte */
-        check_rope_store_quant(&h, &bg, &kg, d, rot_dim, q, k, dq, dk, dv);
+        check_rope_store_quant(&h, &bg, &kg, d, rot_dim, q_in, k_in, dq, dk, dv);
     } else { /* the caches, as floats */
         const size_t elems = (size_t)n_pages * page * nkv * d, es = tsr_dtype_size(kv_dtype);
         for (int which = 0; which < 2; which++) {
@@ -625,7 +624,7 @@ static void check_rope_store(int d, tsr_dtype kv_dtype, int rot_dim, int decode)
             free(a), free(b), free(raw);
         }
     }
-    gpu->release(dq), gpu->release(dk), gpu->release(dv);
+    gpu->release(dq), gpu->release(dk), gpu->release(dv), gpu->release(q_in), gpu->release(k_in);
     free(q), free(k), free(v);
     free_view(&bg);
     tsr_kv_free(&kc);
