@@ -34,12 +34,14 @@ tsr_status tsr_engine_open(const char *model_dir, const tsr_engine_opts *opts, t
             if (left < free_bytes) free_bytes = left ? left : 1;
         }
         if (free_bytes > 0) {
-            /* the pool takes a share of what the weights left, minus a reserve for the forward workspace */
+            /* the pool takes a share of what the weights left, minus a reserve for the forward workspace (and the
+             * fp16 rebuild of a quantized cache's context for attention) */
             double fraction = o.kv_fraction > 0 && o.kv_fraction <= 1 ? o.kv_fraction : 0.9;
             size_t per_token = tsr_kv_bytes_per_token(n_layers, lo->n_kv_heads, c->head_dim, o.kv_dtype);
             size_t per_row = (size_t)4 * (4 * (size_t)c->hidden + 3 * (size_t)lo->n_heads * c->head_dim +
                                           2 * (size_t)lo->intermediate);
-            size_t reserve = per_row * (size_t)o.max_tokens + (size_t)128 * lo->vocab * 4 + ((size_t)512 << 20);
+            size_t reserve = per_row * (size_t)o.max_tokens + (size_t)128 * lo->vocab * 4 + ((size_t)512 << 20) +
+                             tsr_kv_expand_bytes(lo->n_kv_heads, c->head_dim, o.kv_dtype, o.max_tokens);
             double usable = free_bytes > reserve ? (double)(free_bytes - reserve) * fraction : 0;
             tokens = (long)(usable / (double)per_token);
             if (tokens < (long)o.page_size * 4)

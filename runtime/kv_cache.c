@@ -41,6 +41,13 @@ size_t tsr_kv_bytes_per_token(int n_layers, int n_kv_heads, int head_dim, tsr_dt
     return heads * (d * (size_t)kb / 8 + scales + d * (size_t)vb / 8 + scales);
 }
 
+size_t tsr_kv_expand_bytes(int n_kv_heads, int head_dim, tsr_dtype dtype, int max_tokens)
+{
+    if (!tsr_kv_is_quant(dtype) || max_tokens <= 0) return 0;
+    const size_t positions = (size_t)TSR_KV_EXPAND_ROWS * (size_t)max_tokens;
+    return positions * (size_t)n_kv_heads * (size_t)head_dim * 2 * sizeof(uint16_t); /* K and V, fp16 */
+}
+
 void tsr_kv_free(tsr_kv_cache *kv)
 {
     if (!kv) return;

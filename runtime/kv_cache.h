@@ -72,6 +72,15 @@ const char *tsr_kv_dtype_name(tsr_dtype dtype);
 /* Bytes of K+V storage per token over all layers (quantized: codes and scales). */
 size_t tsr_kv_bytes_per_token(int n_layers, int n_kv_heads, int head_dim, tsr_dtype dtype);
 
+/* A backend may rebuild up to this many positions per row of a step, one layer at a time, as plain fp16 K and V for
+ * attention over a quantized cache (the CUDA prefill attention, kernels/cuda/attention_kvq.cu); steps that would
+ * need more take a slower path that reads the codes. */
+#define TSR_KV_EXPAND_ROWS 32
+
+/* Device workspace that rebuilding needs for steps of up to max_tokens rows (0 for F16/F32): what a pool sized from
+ * free memory leaves aside for it. */
+size_t tsr_kv_expand_bytes(int n_kv_heads, int head_dim, tsr_dtype dtype, int max_tokens);
+
 struct tsr_ops;
 
 /* Allocates the storage with the backend's allocator (zero-filled). Quantized modes need head_dim % 64 == 0. */

@@ -12,14 +12,14 @@
  * its page table is the run of those numbers; the buffer holds the tables, then K, then V (scratch slot 7,
  * n_seqs · P · page_size · width fp16 values each for K and V). Where the device has no room for it the caller keeps
  * the exact kernel. Prefill calls are never recorded into CUDA graphs (only decode steps are), so the buffer may
- * grow here. Batches that would rebuild more than KX_ROWS_PER_ROW positions per row (long contexts of decode rows
- * beside a short prompt chunk) go to the decode kernel instead, which fills its tiles from the codes. */
+ * grow here. Batches that would rebuild more than TSR_KV_EXPAND_ROWS positions per row (long contexts of decode rows
+ * beside a short prompt chunk) go to the decode kernel instead, which fills its tiles from the codes; so the copy
+ * never needs more than tsr_kv_expand_bytes(), which a KV pool sized from free memory leaves aside for it. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/kvq_tile.cuh"
 
-#define KX_WARPS        8  /* positions per block of the rebuild */
-#define KX_ROWS_PER_ROW 32 /* rebuilt positions per row of the batch, at most */
+#define KX_WARPS 8 /* positions per block of the rebuild */
 
 /* Block (x, kvh, s): warp w rebuilds position 8x + w of sequence s, KV head kvh, K and V, into the fp16 copy; block
  * (0, 0, s) also writes s's page table of the copy. */
@@ -82,7 +82,7 @@ int tsr_cuda_attention_prefill_kvq(const tsr_batch_layout *b, const tsr_attn_arg
     if (span_pages > b->max_pages) return 0; /* positions past the page tables: not a valid batch */
     /* a rebuilt position should serve many rows: a batch of long contexts with few prefill rows (decode rows of
      * running sequences beside a short chunk) leaves the rows to the decode kernel, which reads codes directly */
-    if ((double)b->n_seqs * span_pages * kv->page_size > KX_ROWS_PER_ROW * (double)b->n_rows) return 0;
+    if ((double)b->n_seqs * span_pages * kv->page_size > TSR_KV_EXPAND_ROWS * (double)b->n_rows) return 0;
     const size_t width = (size_t)kv->n_kv_heads * D;
     const size_t table_bytes = ((size_t)b->n_seqs * b->max_pages * sizeof(int32_t) + 255) & ~(size_t)255;
     const size_t halves = (size_t)b->n_seqs * span_pages * kv->page_size * width;

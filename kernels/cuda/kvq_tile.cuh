@@ -37,7 +37,9 @@ struct kvq_view {
 };
 
 /* f(KB, VB) with the code widths of a quantized mode as std::integral_constant values: (4, 4) for Q4, (8, 4) for
- * Q6, (8, 8) for Q8 (runtime/kv_cache.h), so that one call site instantiates a template for each. */
+ * Q6, (8, 8) for Q8 (runtime/kv_cache.h), so that one call site instantiates a template for each. Host launchers and
+ * device code both call it, each with a functor of its own side (the pragma lets nvcc instantiate it for either). */
+#pragma nv_exec_check_disable
 template <class F> __host__ __device__ __forceinline__ void kvq_with_bits(int k_bits, int v_bits, F &&f)
 {
     if (k_bits == 4)

@@ -181,6 +181,14 @@ static void test_fit_and_kv(void **state)
     in.kv_tokens = (long)p.n_pages * p.page_size * 4;
     assert_int_equal(tsr_plan_make(&f->m, &in, &p), TSR_ERR_NOMEM);
     assert_non_null(strstr(tsr_last_error(), "KV pool"));
+    /* a quantized cache on GPUs: the workspace also holds the fp16 rebuild of the context for attention */
+    in.kv_tokens = 1024;
+    assert_int_equal(tsr_plan_make(&f->m, &in, &p), TSR_OK);
+    const uint64_t work_f16 = p.w[0].work_bytes;
+    in.kv_dtype = TSR_KV_Q4;
+    assert_int_equal(tsr_plan_make(&f->m, &in, &p), TSR_OK);
+    assert_int_equal(p.w[0].work_bytes - work_f16,
+                     tsr_kv_expand_bytes(f->m.cfg.n_kv_heads, f->m.cfg.head_dim, TSR_KV_Q4, in.max_tokens));
     free(f);
 }
 

@@ -215,6 +215,11 @@ static void test_sizes_and_refusals(void **state)
     assert_int_equal(tsr_kv_bytes_per_token(1, 1, 64, TSR_KV_Q8), 64 + 4 + 64 + 4);
     assert_int_equal(tsr_kv_bytes_per_token(1, 1, 64, TSR_F16), 256);
     assert_int_equal(tsr_kv_bytes_per_token(32, 8, 128, TSR_KV_Q4), (size_t)32 * 8 * (2 * (64 + 8)));
+    /* the fp16 rebuild a backend may make for attention: TSR_KV_EXPAND_ROWS positions per step row, K and V */
+    assert_int_equal(tsr_kv_expand_bytes(8, 128, TSR_KV_Q4, 2048), (size_t)TSR_KV_EXPAND_ROWS * 2048 * 8 * 128 * 4);
+    assert_int_equal(tsr_kv_expand_bytes(8, 128, TSR_KV_Q8, 1), (size_t)TSR_KV_EXPAND_ROWS * 8 * 128 * 4);
+    assert_int_equal(tsr_kv_expand_bytes(8, 128, TSR_F16, 2048), 0);
+    assert_int_equal(tsr_kv_expand_bytes(8, 128, TSR_F32, 2048), 0);
     /* the KV modes are not element types */
     assert_int_equal(tsr_dtype_size(TSR_KV_Q4), 0);
     assert_int_equal(tsr_dtype_parse("KV_Q8"), TSR_DTYPE_INVALID);
