@@ -29,6 +29,8 @@ typedef struct tsr_batch_layout {
     const int32_t *page_tables; /* [n_seqs][max_pages] */
     const float *inv_freq;      /* [n_seqs][rot_dim / 2] RoPE frequencies (per sequence: dynamic NTK) */
     const float *attn_factor;   /* [n_seqs] multiplies cos and sin (YaRN) */
+    double attended;            /* Σ over rows of position + 1: the positions all rows attend to together (host
+                                   value, for choosing kernels; 0 where not known) */
 } tsr_batch_layout;
 
 typedef struct tsr_attn_args {

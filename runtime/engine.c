@@ -26,6 +26,7 @@ tsr_status tsr_engine_open(const char *model_dir, const tsr_engine_opts *opts, t
         const tsr_model_local *lo = &e->model->local;
         const int n_layers = e->model->part.layer1 - e->model->part.layer0;
         long tokens = o.kv_tokens > 0 ? o.kv_tokens : c->rope.max_pos;
+        long context = c->rope.max_pos; /* the longest sequence the rebuild for attention is sized for */
         size_t free_bytes = o.kv_tokens > 0 ? 0 : e->ops->memory_free();
         if (free_bytes > 0 && o.memory_cap) {
             /* the cap counts what this engine placed on the device so far (the weights) */
@@ -40,10 +41,15 @@ tsr_status tsr_engine_open(const char *model_dir, const tsr_engine_opts *opts, t
             size_t per_token = tsr_kv_bytes_per_token(n_layers, lo->n_kv_heads, c->head_dim, o.kv_dtype);
             size_t per_row = (size_t)4 * (4 * (size_t)c->hidden + 3 * (size_t)lo->n_heads * c->head_dim +
                                           2 * (size_t)lo->intermediate);
-            size_t reserve = per_row * (size_t)o.max_tokens + (size_t)128 * lo->vocab * 4 + ((size_t)512 << 20) +
-                             tsr_kv_expand_bytes(lo->n_kv_heads, c->head_dim, o.kv_dtype, o.max_tokens);
-            double usable = free_bytes > reserve ? (double)(free_bytes - reserve) * fraction : 0;
-            tokens = (long)(usable / (double)per_token);
+            const size_t base = per_row * (size_t)o.max_tokens + (size_t)128 * lo->vocab * 4 + ((size_t)512 << 20);
+            for (int pass = 0; pass < 2; pass++) { /* a pool shorter than the model's context: reserve for the pool */
+                const long positions = tsr_kv_expand_positions(o.max_tokens, context, o.page_size);
+                const size_t reserve = base + tsr_kv_expand_bytes(lo->n_kv_heads, c->head_dim, o.kv_dtype, positions);
+                const double usable = free_bytes > reserve ? (double)(free_bytes - reserve) * fraction : 0;
+                tokens = (long)(usable / (double)per_token);
+                if (pass == 1 || !tsr_kv_is_quant(o.kv_dtype) || tokens >= context || tokens <= 0) break;
+                context = tokens;
+            }
             if (tokens < (long)o.page_size * 4)
                 st = tsr_fail(TSR_ERR_NOMEM, "not enough device memory for a KV pool (%.1f MiB free after the weights)",
                               (double)free_bytes / (1 << 20));
@@ -54,6 +60,10 @@ tsr_status tsr_engine_open(const char *model_dir, const tsr_engine_opts *opts, t
         e->kv_pool_tokens = pages * o.page_size;
         if (st == TSR_OK)
             st = tsr_kv_init(&e->kv, e->ops, n_layers, lo->n_kv_heads, c->head_dim, o.page_size, (int)pages, o.kv_dtype);
+        if (st == TSR_OK && tsr_kv_is_quant(o.kv_dtype)) {
+            if (context > e->kv_pool_tokens) context = e->kv_pool_tokens; /* no sequence outgrows the pool */
+            e->kv.expand_positions = tsr_kv_expand_positions(o.max_tokens, context, o.page_size);
+        }
     }
     if (st == TSR_OK) st = tsr_forward_ctx_new(e->model, e->ops, &e->kv, o.max_tokens, &e->fwd);
     if (st != TSR_OK) {

@@ -235,11 +235,15 @@ static int build_layout(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seq
     ops->to_device(d->inv_freq, h->inv_freq, (size_t)n_seqs * half * sizeof(float));
     ops->to_device(d->attn_factor, h->attn_factor, (size_t)n_seqs * sizeof(float));
     int max_position = 0;
-    for (int s = 0; s < n_seqs; s++)
+    double attended = 0; /* rows at positions pos0 .. pos0 + n - 1 attend to n · pos0 + n (n + 1) / 2 in all */
+    for (int s = 0; s < n_seqs; s++) {
+        const double n = seqs[s].n_tokens;
+        attended += n * seqs[s].pos0 + n * (n + 1) / 2;
         if (seqs[s].pos0 + seqs[s].n_tokens - 1 > max_position) max_position = seqs[s].pos0 + seqs[s].n_tokens - 1;
+    }
     if (fixed_shape) max_position = c->pages_per_seq * page - 1;
     *b = (tsr_batch_layout){n_seqs, T, max_pages, max_position, d->row_seq, d->positions, d->seq_row0, d->page_tables, d->inv_freq,
-                            d->attn_factor};
+                            d->attn_factor, attended};
     return n_out;
 }
 

@@ -41,11 +41,18 @@ size_t tsr_kv_bytes_per_token(int n_layers, int n_kv_heads, int head_dim, tsr_dt
     return heads * (d * (size_t)kb / 8 + scales + d * (size_t)vb / 8 + scales);
 }
 
-size_t tsr_kv_expand_bytes(int n_kv_heads, int head_dim, tsr_dtype dtype, int max_tokens)
+long tsr_kv_expand_positions(int max_tokens, long max_context, int page_size)
 {
-    if (!tsr_kv_is_quant(dtype) || max_tokens <= 0) return 0;
-    const size_t positions = (size_t)TSR_KV_EXPAND_ROWS * (size_t)max_tokens;
-    return positions * (size_t)n_kv_heads * (size_t)head_dim * 2 * sizeof(uint16_t); /* K and V, fp16 */
+    const long rows = (long)TSR_KV_EXPAND_ROWS * (max_tokens > 0 ? max_tokens : 0);
+    const long page = page_size > 0 ? page_size : 1;
+    const long context = max_context > 0 ? (max_context + page - 1) / page * page : 0;
+    return rows > context ? rows : context;
+}
+
+size_t tsr_kv_expand_bytes(int n_kv_heads, int head_dim, tsr_dtype dtype, long positions)
+{
+    if (!tsr_kv_is_quant(dtype) || positions <= 0) return 0;
+    return (size_t)positions * (size_t)n_kv_heads * (size_t)head_dim * 2 * sizeof(uint16_t); /* K and V, fp16 */
 }
 
 void tsr_kv_free(tsr_kv_cache *kv)

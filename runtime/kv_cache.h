@@ -42,6 +42,9 @@ typedef struct tsr_kv_cache {
     uint16_t *stage_k, *stage_v;
     int64_t *stage_key;      /* [stage_rows + 1]: tsr_kv_stage_key() of each staged row; [stage_rows]: rows staged */
     int stage_rows;
+    long expand_positions;   /* quantized: positions a backend may rebuild as fp16 at once for attention, the room
+                                the pool's sizing left for it (tsr_kv_expand_positions; 0: TSR_KV_EXPAND_ROWS per
+                                row of the call). Set by the engine after tsr_kv_init. */
     int32_t *free_list;      /* stack of free page numbers */
     const struct tsr_ops *ops; /* allocator of k and v */
     int n_free;
@@ -72,14 +75,19 @@ const char *tsr_kv_dtype_name(tsr_dtype dtype);
 /* Bytes of K+V storage per token over all layers (quantized: codes and scales). */
 size_t tsr_kv_bytes_per_token(int n_layers, int n_kv_heads, int head_dim, tsr_dtype dtype);
 
-/* A backend may rebuild up to this many positions per row of a step, one layer at a time, as plain fp16 K and V for
- * attention over a quantized cache (the CUDA prefill attention, kernels/cuda/attention_kvq.cu); steps that would
- * need more take a slower path that reads the codes. */
+/* A backend may rebuild a step's context, one layer at a time, as plain fp16 K and V for attention over a quantized
+ * cache (the CUDA prefill attention, kernels/cuda/attention_kvq.cu): at most TSR_KV_EXPAND_ROWS positions per row
+ * of the longest step, or one sequence's whole context, whichever is more (a long prompt's later chunks). Steps
+ * that would need more take a slower path that reads the codes. */
 #define TSR_KV_EXPAND_ROWS 32
 
-/* Device workspace that rebuilding needs for steps of up to max_tokens rows (0 for F16/F32): what a pool sized from
- * free memory leaves aside for it. */
-size_t tsr_kv_expand_bytes(int n_kv_heads, int head_dim, tsr_dtype dtype, int max_tokens);
+/* Positions of that rebuild for steps of up to max_tokens rows and sequences of up to max_context positions, in
+ * pages of page_size. */
+long tsr_kv_expand_positions(int max_tokens, long max_context, int page_size);
+
+/* Device workspace of a rebuild of `positions` positions (0 for F16/F32): what a pool sized from free memory
+ * leaves aside for it. */
+size_t tsr_kv_expand_bytes(int n_kv_heads, int head_dim, tsr_dtype dtype, long positions);
 
 struct tsr_ops;
 

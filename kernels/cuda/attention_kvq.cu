@@ -10,16 +10,18 @@
  *
  * The copy gives sequence s the pages s · P .. s · P + P - 1 of its own (P = pages of the longest visible span), so
  * its page table is the run of those numbers; the buffer holds the tables, then K, then V (scratch slot 7,
- * n_seqs · P · page_size · width fp16 values each for K and V). Where the device has no room for it the caller keeps
- * the exact kernel. Prefill calls are never recorded into CUDA graphs (only decode steps are), so the buffer may
- * grow here. Batches that would rebuild more than TSR_KV_EXPAND_ROWS positions per row (long contexts of decode rows
- * beside a short prompt chunk) go to the decode kernel instead, which fills its tiles from the codes; so the copy
- * never needs more than tsr_kv_expand_bytes(), which a KV pool sized from free memory leaves aside for it. */
+ * n_seqs · P · page_size · width fp16 values each for K and V). Where the device has no room for it the caller
+ * passes the batch on (attention.cu: the decode kernel). Prefill calls are never recorded into CUDA graphs (only decode steps are), so the buffer may
+ * grow here. The copy stays within the positions the KV pool's sizing left room for (tsr_kv_cache.expand_positions,
+ * runtime/kv_cache.h: 32 per row of the longest step, or one sequence's whole context), and is made only where its
+ * rebuilt positions serve at least two row visits each; other batches (long contexts of decode rows beside a short
+ * prompt chunk) go to the decode kernel, which rebuilds each row's positions in its tiles. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/kvq_tile.cuh"
 
-#define KX_WARPS 8 /* positions per block of the rebuild */
+#define KX_WARPS      8 /* positions per block of the rebuild */
+#define KX_MIN_VISITS 2 /* row visits per rebuilt position for the copy to pay (see below) */
 
 /* Block (x, kvh, s): warp w rebuilds position 8x + w of sequence s, KV head kvh, K and V, into the fp16 copy; block
  * (0, 0, s) also writes s's page table of the copy. */
@@ -80,9 +82,19 @@ int tsr_cuda_attention_prefill_kvq(const tsr_batch_layout *b, const tsr_attn_arg
     if (!tsr_kv_is_quant(kv->dtype) || (D != 64 && D != 128) || a->n_heads % a->n_kv_heads || b->n_seqs <= 0) return 0;
     const int span_pages = (b->max_position + kv->page_size) / kv->page_size;
     if (span_pages > b->max_pages) return 0; /* positions past the page tables: not a valid batch */
-    /* a rebuilt position should serve many rows: a batch of long contexts with few prefill rows (decode rows of
-     * running sequences beside a short chunk) leaves the rows to the decode kernel, which reads codes directly */
-    if ((double)b->n_seqs * span_pages * kv->page_size > TSR_KV_EXPAND_ROWS * (double)b->n_rows) return 0;
+    /* the copy (every sequence's span up to the longest, in whole pages) within the room the pool's sizing left for
+     * it, and only where a rebuilt position serves at least KX_MIN_VISITS row visits: the decode kernel rebuilds
+     * each row's positions on its own (b->attended in all, at most `window` per row), so a batch of long-context
+     * decode rows beside a short prompt chunk is left to it, a long prompt's chunk is not */
+    const double copied = (double)b->n_seqs * span_pages * kv->page_size;
+    const double room = kv->expand_positions > 0 ? (double)kv->expand_positions
+                                                 : TSR_KV_EXPAND_ROWS * (double)b->n_rows;
+    if (copied > room) return 0;
+    if (b->attended > 0) {
+        double visits = b->attended;
+        if (a->window > 0 && visits > (double)a->window * b->n_rows) visits = (double)a->window * b->n_rows;
+        if (KX_MIN_VISITS * copied > visits) return 0;
+    }
     const size_t width = (size_t)kv->n_kv_heads * D;
     const size_t table_bytes = ((size_t)b->n_seqs * b->max_pages * sizeof(int32_t) + 255) & ~(size_t)255;
     const size_t halves = (size_t)b->n_seqs * span_pages * kv->page_size * width;

@@ -46,6 +46,10 @@ static float *decode_run(const char *model, tsr_dtype dtype, const int32_t *ids,
 {
     tsr_engine *e = open_engine(model, dtype, kv_tokens);
     const int vocab = e->model->cfg.vocab_size;
+    /* the positions a backend may rebuild as fp16 for attention: set for quantized modes, bounded by the pool */
+    const long max_pos = e->model->cfg.rope.max_pos;
+    const long context = max_pos < e->kv_pool_tokens ? max_pos : e->kv_pool_tokens;
+    assert_int_equal(e->kv.expand_positions, tsr_kv_is_quant(dtype) ? tsr_kv_expand_positions(512, context, 16) : 0);
     float *out = malloc((size_t)rows * vocab * sizeof(float));
     tsr_seq seq = {0};
     tsr_feed f = {&seq, ids, start, TSR_LOGITS_NONE, NULL, NULL};

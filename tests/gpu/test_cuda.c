@@ -394,13 +394,14 @@ static void make_layout(host_layout *h, int n_seqs, const int *pos0, const int *
 static tsr_batch_layout view(host_layout *h, int on_gpu, int max_position)
 {
     tsr_batch_layout b = {h->n_seqs,    h->n_rows,   h->max_pages, max_position, h->row_seq,
-                          h->positions, h->seq_row0, h->tables,    NULL,         NULL};
+                          h->positions, h->seq_row0, h->tables,    NULL,         NULL, 0};
     /* inv_freq with a stride of 64 per sequence: compact it to [n_seqs][half] */
     static float compact[16 * 64];
     for (int s = 0; s < h->n_seqs; s++)
         memcpy(compact + s * h->half, h->inv_freq + s * 64, (size_t)h->half * 4);
     b.inv_freq = compact;
     b.attn_factor = h->attn_factor;
+    for (int r = 0; r < h->n_rows; r++) b.attended += h->positions[r] + 1; /* as runtime/forward.c */
     if (!on_gpu) return b;
     b.row_seq = dev_copy(h->row_seq, (size_t)h->n_rows * 4);
     b.positions = dev_copy(h->positions, (size_t)h->n_rows * 4);

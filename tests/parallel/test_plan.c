@@ -188,7 +188,8 @@ static void test_fit_and_kv(void **state)
     in.kv_dtype = TSR_KV_Q4;
     assert_int_equal(tsr_plan_make(&f->m, &in, &p), TSR_OK);
     assert_int_equal(p.w[0].work_bytes - work_f16,
-                     tsr_kv_expand_bytes(f->m.cfg.n_kv_heads, f->m.cfg.head_dim, TSR_KV_Q4, in.max_tokens));
+                     tsr_kv_expand_bytes(f->m.cfg.n_kv_heads, f->m.cfg.head_dim, TSR_KV_Q4,
+                                         tsr_kv_expand_positions(in.max_tokens, f->m.cfg.rope.max_pos, in.page_size)));
     free(f);
 }
 

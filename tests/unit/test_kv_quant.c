@@ -215,11 +215,16 @@ static void test_sizes_and_refusals(void **state)
     assert_int_equal(tsr_kv_bytes_per_token(1, 1, 64, TSR_KV_Q8), 64 + 4 + 64 + 4);
     assert_int_equal(tsr_kv_bytes_per_token(1, 1, 64, TSR_F16), 256);
     assert_int_equal(tsr_kv_bytes_per_token(32, 8, 128, TSR_KV_Q4), (size_t)32 * 8 * (2 * (64 + 8)));
-    /* the fp16 rebuild a backend may make for attention: TSR_KV_EXPAND_ROWS positions per step row, K and V */
-    assert_int_equal(tsr_kv_expand_bytes(8, 128, TSR_KV_Q4, 2048), (size_t)TSR_KV_EXPAND_ROWS * 2048 * 8 * 128 * 4);
-    assert_int_equal(tsr_kv_expand_bytes(8, 128, TSR_KV_Q8, 1), (size_t)TSR_KV_EXPAND_ROWS * 8 * 128 * 4);
-    assert_int_equal(tsr_kv_expand_bytes(8, 128, TSR_F16, 2048), 0);
-    assert_int_equal(tsr_kv_expand_bytes(8, 128, TSR_F32, 2048), 0);
+    /* the fp16 rebuild a backend may make for attention: TSR_KV_EXPAND_ROWS positions per step row, or one
+     * sequence's whole context in pages, whichever is more; K and V in fp16 */
+    assert_int_equal(tsr_kv_expand_positions(2048, 8192, 16), TSR_KV_EXPAND_ROWS * 2048);
+    assert_int_equal(tsr_kv_expand_positions(2048, 131072, 16), 131072);
+    assert_int_equal(tsr_kv_expand_positions(1, 100, 16), 112); /* 100 positions take 7 pages */
+    assert_int_equal(tsr_kv_expand_positions(0, 0, 16), 0);
+    assert_int_equal(tsr_kv_expand_bytes(8, 128, TSR_KV_Q4, 65536), (size_t)65536 * 8 * 128 * 4);
+    assert_int_equal(tsr_kv_expand_bytes(8, 128, TSR_KV_Q8, 1), (size_t)8 * 128 * 4);
+    assert_int_equal(tsr_kv_expand_bytes(8, 128, TSR_F16, 65536), 0);
+    assert_int_equal(tsr_kv_expand_bytes(8, 128, TSR_F32, 65536), 0);
     /* the KV modes are not element types */
     assert_int_equal(tsr_dtype_size(TSR_KV_Q4), 0);
     assert_int_equal(tsr_dtype_parse("KV_Q8"), TSR_DTYPE_INVALID);
@@ -239,7 +244,7 @@ static void store(tsr_kv_cache *kv, const int32_t *table, int pos0, int n, const
 {
     int32_t row_seq[32] = {0}, positions[32], seq_row0[] = {0, n};
     for (int i = 0; i < n; i++) positions[i] = pos0 + i;
-    tsr_batch_layout b = {1, n, 4, pos0 + n - 1, row_seq, positions, seq_row0, table, NULL, NULL};
+    tsr_batch_layout b = {1, n, 4, pos0 + n - 1, row_seq, positions, seq_row0, table, NULL, NULL, 0};
     tsr_ops_cpu()->kv_store(&b, kv, 0, k, v);
 }
 
@@ -336,7 +341,7 @@ static void check_attention(tsr_dtype mode, int d, int window, int T0)
         row_seq[r] = r < n0 ? 0 : 1;
         positions[r] = r < n0 ? T0 - n0 + r : r - n0;
     }
-    tsr_batch_layout b = {2, rows, 4, T0 - 1, row_seq, positions, seq_row0, &tables[0][0], NULL, NULL};
+    tsr_batch_layout b = {2, rows, 4, T0 - 1, row_seq, positions, seq_row0, &tables[0][0], NULL, NULL, 0};
     tsr_attn_args a = {nh, nkv, d, 1.0f / sqrtf((float)d), window, 0, NULL};
     ops->attention(&b, &a, &kq, q, got);
     ops->attention(&b, &a, &kf, q, want);
@@ -384,7 +389,7 @@ static void check_own_chunk(tsr_dtype mode, int d, int window)
         for (size_t i = 0; i < past[s] * w; i++) k[i] = 2 * frand(), v[i] = frand();
         int32_t row_seq[16] = {0}, positions[16], seq_row0[] = {0, past[s]};
         for (int i = 0; i < past[s]; i++) positions[i] = i;
-        tsr_batch_layout bp = {1, past[s], 4, past[s] - 1, row_seq, positions, seq_row0, tables[s], NULL, NULL};
+        tsr_batch_layout bp = {1, past[s], 4, past[s] - 1, row_seq, positions, seq_row0, tables[s], NULL, NULL, 0};
         ops->kv_store(&bp, &kq, 1, k, v);
         for (int t = 0; t < past[s]; t++) {
             tsr_kv_read(&kq, 1, tables[s], t, k + t * w, v + t * w);
@@ -398,7 +403,7 @@ static void check_own_chunk(tsr_dtype mode, int d, int window)
         row_seq[r] = r < n_new[0] ? 0 : 1;
         positions[r] = r < n_new[0] ? past[0] + r : past[1] + r - n_new[0];
     }
-    tsr_batch_layout b = {2, rows, 4, past[0] + n_new[0] - 1, row_seq, positions, seq_row0, &flat[0][0], NULL, NULL};
+    tsr_batch_layout b = {2, rows, 4, past[0] + n_new[0] - 1, row_seq, positions, seq_row0, &flat[0][0], NULL, NULL, 0};
     for (size_t i = 0; i < rows * w; i++) nk[i] = 2 * frand(), nv[i] = frand();
     ops->kv_store(&b, &kq, 1, nk, nv);
     for (int r = 0; r < rows; r++) {
@@ -434,7 +439,8 @@ static void check_own_chunk(tsr_dtype mode, int d, int window)
     ops->attention(&b, &a0, &kz, q, want); /* layer 0 of kq is all zero codes: attention gives zeros */
     for (size_t i = 0; i < n; i++) assert_true(got2[i] == 0.0f && want[i] == 0.0f);
     int32_t seq_row0_b[] = {0, 1, 1 + n_new[1]}, row_seq_b[2] = {0, 1}, pos_b[2] = {past[0] + n_new[0] - 1, past[1]};
-    tsr_batch_layout b2 = {2, 2, 4, past[0] + n_new[0] - 1, row_seq_b, pos_b, seq_row0_b, &flat[0][0], NULL, NULL};
+    tsr_batch_layout b2 = {2, 2, 4, past[0] + n_new[0] - 1, row_seq_b, pos_b, seq_row0_b, &flat[0][0], NULL, NULL,
+                           0};
     ops->attention(&b2, &a, &kq, q, got2); /* row 0 = sequence 0's last new token, now alone in its "chunk" */
     ops->attention(&b2, &a0, &kf, q, want); /* kf now holds dequantized values everywhere */
     for (size_t i = 0; i < (size_t)2 * nh * d; i++)
