@@ -31,6 +31,8 @@ typedef struct tsr_batch_layout {
     const float *attn_factor;   /* [n_seqs] multiplies cos and sin (YaRN) */
     double attended;            /* Σ over rows of position + 1: the positions all rows attend to together (host
                                    value, for choosing kernels; 0 where not known) */
+    const int32_t *host_seq_row0;  /* host mirrors of seq_row0 and positions, for choosing kernels (NULL where not */
+    const int32_t *host_positions; /* known); valid for the call */
 } tsr_batch_layout;
 
 typedef struct tsr_attn_args {

@@ -243,7 +243,7 @@ static int build_layout(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seq
     }
     if (fixed_shape) max_position = c->pages_per_seq * page - 1;
     *b = (tsr_batch_layout){n_seqs, T, max_pages, max_position, d->row_seq, d->positions, d->seq_row0, d->page_tables, d->inv_freq,
-                            d->attn_factor, attended};
+                            d->attn_factor, attended, h->seq_row0, h->positions};
     return n_out;
 }
 

@@ -11,11 +11,13 @@
  * The copy gives sequence s the pages s · P .. s · P + P - 1 of its own (P = pages of the longest visible span), so
  * its page table is the run of those numbers; the buffer holds the tables, then K, then V (scratch slot 7,
  * n_seqs · P · page_size · width fp16 values each for K and V). Where the device has no room for it the caller
- * passes the batch on (attention.cu: the decode kernel). Prefill calls are never recorded into CUDA graphs (only decode steps are), so the buffer may
- * grow here. The copy stays within the positions the KV pool's sizing left room for (tsr_kv_cache.expand_positions,
- * runtime/kv_cache.h: 32 per row of the longest step, or one sequence's whole context), and is made only where its
- * rebuilt positions serve at least two row visits each; other batches (long contexts of decode rows beside a short
- * prompt chunk) go to the decode kernel, which rebuilds each row's positions in its tiles. */
+ * passes the batch on (attention.cu: the decode kernel). Prefill calls are never recorded into CUDA graphs (only
+ * decode steps are), so the buffer may grow here. The copy stays within the positions the KV pool's sizing left room
+ * for (tsr_kv_cache.expand_positions, runtime/kv_cache.h: 32 per row of the longest step, or one sequence's whole
+ * context), and is made only where its rebuilt positions serve at least two row visits each. A step of long-context
+ * decode rows followed by prompt chunks (as the scheduler plans one) whose copy as a whole would not pay or fit is
+ * split: its decode rows to the decode kernel, which rebuilds each row's positions in its tiles, its chunks over a
+ * copy of their own sequences' contexts. Other such batches go to the decode kernel whole. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/kvq_tile.cuh"
@@ -75,17 +77,15 @@ static void *copy_buffer(size_t bytes)
     return p ? p : tsr_cuda_scratch_try(7, bytes);
 }
 
-int tsr_cuda_attention_prefill_kvq(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv,
-                                   const float *q, float *out)
+/* Pages per sequence of the batch's copy where the copy pays and fits, else 0. The copy holds every sequence's span
+ * up to the longest, in whole pages; it must stay within the room the pool's sizing left for it, and each rebuilt
+ * position must serve at least KX_MIN_VISITS row visits: the decode kernel rebuilds each row's positions on its own
+ * (b->attended in all, at most `window` per row), so a batch of long-context decode rows beside a short prompt chunk
+ * is left to it (or split, split_attend), a long prompt's chunk is not. */
+static int copy_pages(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv)
 {
-    const int D = a->head_dim;
-    if (!tsr_kv_is_quant(kv->dtype) || (D != 64 && D != 128) || a->n_heads % a->n_kv_heads || b->n_seqs <= 0) return 0;
     const int span_pages = (b->max_position + kv->page_size) / kv->page_size;
     if (span_pages > b->max_pages) return 0; /* positions past the page tables: not a valid batch */
-    /* the copy (every sequence's span up to the longest, in whole pages) within the room the pool's sizing left for
-     * it, and only where a rebuilt position serves at least KX_MIN_VISITS row visits: the decode kernel rebuilds
-     * each row's positions on its own (b->attended in all, at most `window` per row), so a batch of long-context
-     * decode rows beside a short prompt chunk is left to it, a long prompt's chunk is not */
     const double copied = (double)b->n_seqs * span_pages * kv->page_size;
     const double room = kv->expand_positions > 0 ? (double)kv->expand_positions
                                                  : TSR_KV_EXPAND_ROWS * (double)b->n_rows;
@@ -95,6 +95,15 @@ int tsr_cuda_attention_prefill_kvq(const tsr_batch_layout *b, const tsr_attn_arg
         if (a->window > 0 && visits > (double)a->window * b->n_rows) visits = (double)a->window * b->n_rows;
         if (KX_MIN_VISITS * copied > visits) return 0;
     }
+    return span_pages;
+}
+
+/* The batch over a copy of its context, where the copy pays and fits (1), else nothing launched (0). */
+static int copy_attend(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
+                       float *out)
+{
+    const int D = a->head_dim, span_pages = copy_pages(b, a, kv);
+    if (!span_pages) return 0;
     const size_t width = (size_t)kv->n_kv_heads * D;
     const size_t table_bytes = ((size_t)b->n_seqs * b->max_pages * sizeof(int32_t) + 255) & ~(size_t)255;
     const size_t halves = (size_t)b->n_seqs * span_pages * kv->page_size * width;
@@ -129,4 +138,61 @@ int tsr_cuda_attention_prefill_kvq(const tsr_batch_layout *b, const tsr_attn_arg
     tsr_attn_args fa = *a;
     fa.layer = 0;
     return tsr_cuda_attention_prefill(&fb, &fa, &fkv, q, out);
+}
+
+/* Sequences [s_lo, s_hi) of b (from the host mirrors): their largest position and the positions their rows attend
+ * to, into p. */
+static void part_extent(const tsr_batch_layout *b, int s_lo, int s_hi, tsr_batch_layout *p)
+{
+    p->max_position = 0, p->attended = 0;
+    for (int s = s_lo; s < s_hi; s++) {
+        const int last = b->host_positions[b->host_seq_row0[s + 1] - 1];
+        if (last > p->max_position) p->max_position = last;
+    }
+    for (int r = b->host_seq_row0[s_lo]; r < b->host_seq_row0[s_hi]; r++) p->attended += b->host_positions[r] + 1;
+}
+
+/* A batch of one-row sequences (decode tokens) followed by sequences of several rows (prompt chunks), as the
+ * scheduler plans a step, whose copy as a whole does not pay or fit: the decode rows to the decode kernel as a batch
+ * of the first rows, the chunks over a copy of their own sequences' contexts. 1 when done, 0 when nothing was
+ * launched. (Chunks before decode rows would need the decode kernel's rows offset: such batches stay whole.) */
+static int split_attend(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
+                        float *out)
+{
+    if (!b->host_seq_row0 || !b->host_positions || b->n_seqs < 2) return 0;
+    const int32_t *r0 = b->host_seq_row0;
+    int cut = 0;
+    while (cut < b->n_seqs && r0[cut + 1] - r0[cut] == 1) cut++;
+    if (cut == 0 || cut == b->n_seqs) return 0;
+    for (int s = cut; s < b->n_seqs; s++)
+        if (r0[s + 1] - r0[s] == 1) return 0;
+    /* the decode rows: the first r0[cut] rows, every array as it is */
+    tsr_batch_layout dec = *b;
+    dec.n_rows = r0[cut], dec.n_seqs = cut;
+    part_extent(b, 0, cut, &dec);
+    /* the chunks: sequence arrays from `cut` on, rows keeping their numbers (seq_row0's values, positions, q and out
+     * as they are; the prefill kernels and the copy read no row_seq) */
+    tsr_batch_layout chunks = *b;
+    chunks.n_seqs = b->n_seqs - cut, chunks.n_rows = b->n_rows - r0[cut];
+    chunks.seq_row0 += cut, chunks.host_seq_row0 += cut;
+    chunks.page_tables += (size_t)cut * b->max_pages;
+    part_extent(b, cut, b->n_seqs, &chunks);
+    /* the chunks' copy must pay and fit on its own; the decode rows go first, so that a kernel that declines them
+     * (more than 8 query heads per KV head) leaves the whole batch to the caller */
+    if (!copy_pages(&chunks, a, kv)) return 0;
+    if (!tsr_cuda_attention_decode(&dec, a, kv, q, out)) return 0;
+    if (copy_attend(&chunks, a, kv, q, out)) return 1;
+    /* no device memory for the copy after all: the chunks' rows to the decode kernel too, as the whole batch would
+     * have gone (its first rows computed again) */
+    if (!tsr_cuda_attention_decode(b, a, kv, q, out))
+        tsr_cuda_fatal(__FILE__, __LINE__, "the decode attention declined a batch after taking its first rows");
+    return 1;
+}
+
+int tsr_cuda_attention_prefill_kvq(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv,
+                                   const float *q, float *out)
+{
+    const int D = a->head_dim;
+    if (!tsr_kv_is_quant(kv->dtype) || (D != 64 && D != 128) || a->n_heads % a->n_kv_heads || b->n_seqs <= 0) return 0;
+    return copy_attend(b, a, kv, q, out) || split_attend(b, a, kv, q, out);
 }

@@ -394,7 +394,7 @@ static void make_layout(host_layout *h, int n_seqs, const int *pos0, const int *
 static tsr_batch_layout view(host_layout *h, int on_gpu, int max_position)
 {
     tsr_batch_layout b = {h->n_seqs,    h->n_rows,   h->max_pages, max_position, h->row_seq,
-                          h->positions, h->seq_row0, h->tables,    NULL,         NULL, 0};
+                          h->positions, h->seq_row0, h->tables,    NULL,         NULL, 0, NULL, NULL};
     /* inv_freq with a stride of 64 per sequence: compact it to [n_seqs][half] */
     static float compact[16 * 64];
     for (int s = 0; s < h->n_seqs; s++)
@@ -402,6 +402,7 @@ static tsr_batch_layout view(host_layout *h, int on_gpu, int max_position)
     b.inv_freq = compact;
     b.attn_factor = h->attn_factor;
     for (int r = 0; r < h->n_rows; r++) b.attended += h->positions[r] + 1; /* as runtime/forward.c */
+    b.host_seq_row0 = h->seq_row0, b.host_positions = h->positions;
     if (!on_gpu) return b;
     b.row_seq = dev_copy(h->row_seq, (size_t)h->n_rows * 4);
     b.positions = dev_copy(h->positions, (size_t)h->n_rows * 4);
@@ -426,10 +427,18 @@ static int test_batch(host_layout *h, int kind, int page, int n_pages, int half)
     int pos0_dec[] = {1700, 3, 950, 0}, n_dec[] = {1, 1, 1, 1};
     int pos0_pre[] = {0, 40, 0}, n_pre[] = {70, 33, 129};
     int pos0_mix[] = {1700, 0, 40}, n_mix[] = {1, 129, 33};
+    /* decode rows whose contexts make a copy of the whole batch too large: before the chunks (as the scheduler plans
+     * a step; attention_kvq.cu splits the batch) and after them (kept whole, the decode kernel) */
+    int pos0_split[] = {1700, 1500, 1200, 0, 40}, n_split[] = {1, 1, 1, 129, 33};
+    int pos0_split2[] = {0, 40, 1700, 1500, 1200}, n_split2[] = {129, 33, 1, 1, 1};
     if (kind == 1)
         make_layout(h, 4, pos0_dec, n_dec, page, n_pages, half);
     else if (kind == 2)
         make_layout(h, 3, pos0_mix, n_mix, page, n_pages, half);
+    else if (kind == 3)
+        make_layout(h, 5, pos0_split, n_split, page, n_pages, half);
+    else if (kind == 4)
+        make_layout(h, 5, pos0_split2, n_split2, page, n_pages, half);
     else
         make_layout(h, 3, pos0_pre, n_pre, page, n_pages, half);
     int max_pos = 0;
@@ -705,7 +714,8 @@ static float *attention_rebuilt(const host_layout *h, const tsr_batch_layout *bc
  * quantizer mirrors the CPU one's fp16 arithmetic), and attention must agree: the chunk read exactly from the
  * staging area, the history decoded from the codes, over several splits for the long decode contexts. Where the
  * GPU rebuilds fp16 rows (kvq_rebuilt) it must match the CPU over those rows, and stay within the fp16 rounding's
- * reach of the CPU's own attention. kind: test_batch's (0 prefill, 1 decode, 2 both in one batch). */
+ * reach of the CPU's own attention. kind: test_batch's (0 prefill, 1 decode, 2 both in one batch, 3 decode rows with
+ * long contexts, then chunks, a batch the GPU splits, 4 the same in the other order). */
 static void check_attention_quant(int d, tsr_dtype mode, int window, int kind)
 {
     const int nh = 8, nkv = 2, page = 16, n_pages = 1024, decode = kind == 1;
@@ -770,7 +780,7 @@ static void check_attention_quant(int d, tsr_dtype mode, int window, int kind)
     gpu->attention(&bg, &a, &kg, dq, dout);
     float *got = to_host(dout, n);
     char what[96];
-    static const char *kinds[] = {"prefill", "decode", "mixed"};
+    static const char *kinds[] = {"prefill", "decode", "mixed", "split", "chunks, then decode"};
     snprintf(what, sizeof what, "attention d%d kv %s %s window %d", d, tsr_kv_dtype_name(mode), kinds[kind], window);
     if (kvq_rebuilt(d, !decode)) {
         float *want16 = attention_rebuilt(&h, &bc, &a, &kc, k, v, q);
@@ -779,6 +789,15 @@ static void check_attention_quant(int d, tsr_dtype mode, int window, int kind)
          * 2e-5 to 6e-5 against the CPU's rotated domain */
         expect_close(what, got, want16, n, decode ? 1e-5 : 1e-3);
         expect_close("  against the rotated-domain CPU", got, want, n, 1e-3);
+        const char *flash = getenv("TSR_CUDA_FLASH");
+        if (kind == 3 && !(flash && !strcmp(flash, "0"))) {
+            /* the split: decode rows as exact as the decode kernel's, chunks with fp16 probabilities */
+            const size_t cut = (size_t)h.seq_row0[3] * nh * d;
+            expect_close("  its decode rows (the decode kernel)", got, want16, cut, 1e-5);
+            const double e = rel_err(got + cut, want16 + cut, n - cut);
+            print_message("  %-40s rel err %.2e\n", "  its chunks (over a copy)", e);
+            if (!(e >= 2e-6)) fail_msg("%s: the chunks' rows are exact (%.2e): the copy did not run", what, e);
+        }
         free(want16);
     } else {
         expect_close(what, got, want, n, 2e-5);
@@ -800,6 +819,8 @@ static void test_attention_kv_quant(void **state)
         check_attention_quant(128, modes[m], 0, 0);
         check_attention_quant(64, modes[m], 40, 0);
         check_attention_quant(128, modes[m], 0, 2);
+        check_attention_quant(128, modes[m], 0, 3);
+        check_attention_quant(64, modes[m], 0, 4);
         check_attention_quant(64, modes[m], 100, 1);
         check_attention_quant(192, modes[m], 300, 1);
         check_attention_quant(256, modes[m], 0, 0);

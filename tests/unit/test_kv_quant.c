@@ -244,7 +244,7 @@ static void store(tsr_kv_cache *kv, const int32_t *table, int pos0, int n, const
 {
     int32_t row_seq[32] = {0}, positions[32], seq_row0[] = {0, n};
     for (int i = 0; i < n; i++) positions[i] = pos0 + i;
-    tsr_batch_layout b = {1, n, 4, pos0 + n - 1, row_seq, positions, seq_row0, table, NULL, NULL, 0};
+    tsr_batch_layout b = {1, n, 4, pos0 + n - 1, row_seq, positions, seq_row0, table, NULL, NULL, 0, NULL, NULL};
     tsr_ops_cpu()->kv_store(&b, kv, 0, k, v);
 }
 
@@ -341,7 +341,7 @@ static void check_attention(tsr_dtype mode, int d, int window, int T0)
         row_seq[r] = r < n0 ? 0 : 1;
         positions[r] = r < n0 ? T0 - n0 + r : r - n0;
     }
-    tsr_batch_layout b = {2, rows, 4, T0 - 1, row_seq, positions, seq_row0, &tables[0][0], NULL, NULL, 0};
+    tsr_batch_layout b = {2, rows, 4, T0 - 1, row_seq, positions, seq_row0, &tables[0][0], NULL, NULL, 0, NULL, NULL};
     tsr_attn_args a = {nh, nkv, d, 1.0f / sqrtf((float)d), window, 0, NULL};
     ops->attention(&b, &a, &kq, q, got);
     ops->attention(&b, &a, &kf, q, want);
@@ -389,7 +389,8 @@ static void check_own_chunk(tsr_dtype mode, int d, int window)
         for (size_t i = 0; i < past[s] * w; i++) k[i] = 2 * frand(), v[i] = frand();
         int32_t row_seq[16] = {0}, positions[16], seq_row0[] = {0, past[s]};
         for (int i = 0; i < past[s]; i++) positions[i] = i;
-        tsr_batch_layout bp = {1, past[s], 4, past[s] - 1, row_seq, positions, seq_row0, tables[s], NULL, NULL, 0};
+        tsr_batch_layout bp = {1, past[s], 4, past[s] - 1, row_seq, positions, seq_row0, tables[s], NULL, NULL,
+                               0, NULL, NULL};
         ops->kv_store(&bp, &kq, 1, k, v);
         for (int t = 0; t < past[s]; t++) {
             tsr_kv_read(&kq, 1, tables[s], t, k + t * w, v + t * w);
@@ -403,7 +404,8 @@ static void check_own_chunk(tsr_dtype mode, int d, int window)
         row_seq[r] = r < n_new[0] ? 0 : 1;
         positions[r] = r < n_new[0] ? past[0] + r : past[1] + r - n_new[0];
     }
-    tsr_batch_layout b = {2, rows, 4, past[0] + n_new[0] - 1, row_seq, positions, seq_row0, &flat[0][0], NULL, NULL, 0};
+    tsr_batch_layout b = {2, rows, 4, past[0] + n_new[0] - 1, row_seq, positions, seq_row0, &flat[0][0], NULL, NULL,
+                          0, NULL, NULL};
     for (size_t i = 0; i < rows * w; i++) nk[i] = 2 * frand(), nv[i] = frand();
     ops->kv_store(&b, &kq, 1, nk, nv);
     for (int r = 0; r < rows; r++) {
@@ -440,7 +442,7 @@ static void check_own_chunk(tsr_dtype mode, int d, int window)
     for (size_t i = 0; i < n; i++) assert_true(got2[i] == 0.0f && want[i] == 0.0f);
     int32_t seq_row0_b[] = {0, 1, 1 + n_new[1]}, row_seq_b[2] = {0, 1}, pos_b[2] = {past[0] + n_new[0] - 1, past[1]};
     tsr_batch_layout b2 = {2, 2, 4, past[0] + n_new[0] - 1, row_seq_b, pos_b, seq_row0_b, &flat[0][0], NULL, NULL,
-                           0};
+                           0, NULL, NULL};
     ops->attention(&b2, &a, &kq, q, got2); /* row 0 = sequence 0's last new token, now alone in its "chunk" */
     ops->attention(&b2, &a0, &kf, q, want); /* kf now holds dequantized values everywhere */
     for (size_t i = 0; i < (size_t)2 * nh * d; i++)

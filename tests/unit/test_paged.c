@@ -68,7 +68,7 @@ static void store(tsr_kv_cache *kv, const int32_t *table, int pos0, int n, const
     int32_t row_seq[48] = {0}, positions[48], seq_row0[] = {0, n};
     assert_true(n <= 48);
     for (int i = 0; i < n; i++) positions[i] = pos0 + i;
-    tsr_batch_layout b = {1, n, 12, pos0 + n - 1, row_seq, positions, seq_row0, table, NULL, NULL, 0};
+    tsr_batch_layout b = {1, n, 12, pos0 + n - 1, row_seq, positions, seq_row0, table, NULL, NULL, 0, NULL, NULL};
     tsr_ops_cpu()->kv_store(&b, kv, 0, k, v);
 }
 
@@ -111,7 +111,7 @@ static void check_attention(tsr_dtype dtype, int window, int T0, int d, int nh)
         row_seq[r] = r < n0 ? 0 : 1;
         positions[r] = r < n0 ? T0 - n0 + r : r - n0;
     }
-    tsr_batch_layout b = {2, rows, 12, T0 - 1, row_seq, positions, seq_row0, &tables[0][0], NULL, NULL, 0};
+    tsr_batch_layout b = {2, rows, 12, T0 - 1, row_seq, positions, seq_row0, &tables[0][0], NULL, NULL, 0, NULL, NULL};
     tsr_attn_args a = {nh, nkv, d, 1.0f / sqrtf((float)d), window, 0, NULL};
     ops->attention(&b, &a, &kv, q, out);
     reference(q, k0, v0, T0 - n0, n0, nh, nkv, d, window, want);
