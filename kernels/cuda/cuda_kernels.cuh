@@ -119,8 +119,9 @@ void tsr_cuda_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const
 int tsr_cuda_attention_prefill(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv,
                                const float *q, float *out);
 /* The prefill attention over a quantized cache (attention_kvq.cu): the context of the batch's sequences rebuilt as an
- * fp16 cache in scratch memory, then tsr_cuda_attention_prefill over it. Returns 0 (nothing launched) where that
- * kernel does not apply, the copy would be large for the batch's rows or would not fit in device memory. */
+ * fp16 cache in scratch memory, then tsr_cuda_attention_prefill over it (or, for decode rows followed by prompt
+ * chunks, the decode kernel for the first and a copy for the second). Returns 0 (nothing launched) where that kernel
+ * does not apply, or the copy would not pay for the batch's rows or not fit in device memory. */
 int tsr_cuda_attention_prefill_kvq(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv,
                                    const float *q, float *out);
 /* Its wgmma form (attention_prefill_wgmma.cu), which tsr_cuda_attention_prefill tries first: returns 1 after
