@@ -7,9 +7,10 @@
  * elements: its codes are one 1-, 2- or 4-byte load (from global memory, or from a copy of the row in shared memory),
  * its group's scale one fp16 load (a 32-element group spans 8 or 16 lanes). Dequantized in the rotated domain,
  * (code - m)·scale in fp32, the values are rotated back by the per-chunk, per-parity 32-point Walsh-Hadamard
- * transform: element e of a 64-element chunk is point e / 2 of parity e % 2's transform, so with EPL = 4 a lane holds points 2L and 2L + 1 of both parities (L = l % 16; the first
- * butterfly stage stays in the lane, the other four are shuffles within the chunk's 16 lanes) and with EPL = 2 it
- * holds point l of both (five shuffle stages). The result times 1/32 is rounded to fp16 once.
+ * transform: element e of a 64-element chunk is point e / 2 of parity e % 2's transform, so with EPL = 4 a lane
+ * holds points 2L and 2L + 1 of both parities (L = l % 16; the first butterfly stage stays in the lane, the other
+ * four are shuffles within the chunk's 16 lanes) and with EPL = 2 it holds point l of both (five shuffle stages).
+ * The result times 1/32 is rounded to fp16 once.
  *
  * Numerics: kernels/cpu/attention.c (and attention.cu's exact kernel) attend in the rotated domain in fp32, so the
  * fp16 rounding of the rebuilt vectors is the only difference (relative ~2^-12 per element, far below the codes'
