@@ -152,10 +152,11 @@ static void part_extent(const tsr_batch_layout *b, int s_lo, int s_hi, tsr_batch
     for (int r = b->host_seq_row0[s_lo]; r < b->host_seq_row0[s_hi]; r++) p->attended += b->host_positions[r] + 1;
 }
 
-/* A batch of one-row sequences (decode tokens) followed by sequences of several rows (prompt chunks), as the
- * scheduler plans a step, whose copy as a whole does not pay or fit: the decode rows to the decode kernel as a batch
- * of the first rows, the chunks over a copy of their own sequences' contexts. 1 when done, 0 when nothing was
- * launched. (Chunks before decode rows would need the decode kernel's rows offset: such batches stay whole.) */
+/* A batch that starts with one-row sequences (decode tokens, which the scheduler plans first) and goes on with
+ * prompt chunks, whose copy as a whole does not pay or fit: the leading one-row sequences to the decode kernel as a
+ * batch of the first rows, the rest over a copy of their own sequences' contexts where that pays and fits. 1 when
+ * done, 0 when nothing was launched. (Chunks before decode rows would need the decode kernel's rows offset: such
+ * batches stay whole.) */
 static int split_attend(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
                         float *out)
 {
@@ -164,20 +165,18 @@ static int split_attend(const tsr_batch_layout *b, const tsr_attn_args *a, const
     int cut = 0;
     while (cut < b->n_seqs && r0[cut + 1] - r0[cut] == 1) cut++;
     if (cut == 0 || cut == b->n_seqs) return 0;
-    for (int s = cut; s < b->n_seqs; s++)
-        if (r0[s + 1] - r0[s] == 1) return 0;
     /* the decode rows: the first r0[cut] rows, every array as it is */
     tsr_batch_layout dec = *b;
     dec.n_rows = r0[cut], dec.n_seqs = cut;
     part_extent(b, 0, cut, &dec);
-    /* the chunks: sequence arrays from `cut` on, rows keeping their numbers (seq_row0's values, positions, q and out
+    /* the rest: sequence arrays from `cut` on, rows keeping their numbers (seq_row0's values, positions, q and out
      * as they are; the prefill kernels and the copy read no row_seq) */
     tsr_batch_layout chunks = *b;
     chunks.n_seqs = b->n_seqs - cut, chunks.n_rows = b->n_rows - r0[cut];
     chunks.seq_row0 += cut, chunks.host_seq_row0 += cut;
     chunks.page_tables += (size_t)cut * b->max_pages;
     part_extent(b, cut, b->n_seqs, &chunks);
-    /* the chunks' copy must pay and fit on its own; the decode rows go first, so that a kernel that declines them
+    /* the rest's copy must pay and fit on its own; the decode rows go first, so that a kernel that declines them
      * (more than 8 query heads per KV head) leaves the whole batch to the caller */
     if (!copy_pages(&chunks, a, kv)) return 0;
     if (!tsr_cuda_attention_decode(&dec, a, kv, q, out)) return 0;
