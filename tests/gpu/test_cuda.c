@@ -428,15 +428,16 @@ static int test_batch(host_layout *h, int kind, int page, int n_pages, int half)
     int pos0_pre[] = {0, 40, 0}, n_pre[] = {70, 33, 129};
     int pos0_mix[] = {1700, 0, 40}, n_mix[] = {1, 129, 33};
     /* decode rows whose contexts make a copy of the whole batch too large: before the chunks (as the scheduler plans
-     * a step; attention_kvq.cu splits the batch) and after them (kept whole, the decode kernel) */
-    int pos0_split[] = {1700, 1500, 1200, 0, 40}, n_split[] = {1, 1, 1, 129, 33};
+     * a step, a one-token chunk last; attention_kvq.cu splits the batch) and after them (kept whole, the decode
+     * kernel) */
+    int pos0_split[] = {1700, 1500, 1200, 0, 40, 60}, n_split[] = {1, 1, 1, 129, 33, 1};
     int pos0_split2[] = {0, 40, 1700, 1500, 1200}, n_split2[] = {129, 33, 1, 1, 1};
     if (kind == 1)
         make_layout(h, 4, pos0_dec, n_dec, page, n_pages, half);
     else if (kind == 2)
         make_layout(h, 3, pos0_mix, n_mix, page, n_pages, half);
     else if (kind == 3)
-        make_layout(h, 5, pos0_split, n_split, page, n_pages, half);
+        make_layout(h, 6, pos0_split, n_split, page, n_pages, half);
     else if (kind == 4)
         make_layout(h, 5, pos0_split2, n_split2, page, n_pages, half);
     else
