@@ -1703,6 +1703,17 @@ static void test_kv_pool_from_free_memory(void **state)
     print_message("  KV pool from free memory: %ld tokens, %.1f GiB of %.1f GiB free\n", e->kv_pool_tokens,
                   pool / (1 << 30), (double)free0 / (1 << 30));
     assert_true(pool > 0.02 * (double)free0 && pool < 0.06 * (double)free0);
+    assert_int_equal(e->kv.expand_positions, 0);
+    tsr_engine_close(e);
+    /* a Q4 cache: the pool leaves room for the fp16 rebuild of a step's context, and tells attention how much */
+    o.kv_dtype = TSR_KV_Q4;
+    assert_int_equal(tsr_engine_open(dir, &o, &e), TSR_OK);
+    const long pool_tokens = e->kv_pool_tokens, max_pos = e->model->cfg.rope.max_pos;
+    const long context = max_pos < pool_tokens ? max_pos : pool_tokens;
+    assert_true(e->kv.expand_positions >= tsr_kv_expand_positions(TSR_STEP_TOKENS_DEFAULT, 0, 16));
+    assert_true(e->kv.expand_positions <= tsr_kv_expand_positions(TSR_STEP_TOKENS_DEFAULT, context, 16));
+    print_message("  the same with a Q4 cache: %ld tokens, rebuild room %ld positions\n", pool_tokens,
+                  e->kv.expand_positions);
     tsr_engine_close(e);
 }
 
