@@ -287,7 +287,6 @@ static void merge_item_launch(size_t items, size_t smem, int n_splits, const flo
 
 /* ---- quantized caches ---- */
 
-
 /* In place on a warp's d floats in shared memory: the per-chunk, per-parity 32-point Hadamard transform. */
 __device__ __forceinline__ void warp_rotate(float *sm, int d, int lane)
 {
