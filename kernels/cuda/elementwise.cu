@@ -386,14 +386,8 @@ void tsr_cuda_add_rmsnorm(float *x, const float *y, const tsr_dense *w, float ep
 __global__ void rope_kernel(tsr_batch_layout b, float *x, int n_heads, int head_dim, int half)
 {
     tsr_pdl_start();
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t per_row = (size_t)n_heads * half;
-    if (i >= (size_t)b.n_rows * per_row) return;
-    int row = (int)(i / per_row), h = (int)(i % per_row) / half, j = (int)(i % half);
-    float c, s;
-    tsr_rope_cos_sin(b, b.row_seq[row], b.positions[row], half, j, c, s);
-    float *v = x + ((size_t)row * n_heads + h) * head_dim;
-    tsr_rope_rotate(v[j], v[j + half], c, s, v[j], v[j + half]);
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (size_t)b.n_rows * n_heads * half) tsr_rope_pair(b, x, n_heads, head_dim, half, i);
 }
 
 void tsr_cuda_rope(const tsr_batch_layout *b, float *x, int n_heads, int head_dim, int rot_dim)

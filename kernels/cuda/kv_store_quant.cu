@@ -81,14 +81,9 @@ __global__ void __launch_bounds__(KVQ_THREADS) kvq_store_kernel(tsr_batch_layout
 {
     tsr_pdl_start();
     const int d = o.d, width = o.nkv * d, lane = threadIdx.x & 31;
-    if (blockIdx.x < q_blocks) {
-        const size_t i = (size_t)blockIdx.x * KVQ_THREADS + threadIdx.x, per_row = (size_t)n_heads * half;
-        if (i >= (size_t)b.n_rows * per_row) return;
-        const int row = (int)(i / per_row), h = (int)(i % per_row) / half, j = (int)(i % half);
-        float c, s;
-        tsr_rope_cos_sin(b, b.row_seq[row], b.positions[row], half, j, c, s);
-        float *x = q + ((size_t)row * n_heads + h) * d;
-        tsr_rope_rotate(x[j], x[j + half], c, s, x[j], x[j + half]);
+    if (blockIdx.x < q_blocks) { /* as rope_kernel */
+        const size_t i = (size_t)blockIdx.x * KVQ_THREADS + threadIdx.x;
+        if (i < (size_t)b.n_rows * n_heads * half) tsr_rope_pair(b, q, n_heads, d, half, i);
         return;
     }
     const size_t warp = ((size_t)(blockIdx.x - q_blocks) * KVQ_THREADS + threadIdx.x) >> 5;

@@ -24,4 +24,17 @@ __device__ __forceinline__ void tsr_rope_rotate(float x0, float x1, float c, flo
     r1 = __fmaf_rn(x1, c, __fmul_rn(x0, s));
 }
 
+/* Rotary pair i of x ([n_rows][n_heads][head_dim], pairs numbered row by row, head by head) rotated in place: a
+ * thread per pair, i below n_rows · n_heads · half. */
+__device__ __forceinline__ void tsr_rope_pair(const tsr_batch_layout &b, float *x, int n_heads, int head_dim, int half,
+                                              size_t i)
+{
+    const size_t per_row = (size_t)n_heads * half;
+    const int row = (int)(i / per_row), h = (int)(i % per_row) / half, j = (int)(i % half);
+    float c, s;
+    tsr_rope_cos_sin(b, b.row_seq[row], b.positions[row], half, j, c, s);
+    float *v = x + ((size_t)row * n_heads + h) * head_dim;
+    tsr_rope_rotate(v[j], v[j + half], c, s, v[j], v[j + half]);
+}
+
 #endif

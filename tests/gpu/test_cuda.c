@@ -66,6 +66,13 @@ static float *to_host(const float *d, size_t n)
 }
 
 /* relative error ||a-b|| / ||b||, failing on any NaN */
+/* Whether the environment sets NAME=0, as the CTest variants do to turn a CUDA path off. */
+static int env_off(const char *name)
+{
+    const char *v = getenv(name);
+    return v && strcmp(v, "0") == 0;
+}
+
 static double rel_err(const float *a, const float *b, size_t n)
 {
     double num = 0, den = 0;
@@ -667,10 +674,8 @@ static void test_rope_store(void **state)
  * prefill rows (the tensor-core prefill kernel), else the decode kernel (at most 16 query heads per KV head). */
 static int kvq_rebuilt(int d, int prefill)
 {
-    const char *kvq = getenv("TSR_CUDA_ATTN_KVQ"), *fl = getenv("TSR_CUDA_FLASH");
-    const char *dec = getenv("TSR_CUDA_ATTN_DECODE");
-    const int flash = !(fl && !strcmp(fl, "0")), decode_kernel = !(dec && !strcmp(dec, "0"));
-    if ((kvq && !strcmp(kvq, "0")) || (d != 64 && d != 128)) return 0;
+    const int flash = !env_off("TSR_CUDA_FLASH"), decode_kernel = !env_off("TSR_CUDA_ATTN_DECODE");
+    if (env_off("TSR_CUDA_ATTN_KVQ") || (d != 64 && d != 128)) return 0;
     return prefill ? flash || decode_kernel : decode_kernel; /* without the prefill kernel, the decode kernel */
 }
 
@@ -790,8 +795,7 @@ static void check_attention_quant(int d, tsr_dtype mode, int window, int kind)
          * 2e-5 to 6e-5 against the CPU's rotated domain */
         expect_close(what, got, want16, n, decode ? 1e-5 : 1e-3);
         expect_close("  against the rotated-domain CPU", got, want, n, 1e-3);
-        const char *flash = getenv("TSR_CUDA_FLASH");
-        if (kind == 3 && !(flash && !strcmp(flash, "0"))) {
+        if (kind == 3 && !env_off("TSR_CUDA_FLASH")) {
             /* the split: decode rows as exact as the decode kernel's, chunks with fp16 probabilities */
             const size_t cut = (size_t)h.seq_row0[3] * nh * d;
             expect_close("  its decode rows (the decode kernel)", got, want16, cut, 1e-5);
@@ -1103,9 +1107,8 @@ static void test_linear_long_groups(void **state)
  * theirs; never above 8 rows. */
 static int staged_ahead(int M)
 {
-    const char *off = getenv("TSR_CUDA_STAGE_AHEAD"), *gather = getenv("TSR_CUDA_GEMV_PRESTAGE");
-    if ((off && strcmp(off, "0") == 0) || M > 8) return 0;
-    return M > 4 || !(gather && strcmp(gather, "0") == 0);
+    if (env_off("TSR_CUDA_STAGE_AHEAD") || M > 8) return 0;
+    return M > 4 || !env_off("TSR_CUDA_GEMV_PRESTAGE");
 }
 
 /* Gate, up and down as layer 0 of a host model shell, so that prepare_model uploads them as a model's MLP: gate's
