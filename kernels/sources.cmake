@@ -1,4 +1,5 @@
-# CPU kernels behind kernels/ops.h (the CUDA ones are in kernels/cuda/sources.cmake).
+# CPU kernels behind kernels/ops.h (the CUDA ones are in kernels/cuda/sources.cmake), and the host-side choices the
+# CUDA ones share with the tests (kv_copy_plan.c).
 list(APPEND TSR_CORE_SOURCES
   kernels/cpu/threadpool.c
   kernels/cpu/matmul_exl2.c
@@ -6,6 +7,7 @@ list(APPEND TSR_CORE_SOURCES
   kernels/cpu/attention.c
   kernels/cpu/elementwise.c
   kernels/cpu/ops_cpu.c
+  kernels/kv_copy_plan.c
 )
 # The matmul and attention kernels' multiply-adds are written as a + x * t; contracting them into fused multiply-adds
 # (on CPUs that have them) is what they are timed with. Every row and column goes through the same expression, so

@@ -385,7 +385,7 @@ __global__ void attn_q_kernel(tsr_batch_layout b, tsr_attn_args a, kvq_view c, i
         const size_t head_off = (size_t)slot * width + (size_t)kvh * d;
         /* warp-uniform: is this position one of the rows the last kv_store staged for this layer? */
         const int64_t fr = t >= p0 ? (int64_t)r0 + (t - p0) : -1;
-        const bool fresh = fr >= 0 && fr < staged && c.stage_key[fr] == (((int64_t)a.layer << 40) | slot);
+        const bool fresh = fr >= 0 && fr < staged && c.stage_key[fr] == tsr_kv_stage_key(a.layer, slot);
         float kx[DPL];
         float s = 0.0f;
         if (fresh) {

@@ -21,9 +21,9 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/kvq_tile.cuh"
+#include "kernels/kv_copy_plan.h"
 
-#define KX_WARPS      8 /* positions per block of the rebuild */
-#define KX_MIN_VISITS 2 /* row visits per rebuilt position for the copy to pay (see below) */
+#define KX_WARPS 8 /* positions per block of the rebuild */
 
 /* Block (x, kvh, s): warp w rebuilds position 8x + w of sequence s, KV head kvh, K and V, into the fp16 copy; block
  * (0, 0, s) also writes s's page table of the copy. */
@@ -77,32 +77,11 @@ static void *copy_buffer(size_t bytes)
     return p ? p : tsr_cuda_scratch_try(7, bytes);
 }
 
-/* Pages per sequence of the batch's copy where the copy pays and fits, else 0. The copy holds every sequence's span
- * up to the longest, in whole pages; it must stay within the room the pool's sizing left for it, and each rebuilt
- * position must serve at least KX_MIN_VISITS row visits: the decode kernel rebuilds each row's positions on its own
- * (b->attended in all, at most `window` per row), so a batch of long-context decode rows beside a short prompt chunk
- * is left to it (or split, split_attend), a long prompt's chunk is not. */
-static int copy_pages(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv)
-{
-    const int span_pages = (b->max_position + kv->page_size) / kv->page_size;
-    if (span_pages > b->max_pages) return 0; /* positions past the page tables: not a valid batch */
-    const double copied = (double)b->n_seqs * span_pages * kv->page_size;
-    const double room = kv->expand_positions > 0 ? (double)kv->expand_positions
-                                                 : TSR_KV_EXPAND_ROWS * (double)b->n_rows;
-    if (copied > room) return 0;
-    if (b->attended > 0) {
-        double visits = b->attended;
-        if (a->window > 0 && visits > (double)a->window * b->n_rows) visits = (double)a->window * b->n_rows;
-        if (KX_MIN_VISITS * copied > visits) return 0;
-    }
-    return span_pages;
-}
-
 /* The batch over a copy of its context, where the copy pays and fits (1), else nothing launched (0). */
 static int copy_attend(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
                        float *out)
 {
-    const int D = a->head_dim, span_pages = copy_pages(b, a, kv);
+    const int D = a->head_dim, span_pages = tsr_kv_copy_pages(b, a->window, kv);
     if (!span_pages) return 0;
     const size_t width = (size_t)kv->n_kv_heads * D;
     const size_t table_bytes = ((size_t)b->n_seqs * b->max_pages * sizeof(int32_t) + 255) & ~(size_t)255;
@@ -140,45 +119,18 @@ static int copy_attend(const tsr_batch_layout *b, const tsr_attn_args *a, const 
     return tsr_cuda_attention_prefill(&fb, &fa, &fkv, q, out);
 }
 
-/* Sequences [s_lo, s_hi) of b (from the host mirrors): their largest position and the positions their rows attend
- * to, into p. */
-static void part_extent(const tsr_batch_layout *b, int s_lo, int s_hi, tsr_batch_layout *p)
-{
-    p->max_position = 0, p->attended = 0;
-    for (int s = s_lo; s < s_hi; s++) {
-        const int last = b->host_positions[b->host_seq_row0[s + 1] - 1];
-        if (last > p->max_position) p->max_position = last;
-    }
-    for (int r = b->host_seq_row0[s_lo]; r < b->host_seq_row0[s_hi]; r++) p->attended += b->host_positions[r] + 1;
-}
-
 /* A batch that starts with one-row sequences (decode tokens, which the scheduler plans first) and goes on with
  * prompt chunks, whose copy as a whole does not pay or fit: the leading one-row sequences to the decode kernel as a
- * batch of the first rows, the rest over a copy of their own sequences' contexts where that pays and fits. 1 when
- * done, 0 when nothing was launched. (Chunks before decode rows would need the decode kernel's rows offset: such
- * batches stay whole.) */
+ * batch of the first rows, the rest over a copy of their own sequences' contexts where that pays and fits
+ * (tsr_kv_copy_split). 1 when done, 0 when nothing was launched. (Chunks before decode rows would need the decode
+ * kernel's rows offset: such batches stay whole.) */
 static int split_attend(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
                         float *out)
 {
-    if (!b->host_seq_row0 || !b->host_positions || b->n_seqs < 2) return 0;
-    const int32_t *r0 = b->host_seq_row0;
-    int cut = 0;
-    while (cut < b->n_seqs && r0[cut + 1] - r0[cut] == 1) cut++;
-    if (cut == 0 || cut == b->n_seqs) return 0;
-    /* the decode rows: the first r0[cut] rows, every array as it is */
-    tsr_batch_layout dec = *b;
-    dec.n_rows = r0[cut], dec.n_seqs = cut;
-    part_extent(b, 0, cut, &dec);
-    /* the rest: sequence arrays from `cut` on, rows keeping their numbers (seq_row0's values, positions, q and out
-     * as they are; the prefill kernels and the copy read no row_seq) */
-    tsr_batch_layout chunks = *b;
-    chunks.n_seqs = b->n_seqs - cut, chunks.n_rows = b->n_rows - r0[cut];
-    chunks.seq_row0 += cut, chunks.host_seq_row0 += cut;
-    chunks.page_tables += (size_t)cut * b->max_pages;
-    part_extent(b, cut, b->n_seqs, &chunks);
-    /* the rest's copy must pay and fit on its own; the decode rows go first, so that a kernel that declines them
-     * (more than 8 query heads per KV head) leaves the whole batch to the caller */
-    if (!copy_pages(&chunks, a, kv)) return 0;
+    tsr_batch_layout dec, chunks;
+    if (!tsr_kv_copy_split(b, a->window, kv, &dec, &chunks)) return 0;
+    /* the decode rows go first, so that a kernel that declines them (more than 8 query heads per KV head) leaves the
+     * whole batch to the caller */
     if (!tsr_cuda_attention_decode(&dec, a, kv, q, out)) return 0;
     if (copy_attend(&chunks, a, kv, q, out)) return 1;
     /* no device memory for the copy after all: the chunks' rows to the decode kernel too, as the whole batch would

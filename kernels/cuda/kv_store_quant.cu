@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(KVQ_THREADS) kvq_store_kernel(tsr_batch_layout
             o.stage_v[in] = __float2half_rn(vx[c][0]), o.stage_v[in + 1] = __float2half_rn(vx[c][1]);
         }
     }
-    if (row < o.stage_rows && h == 0 && lane == 0) o.stage_key[row] = ((int64_t)o.layer << 40) | slot;
+    if (row < o.stage_rows && h == 0 && lane == 0) o.stage_key[row] = tsr_kv_stage_key(o.layer, slot);
     if (warp == 0 && lane == 0) o.stage_key[o.stage_rows] = min(b.n_rows, o.stage_rows);
 }
 

@@ -136,7 +136,7 @@ template <int D> __device__ __forceinline__ void kvq_row_zero(int lane, __half *
 __device__ __forceinline__ bool kvq_staged_row(const kvq_view &c, int64_t fr, int layer, int64_t slot)
 {
     return fr >= 0 && fr < c.stage_rows && fr < c.stage_key[c.stage_rows] &&
-           c.stage_key[fr] == (((int64_t)layer << 40) | slot);
+           c.stage_key[fr] == tsr_kv_stage_key(layer, slot);
 }
 
 /* K and V of one (slot, KV head) into fp16 rows kdst and vdst, from the staging area where batch row fr staged

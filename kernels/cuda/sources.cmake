@@ -29,6 +29,8 @@ target_compile_options(tessera_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompile
 if(TSR_WERROR)
   target_compile_options(tessera_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>)
 endif()
-target_link_libraries(tessera_cuda PUBLIC CUDA::cudart CUDA::cublas)
+# tessera_core after tessera_cuda on every link line: the CUDA code calls host helpers of the core
+# (kernels/kv_copy_plan.c).
+target_link_libraries(tessera_cuda PUBLIC CUDA::cudart CUDA::cublas tessera_core)
 set_target_properties(tessera_cuda PROPERTIES CUDA_ARCHITECTURES "${TSR_CUDA_ARCHS}" POSITION_INDEPENDENT_CODE ON)
 set(TSR_HAVE_CUDA ON)

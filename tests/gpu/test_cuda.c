@@ -65,14 +65,15 @@ static float *to_host(const float *d, size_t n)
     return h;
 }
 
-/* relative error ||a-b|| / ||b||, failing on any NaN */
-/* Whether the environment sets NAME=0, as the CTest variants do to turn a CUDA path off. */
+/* Whether the environment turns a CUDA path off (NAME=0, as the CTest variants set it), read as the backend reads
+ * it (backend.cu tsr_cuda_env_off: any value atoi takes for 0). */
 static int env_off(const char *name)
 {
     const char *v = getenv(name);
-    return v && strcmp(v, "0") == 0;
+    return v && atoi(v) == 0;
 }
 
+/* relative error ||a-b|| / ||b||, failing on any NaN */
 static double rel_err(const float *a, const float *b, size_t n)
 {
     double num = 0, den = 0;
@@ -1206,8 +1207,7 @@ static void check_mlp(const gpu_mlp *m, const char *label)
         const residual_op sep = {run_mlp_separate, &c};
         check_residual(&sep, prod, M, m->d.L.N, what);
         /* the fp16 MLP is left out under either switch (matmul.cu tsr_cuda_mlp_half) */
-        const char *half = getenv("TSR_CUDA_MLP_HALF"), *fold = getenv("TSR_CUDA_SILU_FOLD");
-        const int half_on = !(half && atoi(half) == 0) && !(fold && atoi(fold) == 0);
+        const int half_on = !env_off("TSR_CUDA_MLP_HALF") && !env_off("TSR_CUDA_SILU_FOLD");
         if (gpu->mlp_add_norm && (M == 1 || (M == 100 && half_on))) {
             snprintf(what, sizeof what, "%s, mlp_add_norm M=%d", label, M);
             const residual_op op = {run_mlp_add_norm, &c};
