@@ -57,8 +57,17 @@ typedef struct tsr_kv_cache {
 /* Rows of one kv_store call a quantized cache stages for exact attention (see above). */
 #define TSR_KV_STAGE_ROWS 2048
 
-/* Key of a staged row: its layer and its token slot (page · page_size + position % page_size). */
-static inline int64_t tsr_kv_stage_key(int layer, int64_t slot) { return ((int64_t)layer << 40) | slot; }
+/* Key of a staged row: its layer and its token slot (page · page_size + position % page_size). Device code (the
+ * CUDA store and attention kernels) computes the same keys with this function. */
+#ifdef __CUDACC__
+#define TSR_KV_HOST_DEVICE __host__ __device__
+#else
+#define TSR_KV_HOST_DEVICE
+#endif
+static inline TSR_KV_HOST_DEVICE int64_t tsr_kv_stage_key(int layer, int64_t slot)
+{
+    return ((int64_t)layer << 40) | slot;
+}
 
 /* Whether dtype is one of the quantized storage modes. */
 static inline int tsr_kv_is_quant(tsr_dtype dtype)
