@@ -9,7 +9,8 @@
 # device call's 64 MiB for other builds to A/B against). TSR_GPUPACK_ALT="NAME=FILE ..." packs each tessera FILE
 # (another build, stripped here) as .parbin/alt/tessera-NAME, the BIN=NAME variants of scripts/device-*.sh; the
 # archive is then compressed with xz -9, whose 64 MiB window finds the builds' common code (another build adds
-# about 0.15 MB instead of 1.8 MB as a file of its own). TSR_GPUPACK_ARCHS
+# about 0.15 MB instead of 1.8 MB as a file of its own); TSR_GPUPACK_ALT_TESTS="NAME=FILE ..." does the same for
+# another build's test_cuda (.parbin/alt/test_cuda-NAME: BIN=NAME in scripts/device-kvq.sh's test variants). TSR_GPUPACK_ARCHS
 # (default 90a) builds for other architectures: 80 makes the H200 JIT-compile sm_80 code, which runs the kernels
 # and paths of consumer cards (no bulk copies, no programmatic launch: backend.cu tsr_cuda_sm90).
 set -euo pipefail
@@ -71,6 +72,9 @@ fi
 for alt in ${TSR_GPUPACK_ALT:-}; do
   mkdir -p "$out/alt" && strip -o "$out/alt/tessera-${alt%%=*}" "${alt#*=}"
 done
+for alt in ${TSR_GPUPACK_ALT_TESTS:-}; do
+  mkdir -p "$out/alt" && strip -o "$out/alt/test_cuda-${alt%%=*}" "${alt#*=}"
+done
 du -sh "$out"
 exclude=$(git rev-parse --git-path info/exclude) # a worktree's .git is a file
 mkdir -p "$(dirname "$exclude")"
@@ -83,6 +87,6 @@ if [ "${TSR_GPUPACK_SLIM:-0}" = 1 ]; then
     slim+=("--exclude=.parbin/lib/$f")
   done
 fi
-level=-6; [ -n "${TSR_GPUPACK_ALT:-}" ] && level=-9
+level=-6; [ -n "${TSR_GPUPACK_ALT:-}${TSR_GPUPACK_ALT_TESTS:-}" ] && level=-9
 tar -cf - ${slim[@]+"${slim[@]}"} .parbin | xz $level -T0 > .parpack/parbin.tar.xz
 du -sh .parpack

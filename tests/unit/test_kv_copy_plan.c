@@ -48,6 +48,18 @@ static tsr_kv_cache cache(int max_tokens, long max_context)
     return kv;
 }
 
+/* 64 decode rows at positions 30000 .. 30063 and a 2048-token chunk from position 0: the chunk last (as the
+ * scheduler plans a step) or first. */
+static void decode_rows_and_chunk(batch *x, int chunk_first)
+{
+    int n[65], pos0[65];
+    for (int s = 0; s < 64; s++)
+        n[s + chunk_first] = 1, pos0[s + chunk_first] = 30000 + s;
+    const int c = chunk_first ? 0 : 64;
+    n[c] = 2048, pos0[c] = 0;
+    make_batch(x, 65, n, pos0);
+}
+
 /* A 32K-token prompt in 512-token chunks: every chunk is copied, up to the last (its rows would otherwise each
  * rebuild 31K positions). */
 static void test_long_prompt_chunks_copy(void **state)
@@ -93,11 +105,7 @@ static void test_decode_rows_then_a_chunk_split(void **state)
     batch x;
     tsr_batch_layout dec, rest;
     const tsr_kv_cache kv = cache(2112, 32768);
-    int n[65], pos0[65];
-    for (int s = 0; s < 64; s++)
-        n[s] = 1, pos0[s] = 30000 + s;
-    n[64] = 2048, pos0[64] = 0;
-    make_batch(&x, 65, n, pos0);
+    decode_rows_and_chunk(&x, 0);
     assert_int_equal(tsr_kv_copy_pages(&x.b, 0, &kv), 0);
     assert_int_equal(tsr_kv_copy_split(&x.b, 0, &kv, &dec, &rest), 64);
     assert_int_equal(dec.n_seqs, 64);
@@ -130,11 +138,7 @@ static void test_chunks_first_stay_whole(void **state)
     batch x;
     tsr_batch_layout dec, rest;
     const tsr_kv_cache kv = cache(2112, 32768);
-    int n[65], pos0[65];
-    n[0] = 2048, pos0[0] = 0;
-    for (int s = 1; s < 65; s++)
-        n[s] = 1, pos0[s] = 30000 + s;
-    make_batch(&x, 65, n, pos0);
+    decode_rows_and_chunk(&x, 1);
     assert_int_equal(tsr_kv_copy_pages(&x.b, 0, &kv), 0);
     assert_int_equal(tsr_kv_copy_split(&x.b, 0, &kv, &dec, &rest), 0);
     const tsr_kv_cache k512 = cache(1024, 32768);
@@ -185,14 +189,11 @@ static void test_no_mirrors_no_split(void **state)
     batch x;
     tsr_batch_layout dec, rest;
     const tsr_kv_cache kv = cache(2112, 32768);
-    int n[65], pos0[65];
-    for (int s = 0; s < 64; s++)
-        n[s] = 1, pos0[s] = 30000;
-    n[64] = 2048, pos0[64] = 0;
-    make_batch(&x, 65, n, pos0);
+    decode_rows_and_chunk(&x, 0);
+    assert_int_equal(tsr_kv_copy_split(&x.b, 0, &kv, &dec, &rest), 64);
     x.b.host_seq_row0 = NULL;
     assert_int_equal(tsr_kv_copy_split(&x.b, 0, &kv, &dec, &rest), 0);
-    make_batch(&x, 65, n, pos0);
+    decode_rows_and_chunk(&x, 0);
     x.b.host_positions = NULL;
     assert_int_equal(tsr_kv_copy_split(&x.b, 0, &kv, &dec, &rest), 0);
 }
