@@ -1,4 +1,5 @@
-/* tessera bench: prefill and decode throughput, weight bandwidth and memory of one model on the CPU backend.
+/* tessera bench: prefill and decode throughput, weight bandwidth and memory of one model on one backend (under mpirun
+ * over the ranks' split model instead: launcher/bench_ranks.c).
  *
  * For each batch size: a fresh engine with a KV pool of batch × (prompt-len + gen) tokens; `batch` random prompts (ids
  * < vocab from a fixed seed) prefilled together in one tsr_engine_feed call (the engine chunks them into forward calls
@@ -16,9 +17,11 @@
 #include "kernels/cuda/ops_cuda.h"
 #endif
 #include "launcher/backend_select.h"
+#include "launcher/bench_ranks.h"
 #include "launcher/bench_service.h"
 #include "launcher/cli.h"
 #include "launcher/commands.h"
+#include "parallel/rank.h"
 #include "runtime/engine.h"
 #include "runtime/kv_cache.h"
 #include "runtime/sched/scheduler.h"
@@ -41,7 +44,10 @@ static void usage(FILE *f)
             "       tessera bench --model DIR --concurrency 1,8,64 [--shared-prefix N] [--requests N]\n"
             "                     [--page-size 16] [--kv-tokens N] [--prefill-chunk 1024] (and --device, --gen, ...)\n"
             "Prefills `batch` random prompts, then decodes `gen` tokens per sequence (greedy), for each batch size.\n"
-            "With --concurrency: closed-loop clients through the scheduler and service loop, per level.\n");
+            "With --concurrency: closed-loop clients through the scheduler and service loop, per level.\n"
+            "Under mpirun (rank 0 coordinates, the others hold the model's parts): the --batch form over the split\n"
+            "model, with these options too:\n");
+    tsr_par_opts_help(f);
 }
 
 static double now_s(void)
@@ -275,10 +281,13 @@ int tsr_cmd_bench(int argc, char **argv)
     long shared_prefix = 0, requests = 0, page_size = 16, kv_tokens = 0, prefill_chunk = TSR_PREFILL_CHUNK_DEFAULT;
     long prompt_len = 128, gen = 32, threads = 0, max_tokens = TSR_STEP_TOKENS_DEFAULT, seed = 1234;
     tsr_dtype kv_dtype = TSR_F16;
+    tsr_par_opts po;
+    tsr_par_opts_init(&po);
+    int par_given = 0; /* an option of the ranks (--split, ...) */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
+            if (!tsr_rank_is_worker()) usage(stdout);
             free(batches);
             free(levels);
             return 0;
@@ -344,13 +353,45 @@ int tsr_cmd_bench(int argc, char **argv)
                 goto usage_error;
             }
         } else {
+            const int par = tsr_par_opts_take("bench", &po, argc, argv, &i);
+            if (par < 0) goto usage_error;
+            if (par > 0) {
+                par_given = 1;
+                continue;
+            }
             fprintf(stderr, "tessera bench: unknown option '%s'\n", a);
             usage(stderr);
             goto usage_error;
         }
     }
     if (!model) {
-        usage(stderr);
+        if (!tsr_rank_is_worker()) usage(stderr);
+        goto usage_error;
+    }
+    if (tsr_rank_multi()) {
+        if (levels) {
+            if (!tsr_rank_is_worker())
+                fprintf(stderr, "tessera bench: --concurrency runs in one process; under mpirun use --batch\n");
+            goto usage_error;
+        }
+        const int32_t one_eight[2] = {1, 8};
+        bench_ranks_args ra = {.model = model,
+                               .device = device,
+                               .json = json_path,
+                               .batches = batches ? batches : one_eight,
+                               .n_batches = batches ? n_batches : 2,
+                               .prompt_len = (int)prompt_len,
+                               .gen = (int)gen,
+                               .threads = (int)threads,
+                               .max_tokens = (int)max_tokens,
+                               .seed = (uint64_t)seed,
+                               .kv_dtype = kv_dtype};
+        const int rc = tsr_bench_ranks(&ra, &po);
+        free(batches);
+        return rc;
+    }
+    if (par_given) {
+        fprintf(stderr, "tessera bench: --split and the other options of the ranks take effect under mpirun\n");
         goto usage_error;
     }
     if (levels) {

@@ -41,7 +41,7 @@ static void usage(FILE *out)
 }
 
 /* Commands that drive their model through a session (parallel/session.h) and so run over several ranks. */
-static const char *const multi_rank[] = {"generate", "logits", "batch", "intake", "serve"};
+static const char *const multi_rank[] = {"generate", "logits", "bench", "batch", "intake", "serve"};
 
 static int run_command(const command *c, int argc, char **argv)
 {

@@ -8,6 +8,7 @@ list(APPEND TSR_LAUNCHER_SOURCES
   launcher/cmd_inspect.c
   launcher/cmd_synth.c
   launcher/cmd_bench.c
+  launcher/bench_ranks.c
   launcher/bench_service.c
   launcher/cmd_tokenize.c
   launcher/cmd_template.c

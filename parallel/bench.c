@@ -3,6 +3,7 @@
 
 #include "runtime/sampler.h"
 
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -25,6 +26,7 @@ long tsr_bench_kv_tokens(const tsr_bench_opts *o, int page_size)
 
 typedef struct {
     int batch;
+    int groups; /* decode steps in flight: each worker streams its weights once per group and step */
     double prefill_s, decode_s;
 } bench_row;
 
@@ -50,10 +52,11 @@ static tsr_status decode_step(tsr_step *step, tsr_step_seq *q, int b0, int b1, i
  * whose steps alternate, as the service's scheduler does (each group's next step is submitted as soon as its
  * previous one is collected); otherwise every step holds the whole batch. */
 static tsr_status decode(tsr_executor *x, tsr_step_seq *q, int B, const tsr_bench_opts *o, int P,
-                         const int32_t *pages, int32_t *next, tsr_step_result *res, double *t0)
+                         const int32_t *pages, int32_t *next, tsr_step_result *res, double *t0, int *groups)
 {
     const int page = x->page_size;
     const int G = x->depth > 1 && x->submit && x->collect ? (B < x->depth ? B : x->depth) : 1;
+    *groups = G;
     int b0[TSR_EXECUTOR_MAX_DEPTH + 1];
     for (int k = 0; k <= G; k++) b0[k] = (int)((long)k * B / G);
     tsr_step steps[TSR_EXECUTOR_MAX_DEPTH];
@@ -110,7 +113,7 @@ static tsr_status one_batch(tsr_executor *x, const tsr_bench_opts *o, int B, ben
     tsr_step step;
     memset(&step, 0, sizeof step);
     tsr_status st = prompts && pages && next && res && done ? TSR_OK : tsr_fail(TSR_ERR_NOMEM, "out of memory");
-    uint64_t r = 0x9E3779B97F4A7C15ull * (uint64_t)(B + 1);
+    uint64_t r = 0x9E3779B97F4A7C15ull * (uint64_t)(B + 1) + 0xBF58476D1CE4E5B9ull * o->prompt_seed;
     for (long i = 0; st == TSR_OK && i < (long)B * o->prompt_len; i++) {
         r ^= r << 13, r ^= r >> 7, r ^= r << 17;
         prompts[i] = (int32_t)(r % (uint64_t)x->vocab);
@@ -158,7 +161,8 @@ static tsr_status one_batch(tsr_executor *x, const tsr_bench_opts *o, int B, ben
     row->prefill_s = now_s() - t0;
     /* decode: step 0 runs twice, untimed first (the same token at the same position: the cache ends the same), so
      * that the decode shapes are set up (recorded) before timing */
-    if (st == TSR_OK) st = decode(x, &q, B, o, P, pages, next, res, &t0);
+    row->groups = 1;
+    if (st == TSR_OK) st = decode(x, &q, B, o, P, pages, next, res, &t0, &row->groups);
     row->decode_s = now_s() - t0;
     row->batch = B;
     tsr_step_free(&step);
@@ -170,6 +174,42 @@ static tsr_status one_batch(tsr_executor *x, const tsr_bench_opts *o, int B, ben
     return st;
 }
 
+/* Weight bytes per second the busiest worker of the plan streams while decoding row r (0 without a plan). */
+static double busiest_worker_rate(const tsr_plan *p, const bench_row *r, int gen)
+{
+    uint64_t most = 0;
+    for (int w = 0; p && w < p->n_workers; w++)
+        if (p->w[w].stream_bytes > most) most = p->w[w].stream_bytes;
+    return r->decode_s > 0 ? (double)most * r->groups * gen / r->decode_s : 0;
+}
+
+static tsr_status write_json(const tsr_bench_opts *o, const bench_row *rows)
+{
+    json_t *root = json_pack("{s:s, s:i, s:i}", "label", o->label ? o->label : "", "prompt_len", o->prompt_len, "gen",
+                             o->gen);
+    json_t *arr = json_array();
+    if (!root || !arr) {
+        json_decref(root);
+        json_decref(arr);
+        return tsr_fail(TSR_ERR_NOMEM, "out of memory");
+    }
+    if (o->plan) json_object_set_new(root, "workers", json_integer(o->plan->n_workers));
+    for (int i = 0; i < o->n_batches; i++) {
+        const bench_row *r = &rows[i];
+        json_t *b = json_pack("{s:i, s:f, s:f, s:f, s:f, s:i}", "batch", r->batch, "prefill_tok_s",
+                              (double)r->batch * o->prompt_len / r->prefill_s, "prefill_ms", r->prefill_s * 1e3,
+                              "decode_tok_s", (double)r->batch * o->gen / r->decode_s, "decode_ms_per_step",
+                              r->decode_s * 1e3 / o->gen, "decode_groups", r->groups);
+        if (b && o->plan)
+            json_object_set_new(b, "busiest_worker_weight_bytes_per_s", json_real(busiest_worker_rate(o->plan, r, o->gen)));
+        if (b) json_array_append_new(arr, b);
+    }
+    json_object_set_new(root, "batches", arr);
+    const int bad = json_dump_file(root, o->json, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    return bad ? tsr_fail(TSR_ERR_IO, "bench: cannot write %s", o->json) : TSR_OK;
+}
+
 tsr_status tsr_bench_run(tsr_executor *x, const tsr_bench_opts *o, FILE *out)
 {
     bench_row rows[TSR_BENCH_MAX_BATCHES];
@@ -177,29 +217,21 @@ tsr_status tsr_bench_run(tsr_executor *x, const tsr_bench_opts *o, FILE *out)
         return tsr_fail(TSR_ERR_ARG, "bench: prompt length, generated tokens and batches must be positive");
     fprintf(out, "bench %s: prompt %d tokens, %d generated per sequence\n", o->label ? o->label : "", o->prompt_len,
             o->gen);
+    if (o->plan) {
+        tsr_plan_print(out, o->plan, NULL);
+        fprintf(out, "\n");
+    }
     for (int i = 0; i < o->n_batches; i++) {
         TSR_TRY(one_batch(x, o, o->batches[i], &rows[i]));
         const bench_row *r = &rows[i];
-        fprintf(out, "  batch %3d  prefill %10.1f tok/s (%8.1f ms)  decode %9.1f tok/s (%7.2f ms/step)\n", r->batch,
+        fprintf(out, "  batch %3d  prefill %10.1f tok/s (%8.1f ms)  decode %9.1f tok/s (%7.2f ms/step)", r->batch,
                 (double)r->batch * o->prompt_len / r->prefill_s, r->prefill_s * 1e3,
                 (double)r->batch * o->gen / r->decode_s, r->decode_s * 1e3 / o->gen);
+        if (o->plan)
+            fprintf(out, "  busiest worker %.2f GB/s of weights (%d group%s)", busiest_worker_rate(o->plan, r, o->gen) / 1e9,
+                    r->groups, r->groups == 1 ? "" : "s");
+        fprintf(out, "\n");
         fflush(out);
     }
-    if (o->json) {
-        FILE *f = fopen(o->json, "w");
-        if (!f) return tsr_fail(TSR_ERR_IO, "bench: cannot write %s", o->json);
-        fprintf(f, "{\"label\": \"%s\", \"prompt_len\": %d, \"gen\": %d, \"batches\": [", o->label ? o->label : "",
-                o->prompt_len, o->gen);
-        for (int i = 0; i < o->n_batches; i++) {
-            const bench_row *r = &rows[i];
-            fprintf(f,
-                    "%s{\"batch\": %d, \"prefill_tok_s\": %.3f, \"prefill_ms\": %.3f, \"decode_tok_s\": %.3f, "
-                    "\"decode_ms_per_step\": %.4f}",
-                    i ? ", " : "", r->batch, (double)r->batch * o->prompt_len / r->prefill_s, r->prefill_s * 1e3,
-                    (double)r->batch * o->gen / r->decode_s, r->decode_s * 1e3 / o->gen);
-        }
-        fprintf(f, "]}\n");
-        if (fclose(f) != 0) return tsr_fail(TSR_ERR_IO, "bench: cannot write %s", o->json);
-    }
-    return TSR_OK;
+    return o->json ? write_json(o, rows) : TSR_OK;
 }

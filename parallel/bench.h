@@ -1,4 +1,5 @@
-/* Throughput of any executor, one process or many ranks: `tessera generate --bench`.
+/* Throughput of any executor, one process or many ranks: `tessera generate --bench`, and `tessera bench` under
+ * mpirun (launcher/bench_ranks.c).
  *
  * For each batch size B: B random prompts of prompt_len tokens (ids from a fixed seed) are prefilled in step plans of
  * up to the executor's max_step_tokens tokens (prompts' chunks side by side, each prompt's last chunk sampling its
@@ -7,10 +8,13 @@
  * Sequence b uses pages [b·P, (b+1)·P). One warm-up step runs first so that page faults of mapped weights and one-time
  * set-up (NCCL connections, CUDA graph capture of the first decode shape) are not timed. Reported: prefill tokens/s
  * and milliseconds, decode tokens/s and milliseconds per step, per batch; optionally as JSON. The executor's results
- * are what the coordinator sees, so under mpirun the numbers include the step round trip. */
+ * are what the coordinator sees, so under mpirun the numbers include the step round trip. With the run's plan
+ * (o->plan), each worker's share is listed first, and each batch adds the weight bytes the busiest worker streams per
+ * second of decoding (its weights once per step and group). */
 #ifndef TSR_PARALLEL_BENCH_H
 #define TSR_PARALLEL_BENCH_H
 
+#include "parallel/plan.h"
 #include "runtime/executor.h"
 #include "runtime/sampler.h"
 
@@ -25,6 +29,8 @@ typedef struct tsr_bench_opts {
     const char *json;  /* write results here too (NULL: no) */
     const char *label; /* what is measured (model, split), echoed in the output */
     tsr_sampling sampling; /* how every token is drawn (greedy when temperature is 0, the zero value) */
+    const tsr_plan *plan;  /* the workers' shares (NULL: not shown) */
+    uint64_t prompt_seed;  /* mixed into the prompts' ids (0: the fixed prompts of earlier versions) */
 } tsr_bench_opts;
 
 /* KV tokens the benchmark needs (the largest batch). */

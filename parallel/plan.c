@@ -233,6 +233,7 @@ tsr_status tsr_plan_make(const tsr_model *m, const tsr_plan_input *in, tsr_plan 
             layers += tsr_model_layer_bytes(m, l);
         x->weight_bytes =
             layers / (uint64_t)tp + (x->embed || (x->head && tied) ? embed : 0) + (x->head ? head / (uint64_t)tp : 0);
+        x->stream_bytes = layers / (uint64_t)tp + (x->head ? (tied ? embed : head) / (uint64_t)tp : 0);
         x->work_bytes = work;
         x->capacity = in->capacity[w];
         per_token[w] = tsr_kv_bytes_per_token(x->layer1 - x->layer0, nkv, c->head_dim, (tsr_dtype)out->kv_dtype);

@@ -22,7 +22,7 @@
 #include <stdio.h>
 
 #define TSR_PLAN_MAX     64
-#define TSR_PLAN_VERSION 1u
+#define TSR_PLAN_VERSION 2u /* 2: stream_bytes */
 
 typedef enum tsr_split_kind { TSR_SPLIT_NONE = 0, TSR_SPLIT_LAYERS, TSR_SPLIT_TENSOR } tsr_split_kind;
 
@@ -56,6 +56,8 @@ typedef struct tsr_plan_worker {
     int layer0, layer1; /* its layers */
     int embed, head;    /* holds the embedding / the final norm and head */
     uint64_t weight_bytes, kv_bytes, work_bytes, capacity;
+    uint64_t stream_bytes; /* weight bytes a decode step reads: its layers' and head's share, not the embedding
+                              table (a step gathers a few rows of it) unless the head is tied to it */
 } tsr_plan_worker;
 
 typedef struct tsr_plan {

@@ -27,6 +27,9 @@ grep -q "prompt tokens beside decode tokens: 8" "$tmp/conc" || fail "bench --con
 awk '$1 == 2 && $2 == 8 && NF == 13 && $8 > 0 && $9 >= $8 {ok = 1} END {exit !ok}' "$tmp/conc" \
     || fail "bench --concurrency row: $(cat "$tmp/conc")"
 "$bin" bench --model "$model" --concurrency 2 --prefill-chunk -1 2> /dev/null; [ $? -eq 2 ] || fail "bad --prefill-chunk"
+# the ranks' options take effect under mpirun (tests/parallel/test_mpi.sh runs them); one process refuses them
+"$bin" bench --model "$model" --split layers 2> "$tmp/err"; [ $? -eq 2 ] || fail "bench --split in one process should exit 2"
+grep -q "under mpirun" "$tmp/err" || fail "bench --split message: $(cat "$tmp/err")"
 
 # usage errors exit 2, runtime errors 1, each with a message
 "$bin" generate --model "$model" 2> "$tmp/err"; [ $? -eq 2 ] || fail "missing prompt should exit 2"

@@ -8,7 +8,7 @@
 # `-np 5 --split layers --tp 2` must give the same tokens as one process and logits within 1e-3 with the same argmax
 # everywhere (the layer split: bit-identical). faults: a worker that cannot load, one that dies and one that stops
 # answering must each end the job with a non-zero exit and a message naming the rank, within seconds; an impossible
-# split is refused cleanly.
+# split is refused cleanly. layers and tensor also run `tessera bench` under mpirun (bench_check), faults its refusals.
 set -u
 mode=$1
 mpiexec=$2
@@ -49,6 +49,19 @@ compare() {
   echo "$tag: mpirun -np $np $*: tokens equal, logits $d"
 }
 
+# bench_check SPLIT GROUPS: `tessera bench` under mpirun -np 3 prints the plan and a row per batch, and its JSON
+# has each batch's decode groups (GROUPS for the batch of 3: micro-batches over layer stages, 1 for a tensor split)
+bench_check() {
+  local split=$1 groups=$2
+  mpi 3 bench --model "${models[0]}" --split "$split" --batch 1,3 --prompt-len 12 --gen 4 --json "$tmp/bench.json" \
+    --quiet-ranks > "$tmp/bench.txt" || fail "bench --split $split under mpirun: $(cat "$tmp/bench.txt")"
+  grep -q "${split%s} split: 2 workers" "$tmp/bench.txt" && grep -q "batch   3 .*decode .*busiest worker" "$tmp/bench.txt" ||
+    fail "bench --split $split output: $(cat "$tmp/bench.txt")"
+  tr -d ' \n' < "$tmp/bench.json" | grep -q "\"batch\":3,[^}]*\"decode_groups\":$groups," ||
+    fail "bench --split $split JSON: $(cat "$tmp/bench.json")"
+  echo "bench --split $split under mpirun -np 3: $(grep -m1 'batch   3' "$tmp/bench.txt" | tr -s ' ')"
+}
+
 declare -A ref_ids
 reference() {
   local model=$1 tag; tag=$(basename "$model")
@@ -84,6 +97,7 @@ layers)
   compare "${models[0]}" 3 0 --split layers:0.7,0.3 --micro-batches 1
   compare "${models[0]}" 4 0 --split layers
   sampled_check "${models[0]}" layers
+  bench_check layers 2
   # the same options from an INI file (--config), and the plan printed without loading
   printf '[parallel]\nsplit = layers:0.6,0.4\nquiet-ranks = true\nmicro-batches = 3\n[generate]\nignore-eos = yes\n' > "$tmp/c.ini"
   got=$(mpi 3 generate --model "${models[0]}" --config "$tmp/c.ini" --ids "$ids" --max-tokens 16 --print-ids) ||
@@ -104,6 +118,7 @@ tensor)
   compare "${models[0]}" 5 1e-3 --split tensor
   compare "${models[3]:-${models[0]}}" 5 1e-3 --split tensor
   sampled_check "${models[0]}" tensor
+  bench_check tensor 1
   ;;
 hybrid)
   reference "${models[0]}"
@@ -165,6 +180,17 @@ faults)
   [ $rc -eq 1 ] || fail "plan that does not fit: exit $rc"
   grep -q "worker" "$tmp/err" || fail "plan message: $(cat "$tmp/err")"
   echo "refused plans: $(grep -m1 -o 'key/value heads[^(]*' "$tmp/err" || true)ok"
+  # tessera bench under mpirun: the one-process form is refused with a usage error, a run past the model's context
+  # fails before any step, both ending every rank at once
+  mpi 3 bench --model "$m" --concurrency 2 --quiet-ranks > "$tmp/out" 2> "$tmp/err"
+  rc=$?
+  [ $rc -eq 2 ] && grep -q "concurrency runs in one process" "$tmp/err" || fail "bench --concurrency under mpirun: exit $rc"
+  SECONDS=0
+  mpi 3 bench --model "$m" --split layers --prompt-len 4000 --gen 200 --quiet-ranks > "$tmp/out" 2> "$tmp/err"
+  rc=$?
+  [ $rc -eq 1 ] && grep -q "beyond the model's context" "$tmp/err" || fail "bench past the context: exit $rc"
+  [ $SECONDS -lt 60 ] || fail "bench past the context: took ${SECONDS}s"
+  echo "bench under mpirun: bad arguments refused"
   ;;
 *) fail "unknown mode $mode" ;;
 esac
