@@ -29,7 +29,8 @@ int tsr_bench_ranks(const bench_ranks_args *a, const tsr_par_opts *po)
     for (int i = 0; i < a->n_batches; i++) {
         if (i == TSR_BENCH_MAX_BATCHES || a->batches[i] > a->max_tokens) {
             if (!quiet)
-                fprintf(stderr, "tessera bench: under mpirun --batch takes up to %d sizes of at most --max-tokens (%d)\n",
+                fprintf(stderr,
+                        "tessera bench: under mpirun --batch takes up to %d sizes of at most --max-tokens (%d)\n",
                         TSR_BENCH_MAX_BATCHES, a->max_tokens);
             return 2;
         }

@@ -24,6 +24,7 @@
 #include "parallel/rank.h"
 #include "runtime/engine.h"
 #include "runtime/kv_cache.h"
+#include "runtime/proc_mem.h"
 #include "runtime/sched/scheduler.h"
 
 #include <jansson.h>
@@ -55,19 +56,6 @@ static double now_s(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* VmHWM of this process in bytes (0 if unknown). */
-static uint64_t peak_rss(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return 0;
-    char line[256];
-    uint64_t kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmHWM:", 6)) kb = strtoull(line + 6, NULL, 10);
-    fclose(f);
-    return kb * 1024;
 }
 
 /* Best memcpy bandwidth over a 256 MiB buffer (bytes read + written per second), in a child process. */
@@ -258,7 +246,7 @@ static tsr_status run_batch(const tsr_ops *ops, const char *model, int batch, in
                                                 memcpy_bw
                                           : 0;
     }
-    row->peak_rss = peak_rss();
+    row->peak_rss = tsr_peak_rss();
 #ifdef TSR_HAVE_CUDA
     if (!strcmp(ops->name, "cuda")) row->peak_dev = tsr_cuda_peak_allocated();
 #endif

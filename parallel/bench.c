@@ -183,7 +183,23 @@ static double busiest_worker_rate(const tsr_plan *p, const bench_row *r, int gen
     return r->decode_s > 0 ? (double)most * r->groups * gen / r->decode_s : 0;
 }
 
-static tsr_status write_json(const tsr_bench_opts *o, const bench_row *rows)
+/* Each worker's usage after the batches (n = 0 where the executor has no workers to ask). */
+static tsr_status worker_usage(tsr_executor *x, tsr_rank_usage *u, int *n, FILE *out)
+{
+    *n = 0;
+    if (!x->usage) return TSR_OK;
+    TSR_TRY(x->usage(x, u, TSR_PLAN_MAX, n));
+    for (int w = 0; w < *n; w++) {
+        const double gib = 1u << 30;
+        fprintf(out, "  rank %d (worker %d): %lld steps", w + 1, w, (long long)u[w].steps);
+        if (u[w].peak_device) fprintf(out, ", peak device memory %.3f GiB", (double)u[w].peak_device / gib);
+        if (u[w].capacity) fprintf(out, " (usable: %.3f GiB)", (double)u[w].capacity / gib);
+        fprintf(out, ", peak host memory %.3f GiB\n", (double)u[w].peak_host / gib);
+    }
+    return TSR_OK;
+}
+
+static tsr_status write_json(const tsr_bench_opts *o, const bench_row *rows, const tsr_rank_usage *u, int n_usage)
 {
     json_t *root = json_pack("{s:s, s:i, s:i}", "label", o->label ? o->label : "", "prompt_len", o->prompt_len, "gen",
                              o->gen);
@@ -201,10 +217,21 @@ static tsr_status write_json(const tsr_bench_opts *o, const bench_row *rows)
                               "decode_tok_s", (double)r->batch * o->gen / r->decode_s, "decode_ms_per_step",
                               r->decode_s * 1e3 / o->gen, "decode_groups", r->groups);
         if (b && o->plan)
-            json_object_set_new(b, "busiest_worker_weight_bytes_per_s", json_real(busiest_worker_rate(o->plan, r, o->gen)));
+            json_object_set_new(b, "busiest_worker_weight_bytes_per_s",
+                                json_real(busiest_worker_rate(o->plan, r, o->gen)));
         if (b) json_array_append_new(arr, b);
     }
     json_object_set_new(root, "batches", arr);
+    if (n_usage > 0) {
+        json_t *ws = json_array();
+        for (int w = 0; ws && w < n_usage; w++)
+            json_array_append_new(ws, json_pack("{s:i, s:I, s:I, s:I, s:I}", "rank", w + 1, "steps",
+                                                (json_int_t)u[w].steps, "peak_device_bytes",
+                                                (json_int_t)u[w].peak_device, "capacity_bytes",
+                                                (json_int_t)u[w].capacity, "peak_host_bytes",
+                                                (json_int_t)u[w].peak_host));
+        json_object_set_new(root, "worker_usage", ws);
+    }
     const int bad = json_dump_file(root, o->json, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(root);
     return bad ? tsr_fail(TSR_ERR_IO, "bench: cannot write %s", o->json) : TSR_OK;
@@ -228,10 +255,13 @@ tsr_status tsr_bench_run(tsr_executor *x, const tsr_bench_opts *o, FILE *out)
                 (double)r->batch * o->prompt_len / r->prefill_s, r->prefill_s * 1e3,
                 (double)r->batch * o->gen / r->decode_s, r->decode_s * 1e3 / o->gen);
         if (o->plan)
-            fprintf(out, "  busiest worker %.2f GB/s of weights (%d group%s)", busiest_worker_rate(o->plan, r, o->gen) / 1e9,
-                    r->groups, r->groups == 1 ? "" : "s");
+            fprintf(out, "  busiest worker %.2f GB/s of weights (%d group%s)",
+                    busiest_worker_rate(o->plan, r, o->gen) / 1e9, r->groups, r->groups == 1 ? "" : "s");
         fprintf(out, "\n");
         fflush(out);
     }
-    return o->json ? write_json(o, rows) : TSR_OK;
+    tsr_rank_usage usage[TSR_PLAN_MAX];
+    int n_usage = 0;
+    TSR_TRY(worker_usage(x, usage, &n_usage, out));
+    return o->json ? write_json(o, rows, usage, n_usage) : TSR_OK;
 }

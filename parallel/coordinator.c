@@ -179,6 +179,48 @@ static tsr_status c_run(tsr_executor *x, const tsr_step *step, tsr_step_result *
     return c_collect(x);
 }
 
+/* USAGE to every worker, then one answer from each (any order) into out[worker]. */
+static tsr_status c_usage(tsr_executor *x, tsr_rank_usage *out, int max, int *n)
+{
+    coord *c = x->impl;
+    const int W = c->plan.n_workers;
+    *n = W;
+    if (W > max) return tsr_fail(TSR_ERR_ARG, "executor: %d workers, room for the usage of %d", W, max);
+    if (c->n_flight > 0) return tsr_fail(TSR_ERR_ARG, "executor: usage asked with %d steps in flight", c->n_flight);
+    if (x->broken) return tsr_fail(TSR_ERR_REMOTE, "the worker ranks are gone (an earlier step failed)");
+    tsr_msg hdr = tsr_msg_make(TSR_MSG_USAGE, 0);
+    for (int w = 0; w < W; w++) {
+        const tsr_status st = tsr_msg_send(c->ctrl, w + 1, TSR_TAG_CTRL, &hdr, NULL, 0, c->timeout);
+        if (st != TSR_OK) return broken(x, tsr_fail_context(st, "asking rank %d for its usage", w + 1));
+    }
+    int seen[TSR_PLAN_MAX] = {0};
+    for (int got = 0; got < W;) {
+        MPI_Status probe;
+        tsr_status st = tsr_mpi_probe(c->ctrl, MPI_ANY_SOURCE, TSR_TAG_REPLY, c->timeout, NULL, &probe,
+                                      "waiting for the workers' usage");
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        tsr_msg m;
+        if (st == TSR_OK) st = tsr_msg_recv(c->ctrl, &probe, &buf, &len, &m);
+        if (st != TSR_OK) return broken(x, st);
+        char w[128];
+        who(&c->plan, probe.MPI_SOURCE, w, sizeof w);
+        const int k = probe.MPI_SOURCE - 1;
+        if (m.type == TSR_MSG_ERROR)
+            st = tsr_fail(TSR_ERR_REMOTE, "%s failed: %.*s", w, (int)m.payload, (const char *)(buf + sizeof m));
+        else if (m.type != TSR_MSG_USAGE || m.payload != sizeof(tsr_rank_usage) || k < 0 || k >= W || seen[k])
+            st = tsr_fail(TSR_ERR_REMOTE, "unexpected message (type %u, %u bytes) from %s while waiting for its usage",
+                          m.type, m.payload, w);
+        if (st == TSR_OK) {
+            memcpy(&out[k], buf + sizeof m, sizeof out[k]);
+            seen[k] = 1, got++;
+        }
+        free(buf);
+        if (st != TSR_OK) return broken(x, st);
+    }
+    return TSR_OK;
+}
+
 void tsr_coordinator_shutdown(MPI_Comm ctrl, int n_workers, double timeout_s)
 {
     tsr_msg hdr = tsr_msg_make(TSR_MSG_SHUTDOWN, 0);
@@ -224,6 +266,7 @@ tsr_status tsr_coordinator_executor(MPI_Comm ctrl, const tsr_plan *plan, const t
         x->submit = c_submit;
         x->collect = c_collect;
     }
+    x->usage = c_usage;
     x->close = c_close;
     x->impl = c;
     *out = x;

@@ -4,7 +4,8 @@
  * broadcasts the PLAN (or the reason there is none), each worker loads its part and sends READY (with the load
  * error when it failed). Steps: rank 0 sends STEP (a header and the packed tsr_step, runtime/step.h) to every
  * worker; the leader (first tensor rank of the last stage) answers RESULT (a tsr_step_result per sequence and, when
- * asked, the logits rows); any worker that fails sends ERROR with its reason instead. SHUTDOWN ends the worker
+ * asked, the logits rows); any worker that fails sends ERROR with its reason instead. Between steps rank 0 may send
+ * USAGE to every worker, which answers USAGE with its tsr_rank_usage (runtime/executor.h). SHUTDOWN ends the worker
  * loop. Every message starts with a tsr_msg header whose magic and version are checked; lengths are checked
  * against the bytes received, so a malformed message is an error, never a crash. */
 #ifndef TSR_PARALLEL_PROTOCOL_H
@@ -17,11 +18,11 @@
 #include <stdint.h>
 
 #define TSR_MSG_MAGIC        0x54535250u /* "TSRP" */
-#define TSR_PROTOCOL_VERSION 1u
+#define TSR_PROTOCOL_VERSION 2u /* 2: USAGE */
 
 enum {
-    TSR_TAG_CTRL = 201,  /* STEP, SHUTDOWN (rank 0 → workers) */
-    TSR_TAG_REPLY = 202, /* READY, RESULT, ERROR (workers → rank 0) */
+    TSR_TAG_CTRL = 201,  /* STEP, USAGE, SHUTDOWN (rank 0 → workers) */
+    TSR_TAG_REPLY = 202, /* READY, RESULT, ERROR, USAGE (workers → rank 0) */
 };
 
 typedef enum tsr_msg_type {
@@ -30,6 +31,7 @@ typedef enum tsr_msg_type {
     TSR_MSG_READY = 3,
     TSR_MSG_RESULT = 4,
     TSR_MSG_ERROR = 5,
+    TSR_MSG_USAGE = 6, /* rank 0 → a worker (no payload), then the worker → rank 0 (a tsr_rank_usage) */
 } tsr_msg_type;
 
 typedef struct tsr_msg {

@@ -4,6 +4,10 @@
 #include "parallel/mpi_util.h"
 #include "parallel/protocol.h"
 #include "parallel/rank.h"
+#include "runtime/proc_mem.h"
+#ifdef TSR_HAVE_CUDA
+#include "kernels/cuda/ops_cuda.h"
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +45,19 @@ int tsr_worker_fail(MPI_Comm ctrl, int rank, const char *what, tsr_status st, do
     }
 }
 
+/* Answers rank 0's USAGE: the device memory this worker's backend allocated at most, its peak resident memory, the
+ * capacity it was planned with, the steps it ran. */
+static tsr_status send_usage(const tsr_worker *wk, long steps)
+{
+    const tsr_stage *s = &wk->stage;
+    tsr_rank_usage u = {0, tsr_peak_rss(), s->plan->w[s->worker].capacity, steps};
+#ifdef TSR_HAVE_CUDA
+    if (!strcmp(s->engine->ops->name, "cuda")) u.peak_device = tsr_cuda_peak_allocated();
+#endif
+    tsr_msg hdr = tsr_msg_make(TSR_MSG_USAGE, wk->rank);
+    return tsr_msg_send(wk->ctrl, 0, TSR_TAG_REPLY, &hdr, &u, sizeof u, wk->timeout_s);
+}
+
 static long env_long(const char *name, long dflt)
 {
     const char *v = getenv(name);
@@ -76,6 +93,15 @@ int tsr_worker_loop(tsr_worker *wk)
         if (m.type == TSR_MSG_SHUTDOWN) {
             free(buf);
             break;
+        }
+        if (m.type == TSR_MSG_USAGE) {
+            free(buf);
+            if ((st = send_usage(wk, steps)) != TSR_OK) {
+                free(results);
+                free(logits);
+                return tsr_worker_fail(wk->ctrl, wk->rank, me, st, wk->timeout_s);
+            }
+            continue;
         }
         if (die_after >= 0 && steps >= die_after && die_rank == wk->rank) {
             const char *mode = getenv("TSR_TEST_DIE_MODE");

@@ -19,6 +19,14 @@ struct tsr_forward_ctx;
 
 #define TSR_EXECUTOR_MAX_DEPTH 8
 
+/* What a worker rank has used so far (tsr_executor.usage). */
+typedef struct tsr_rank_usage {
+    uint64_t peak_device; /* memory allocated through its backend at most (0: not counted there, the CPU) */
+    uint64_t peak_host;   /* its process's peak resident memory (0: unknown) */
+    uint64_t capacity;    /* usable device bytes it was planned with (0: not limited) */
+    int64_t steps;        /* steps it ran */
+} tsr_rank_usage;
+
 typedef struct tsr_executor tsr_executor;
 struct tsr_executor {
     int vocab;              /* logits per row */
@@ -36,6 +44,9 @@ struct tsr_executor {
      * called only with nothing in flight. */
     tsr_status (*submit)(tsr_executor *x, const tsr_step *step, tsr_step_result *results, float *logits);
     tsr_status (*collect)(tsr_executor *x);
+    /* Optional (NULL in one process): each worker rank's usage into out[0 .. n - 1], in worker order, n the
+     * workers (TSR_ERR_ARG where more than max, or with steps in flight); a failure is a dead rank's, as run()'s. */
+    tsr_status (*usage)(tsr_executor *x, tsr_rank_usage *out, int max, int *n);
     void (*close)(tsr_executor *x); /* frees the executor (and what it owns) */
     void *impl;
 };

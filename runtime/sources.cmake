@@ -1,6 +1,7 @@
 # Sources of runtime/ (formats, model, KV cache, forward pass); the text part is in runtime/text/sources.cmake.
 list(APPEND TSR_CORE_SOURCES
   runtime/status.c
+  runtime/proc_mem.c
 )
 list(APPEND TSR_CORE_SOURCES
   runtime/dtype.c

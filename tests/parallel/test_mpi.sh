@@ -51,14 +51,21 @@ compare() {
 
 # bench_check SPLIT GROUPS: `tessera bench` under mpirun -np 3 prints the plan and a row per batch, and its JSON
 # has each batch's decode groups (GROUPS for the batch of 3: micro-batches over layer stages, 1 for a tensor split)
+# and each worker's usage
 bench_check() {
   local split=$1 groups=$2
   mpi 3 bench --model "${models[0]}" --split "$split" --batch 1,3 --prompt-len 12 --gen 4 --json "$tmp/bench.json" \
     --quiet-ranks > "$tmp/bench.txt" || fail "bench --split $split under mpirun: $(cat "$tmp/bench.txt")"
-  grep -q "${split%s} split: 2 workers" "$tmp/bench.txt" && grep -q "batch   3 .*decode .*busiest worker" "$tmp/bench.txt" ||
+  grep -q "${split%s} split: 2 workers" "$tmp/bench.txt" &&
+    grep -q "batch   3 .*decode .*busiest worker" "$tmp/bench.txt" ||
     fail "bench --split $split output: $(cat "$tmp/bench.txt")"
   tr -d ' \n' < "$tmp/bench.json" | grep -q "\"batch\":3,[^}]*\"decode_groups\":$groups," ||
     fail "bench --split $split JSON: $(cat "$tmp/bench.json")"
+  # each worker's usage: the steps it ran (warm-ups, prefill and decode of both batches) and its peak memory
+  grep -q "rank 2 (worker 1): [1-9][0-9]* steps.*peak host memory" "$tmp/bench.txt" ||
+    fail "bench --split $split usage: $(cat "$tmp/bench.txt")"
+  tr -d ' \n' < "$tmp/bench.json" | grep -q '"worker_usage":\[{"rank":1,"steps":[1-9][0-9]*,' ||
+    fail "bench --split $split JSON usage: $(cat "$tmp/bench.json")"
   echo "bench --split $split under mpirun -np 3: $(grep -m1 'batch   3' "$tmp/bench.txt" | tr -s ' ')"
 }
 
@@ -184,7 +191,8 @@ faults)
   # fails before any step, both ending every rank at once
   mpi 3 bench --model "$m" --concurrency 2 --quiet-ranks > "$tmp/out" 2> "$tmp/err"
   rc=$?
-  [ $rc -eq 2 ] && grep -q "concurrency runs in one process" "$tmp/err" || fail "bench --concurrency under mpirun: exit $rc"
+  [ $rc -eq 2 ] && grep -q "concurrency runs in one process" "$tmp/err" ||
+    fail "bench --concurrency under mpirun: exit $rc"
   SECONDS=0
   mpi 3 bench --model "$m" --split layers --prompt-len 4000 --gen 200 --quiet-ranks > "$tmp/out" 2> "$tmp/err"
   rc=$?
