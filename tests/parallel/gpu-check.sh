@@ -8,7 +8,7 @@
 #            the same greedy tokens, logits within 2e-2 with the same argmax wherever the top two are 0.1 apart
 #   faults   a dead worker and a stuck one (NCCL watchdog, --comm-timeout) end the job non-zero within seconds
 #   peer     the one-shot peer sums across 2-4 processes (tests/gpu/test_peer_ipc.sh; on one GPU they share it)
-#   bench    an 8B-geometry 4.0-bit model (synthesized): one GPU, layers, tensor (generate --bench)
+#   bench    an 8B-geometry 4.0-bit model (synthesized): one GPU (generate --bench), layers, tensor (tessera bench)
 #   bench70  70B geometry at 4.0 bits: one GPU vs layers vs tensor over two GPUs; 70B at 2.5 bits on two GPUs
 #            capped at 24 GiB each (by layers and by tensors); prints the ratios against the BENCHMARKS.md targets
 #            (tensor batch-1 decode >= 1.7x one GPU; layers batch-32 decode >= 1.6x; tensor prefill >= layers),
@@ -102,12 +102,14 @@ bench|bench70)
     [ -f "$1/config.json" ] || "$bin" synth --arch llama --hidden "$2" --layers "$3" --heads "$4" --kv-heads "$5" \
       --intermediate "$6" --vocab 128256 --bpw "$7" --shard-size 2048 --out "$1" > /dev/null || bad "synth $1"
   }
+  # one GPU: the executor benchmark in one process (generate --bench); over ranks `tessera bench` runs the same
+  # benchmark (--seed 0: the same prompts) and adds each worker's peak device memory against its usable capacity
   run_bench() { # label np args...
     local label=$1 np=$2; shift 2
     if [ "$np" = 1 ]; then
       timeout "${TSR_RUN_TIMEOUT:-300}" "$bin" generate --bench --device "$dev" --json "$out/bench-$label.json" "$@"
     else
-      mpi "$np" generate --bench --device "$dev" --quiet-ranks --json "$out/bench-$label.json" "$@"
+      mpi "$np" bench --seed 0 --device "$dev" --quiet-ranks --json "$out/bench-$label.json" "$@"
     fi 2>&1 | tee "$out/bench-$label.txt"
   }
   if [ $mode = bench ]; then
@@ -151,6 +153,11 @@ def ratio(a, b):
 print("tensor batch-1 decode vs one GPU: %s (target >= 1.7x)" % ratio(get(ten, 1, "decode_tok_s"), get(one, 1, "decode_tok_s")))
 print("layers batch-32 decode vs one GPU: %s (target >= 1.6x)" % ratio(get(lay, 32, "decode_tok_s"), get(one, 32, "decode_tok_s")))
 print("tensor prefill vs layers prefill (batch 1): %s (target >= 1x)" % ratio(get(ten, 1, "prefill_tok_s"), get(lay, 1, "prefill_tok_s")))
+for n in names:
+    p = os.path.join(out, "bench-%s.json" % n)
+    for u in (json.load(open(p)).get("worker_usage", []) if os.path.exists(p) else []):
+        print("%s rank %d: peak device memory %.2f GiB, usable %s" % (n, u["rank"], u["peak_device_bytes"] / 2**30,
+              "%.2f GiB" % (u["capacity_bytes"] / 2**30) if u["capacity_bytes"] else "not limited"))
 if "70b40-tensor-nccl" in r:
     print("tensor batch-1 decode, one-shot peer sums vs NCCL only: %s" % ratio(get(ten, 1, "decode_tok_s"), get("70b40-tensor-nccl", 1, "decode_tok_s")))
 PY
