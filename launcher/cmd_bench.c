@@ -10,8 +10,10 @@
  * layer (the head included) + the embedding rows of the step's tokens; the K/V bytes its attention reads are shown
  * beside them (kv_read_bytes), and the copy-bandwidth fraction of both together. The CPU reference bandwidth is the
  * best of a few 256 MiB memcpy runs, counted as read + write bytes (STREAM "copy" convention), measured in a child
- * process so its buffers do not count toward this process's peak RSS (VmHWM). Exit codes: 0 ok, 1 failure, 2 usage
- * error. */
+ * process so its buffers do not count toward this process's peak RSS (VmHWM). The prefill's arithmetic (linear layers,
+ * causal attention, one head row per prompt: prefill_flops) per second is shown beside the device's dense fp16 rate,
+ * measured in the same run on a GPU (cuBLAS with fp16 operands and fp32 accumulation, as the prefill's GEMMs run).
+ * Exit codes: 0 ok, 1 failure, 2 usage error. */
 #include "kernels/cpu/threadpool.h"
 #ifdef TSR_HAVE_CUDA
 #include "kernels/cuda/ops_cuda.h"
@@ -118,6 +120,7 @@ typedef struct {
     uint64_t bytes_per_step, kv_read_per_step;
     double bandwidth, bw_fraction, all_fraction;
     uint64_t kv_bytes, peak_rss, peak_dev;
+    double prefill_flops, prefill_flop_rate, gemm_fraction;
     int nonfinite;
 } bench_row;
 
@@ -134,6 +137,25 @@ static uint64_t kv_read_bytes(const tsr_model_config *c, tsr_dtype kv_dtype, int
         for (int i = 0; i < gen; i++) positions += w > 0 && prompt_len + i + 1 > w ? w : prompt_len + i + 1;
     }
     return (uint64_t)(positions / gen * per_layer * batch);
+}
+
+/* Arithmetic of the timed prefill: batch prompts of prompt_len tokens, each token through every linear layer
+ * (2 · K · N FLOP each), each row's attention over the positions it sees (q·k and p·v: 4 · heads · head_dim FLOP per
+ * position and layer, up to the layer's window), and one logits row per prompt through the head. */
+static double prefill_flops(const tsr_model *m, int batch, int prompt_len)
+{
+    const tsr_model_config *c = &m->cfg;
+    double linear = 0, attention = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const tsr_layer *y = &m->layers[l];
+        const tsr_linear *all[] = {&y->q, &y->k, &y->v, &y->o, &y->gate, &y->up, &y->down};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) linear += 2.0 * all[i]->K * all[i]->N;
+        const int w = tsr_config_layer_window(c, l);
+        for (int p = 0; p < prompt_len; p++)
+            attention += 4.0 * c->n_heads * c->head_dim * (w > 0 && p + 1 > w ? w : p + 1);
+    }
+    const double head = 2.0 * m->head.K * m->head.N;
+    return (double)batch * ((double)prompt_len * linear + attention + head);
 }
 
 /* Stored bytes of every linear layer of the model, the head included. */
@@ -210,6 +232,8 @@ static tsr_status run_batch(const tsr_ops *ops, const char *model, int batch, in
         st = tsr_engine_feed(e, feeds, batch);
         row->prefill_s = now_s() - t0;
         row->prefill_tps = (double)batch * prompt_len / row->prefill_s;
+        row->prefill_flops = prefill_flops(e->model, batch, prompt_len);
+        row->prefill_flop_rate = row->prefill_flops / row->prefill_s;
     }
     /* the prompts' logits rows are checked whole; decode steps pick on the device, as the serving path does for
      * greedy requests, so only their maxima are checked there */
@@ -418,9 +442,9 @@ int tsr_cmd_bench(int argc, char **argv)
     }
     if (threads > 0) tsr_threads_set((int)threads);
     const int n_threads = tsr_threads_count();
-    double bw = 0;
+    double bw = 0, gemm = 0; /* the device's copy bandwidth and dense fp16 rate, measured here */
 #ifdef TSR_HAVE_CUDA
-    if (on_gpu) bw = tsr_cuda_copy_bandwidth((size_t)1 << 30);
+    if (on_gpu) bw = tsr_cuda_copy_bandwidth((size_t)1 << 30), gemm = tsr_cuda_gemm_rate(8192);
 #endif
     if (!on_gpu) bw = memcpy_bandwidth();
     char desc[256];
@@ -433,6 +457,7 @@ int tsr_cmd_bench(int argc, char **argv)
     for (int b = 0; b < n_batches; b++) {
         tsr_status st = run_batch(ops, model, batches[b], (int)prompt_len, (int)gen, (int)max_tokens, kv_dtype, (uint64_t)seed,
                                   bw, &rows[b], &cfg, &file_bytes);
+        rows[b].gemm_fraction = gemm > 0 ? rows[b].prefill_flop_rate / gemm : 0;
         if (st != TSR_OK) {
             rc = tsr_cli_error("bench", st);
             break;
@@ -441,17 +466,25 @@ int tsr_cmd_bench(int argc, char **argv)
             printf("model    %s: %s, %d layers, hidden %d, heads %d/%d, intermediate %d, vocab %d; files %.3f GB\n", model,
                    cfg.arch_name, cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.intermediate,
                    cfg.vocab_size, (double)file_bytes / 1e9);
-            printf("setup    %s, kv %s, prompt %ld, gen %ld, max-tokens %ld; %s copy %.2f GB/s (read+write)\n", desc,
+            printf("setup    %s, kv %s, prompt %ld, gen %ld, max-tokens %ld; %s copy %.2f GB/s (read+write)", desc,
                    tsr_kv_dtype_name(kv_dtype), prompt_len, gen, max_tokens, on_gpu ? "device" : "memcpy",
                    bw / 1e9);
-            printf("%5s %13s %12s %9s %9s %8s %8s %9s %8s %9s %9s %9s\n", "batch", "prefill tok/s", "decode tok/s",
-                   "ms/step", "MB/step", "GB/s", "%copy", "KV rd MB", "+KV %", "KV MB", "peak MB", "dev MB");
+            if (gemm > 0) printf("; fp16 GEMM %.1f TFLOP/s (cuBLAS, 8192^3)", gemm / 1e12);
+            printf("\n");
+            printf("%5s %13s %12s %9s %9s %8s %8s %9s %8s %9s %9s %9s %10s %7s\n", "batch", "prefill tok/s",
+                   "decode tok/s", "ms/step", "MB/step", "GB/s", "%copy", "KV rd MB", "+KV %", "KV MB", "peak MB",
+                   "dev MB", "pf TFLOP/s", "%gemm");
         }
         bench_row *r = &rows[b];
-        printf("%5d %13.1f %12.2f %9.2f %9.1f %8.2f %7.1f%% %9.1f %7.1f%% %9.1f %9.1f %9.1f\n", r->batch,
+        printf("%5d %13.1f %12.2f %9.2f %9.1f %8.2f %7.1f%% %9.1f %7.1f%% %9.1f %9.1f %9.1f %10.3f", r->batch,
                r->prefill_tps, r->decode_tps, r->ms_per_step, (double)r->bytes_per_step / 1e6, r->bandwidth / 1e9,
                100.0 * r->bw_fraction, (double)r->kv_read_per_step / 1e6, 100.0 * r->all_fraction,
-               (double)r->kv_bytes / 1e6, (double)r->peak_rss / 1e6, (double)r->peak_dev / 1e6);
+               (double)r->kv_bytes / 1e6, (double)r->peak_rss / 1e6, (double)r->peak_dev / 1e6,
+               r->prefill_flop_rate / 1e12);
+        if (gemm > 0)
+            printf(" %6.1f%%\n", 100.0 * r->gemm_fraction);
+        else
+            printf(" %7s\n", "-");
         fflush(stdout);
         if (r->nonfinite) fprintf(stderr, "tessera bench: warning: non-finite logits at batch %d\n", r->batch);
     }
@@ -467,6 +500,7 @@ int tsr_cmd_bench(int argc, char **argv)
         json_object_set_new(root, "gen", json_integer(gen));
         json_object_set_new(root, "max_tokens", json_integer(max_tokens));
         json_object_set_new(root, "copy_bytes_per_s", json_real(bw));
+        json_object_set_new(root, "fp16_gemm_flop_per_s", json_real(gemm));
         json_t *arr = json_array();
         for (int b = 0; b < n_batches; b++) {
             const bench_row *r = &rows[b];
@@ -474,6 +508,9 @@ int tsr_cmd_bench(int argc, char **argv)
             json_object_set_new(o, "batch", json_integer(r->batch));
             json_object_set_new(o, "prefill_s", json_real(r->prefill_s));
             json_object_set_new(o, "prefill_tokens_per_s", json_real(r->prefill_tps));
+            json_object_set_new(o, "prefill_flop", json_real(r->prefill_flops));
+            json_object_set_new(o, "prefill_flop_per_s", json_real(r->prefill_flop_rate));
+            json_object_set_new(o, "prefill_fraction_of_fp16_gemm", json_real(r->gemm_fraction));
             json_object_set_new(o, "decode_s", json_real(r->decode_s));
             json_object_set_new(o, "decode_tokens_per_s", json_real(r->decode_tps));
             json_object_set_new(o, "ms_per_decode_step", json_real(r->ms_per_step));

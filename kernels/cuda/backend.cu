@@ -409,6 +409,55 @@ extern "C" double tsr_cuda_copy_bandwidth(size_t bytes)
     return 2.0 * (double)bytes / (best * 1e-3);
 }
 
+/* Values in [-1, 1) from a hash of their index: operands like a model's, not constants (which draw less power and
+ * could let the clocks run higher than a real GEMM's). */
+__global__ void gemm_fill_kernel(__half *p, size_t n, uint32_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 0x9E3779B1u ^ seed;
+        h ^= h >> 15, h *= 0x85EBCA77u, h ^= h >> 13;
+        p[i] = __float2half((float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f);
+    }
+}
+
+extern "C" double tsr_cuda_gemm_rate(int n)
+{
+    /* plain cudaMalloc, as for the copy bandwidth: not the backend's memory */
+    const size_t elems = (size_t)n * n;
+    __half *a = NULL, *b = NULL, *c = NULL;
+    if (cudaMalloc(&a, elems * sizeof *a) != cudaSuccess || cudaMalloc(&b, elems * sizeof *b) != cudaSuccess ||
+        cudaMalloc(&c, elems * sizeof *c) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(a), cudaFree(b);
+        return 0;
+    }
+    gemm_fill_kernel<<<1024, 256, 0, g_stream>>>(a, elems, 1u);
+    gemm_fill_kernel<<<1024, 256, 0, g_stream>>>(b, elems, 2u);
+    TSR_CUDA_LAUNCHED();
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    const float alpha = 1.0f, beta = 0.0f;
+    float best = 1e30f;
+    bool ok = true;
+    for (int i = 0; i < 6 && ok; i++) { /* the first one warms up */
+        cudaEventRecord(e0, g_stream);
+        ok = cublasGemmEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16F, n, b, CUDA_R_16F, n, &beta,
+                          c, CUDA_R_16F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+        cudaEventRecord(e1, g_stream);
+        cudaEventSynchronize(e1);
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (ok && i > 0 && ms < best) best = ms;
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    TSR_CUDA_CHECK(cudaFree(a));
+    TSR_CUDA_CHECK(cudaFree(b));
+    TSR_CUDA_CHECK(cudaFree(c));
+    return ok ? 2.0 * (double)n * n * n / (best * 1e-3) : 0;
+}
+
 /* ---- weights ---- */
 
 static void *upload(const void *src, size_t bytes)

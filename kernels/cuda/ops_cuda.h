@@ -41,6 +41,9 @@ void tsr_cuda_release_graphs(void);
 unsigned long long tsr_cuda_staged_taken(void);
 /* Measures device-to-device copy bandwidth (bytes read + written per second) over `bytes`-sized buffers. */
 double tsr_cuda_copy_bandwidth(size_t bytes);
+/* Measures the dense fp16 tensor-core rate as prefill uses it (cuBLAS, fp16 operands and output, fp32 accumulation):
+ * FLOP per second of n x n x n products, the best of five; 0 where the device has no room or cuBLAS fails. */
+double tsr_cuda_gemm_rate(int n);
 
 #ifdef __cplusplus
 }

@@ -70,6 +70,12 @@ for r in j["runs"]:
     # K/V read per step: steps attend 9, 10 and 11 positions; 2 layers x 2 KV heads x 32 dims x K and V x 2 bytes
     assert r["kv_bytes_read_per_decode_step"] == r["batch"] * 10 * 2 * 2 * 32 * 2 * 2, r
     assert r["weights_and_kv_fraction_of_memcpy"] > r["bandwidth_fraction_of_memcpy"] > 0, r
+    # prefill arithmetic per prompt: 8 tokens x 2 x (q 128x128, k and v 128x64, o 128x128, gate and up 128x384,
+    # down 384x128) x 2 layers, attention 4 x 4 heads x 32 dims x (1 + ... + 8) positions x 2 layers, one head row
+    # 2 x 128 x 4096; no GEMM rate on the CPU
+    per = 8 * 2 * 196608 * 2 + 4 * 4 * 32 * 36 * 2 + 2 * 128 * 4096
+    assert r["prefill_flop"] == r["batch"] * per and r["prefill_flop_per_s"] > 0, r
+    assert j["fp16_gemm_flop_per_s"] == 0 and r["prefill_fraction_of_fp16_gemm"] == 0, r
 EOF
 
 # a prompt and generation beyond the model's context is refused before any work, naming the context
