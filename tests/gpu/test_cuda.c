@@ -249,6 +249,22 @@ static void test_elementwise(void **state)
 
 /* argmax_rows against the CPU op: rows wider and narrower than the slicing, ties (the first maximum wins), NaNs
  * (skipped), a row of NaN only, a row with +inf, a row of -inf and NaN. */
+/* The two rates tessera bench measures on the device: each within what any CUDA card of the targets gives (more
+ * than 10 GB/s of copy, more than 1 TFLOP/s of fp16 GEMM at 1024^3) and under what none reaches (20 TB/s, 5 PFLOP/s
+ * dense), and the device memory they took given back. */
+static void test_bench_rates(void **state)
+{
+    (void)state;
+    size_t free0, free1, total;
+    tsr_cuda_memory(&free0, &total);
+    const double copy = tsr_cuda_copy_bandwidth((size_t)64 << 20), gemm = tsr_cuda_gemm_rate(1024);
+    tsr_cuda_memory(&free1, &total);
+    printf("copy %.1f GB/s, fp16 GEMM %.1f TFLOP/s at 1024^3\n", copy / 1e9, gemm / 1e12);
+    assert_true(copy > 1e10 && copy < 2e13);
+    assert_true(gemm > 1e12 && gemm < 5e15);
+    assert_true(free1 + ((size_t)64 << 20) >= free0); /* room for a cuBLAS workspace made on first use */
+}
+
 static void test_argmax_rows(void **state)
 {
     (void)state;
@@ -1850,6 +1866,7 @@ int main(void)
         cmocka_unit_test(test_attention_kv_quant),
         cmocka_unit_test(test_models_kv_quant),
         cmocka_unit_test(test_argmax_rows),
+        cmocka_unit_test(test_bench_rates),
         cmocka_unit_test(test_rope_store),
         cmocka_unit_test(test_top_rows),
         cmocka_unit_test(test_step_top),
