@@ -177,6 +177,28 @@ static void histogram(buf *b, const char *name, const char *help, const tsr_hist
         name, (unsigned long long)h->count);
 }
 
+/* Under mpirun: each worker rank's usage as the service last asked it (runtime/service.h), one sample per rank. */
+static void worker_metrics(buf *b, const tsr_service_stats *st)
+{
+    static const struct {
+        const char *name, *type, *help;
+    } fams[] = {
+        {"tessera_worker_steps_total", "counter", "Steps a worker rank has run (as last asked)."},
+        {"tessera_worker_peak_device_bytes", "gauge", "Most device memory a worker rank's backend has allocated."},
+        {"tessera_worker_capacity_bytes", "gauge", "Device memory a worker rank was planned with (0: not limited)."},
+        {"tessera_worker_peak_host_bytes", "gauge", "Peak resident memory of a worker rank's process."},
+    };
+    for (int f = 0; st->n_workers > 0 && f < N_OF(fams); f++) {
+        head(b, fams[f].name, fams[f].type, fams[f].help);
+        for (int w = 0; w < st->n_workers; w++) {
+            const tsr_rank_usage *u = &st->workers[w];
+            const uint64_t v = f == 0 ? (uint64_t)u->steps : f == 1 ? u->peak_device : f == 2 ? u->capacity
+                                                                                            : u->peak_host;
+            put(b, "%s{rank=\"%d\"} %llu\n", fams[f].name, w + 1, (unsigned long long)v);
+        }
+    }
+}
+
 static void service_metrics(buf *b, const tsr_service_stats *st)
 {
     const tsr_sched_stats *s = &st->sched;
@@ -216,6 +238,7 @@ static void service_metrics(buf *b, const tsr_service_stats *st)
              st->sched_s);
     metric_u(b, "tessera_executor_broken", "gauge", "1 when the executor can no longer run steps.",
              (uint64_t)(st->executor_broken != 0));
+    worker_metrics(b, st);
 }
 
 char *tsr_http_metrics_render(tsr_http_metrics *m, const tsr_service_stats *st, int ready, int open_requests,

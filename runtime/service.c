@@ -88,6 +88,7 @@ struct tsr_service {
     size_t live_cap, live_n;
     flight fl[TSR_EXECUTOR_MAX_DEPTH]; /* steps planned and not yet committed, oldest at fl_head (a ring) */
     int fl_head, n_fl, depth;
+    double usage_at;                   /* when the workers' usage was last asked (service clock; < 0: never) */
     long step_sleep_ms;                /* TSR_TEST_STEP_SLEEP_MS */
 };
 
@@ -421,6 +422,21 @@ static void collect_and_commit(tsr_service *s, double *sched_s, double *busy_s)
     *sched_s += tsr_service_now() - t2;
 }
 
+/* With no step in flight, the workers' usage into the stats when it was last asked long enough ago. A failure means
+ * a dead worker: the executor is broken and the next step fails its requests, as any step of a dead rank does. */
+static void refresh_usage(tsr_service *s, double now)
+{
+    if (!s->x->usage || s->x->broken || (s->usage_at >= 0 && now - s->usage_at < TSR_SERVICE_USAGE_PERIOD)) return;
+    s->usage_at = now;
+    tsr_rank_usage u[TSR_SERVICE_MAX_WORKERS];
+    int n = 0;
+    if (s->x->usage(s->x, u, TSR_SERVICE_MAX_WORKERS, &n) != TSR_OK) return;
+    pthread_mutex_lock(&s->mu);
+    s->stats.n_workers = n;
+    memcpy(s->stats.workers, u, (size_t)n * sizeof *u);
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void *loop_main(void *arg)
 {
     tsr_service *s = arg;
@@ -436,6 +452,7 @@ static void *loop_main(void *arg)
         while (s->n_fl < s->depth && plan_and_submit(s, &sched_s, &busy_s)) {
         }
         if (s->n_fl == 0) {
+            refresh_usage(s, now);
             tsr_sched_stats sched_stats;
             tsr_sched_get_stats(s->sched, &sched_stats);
             pthread_mutex_lock(&s->mu);
@@ -475,6 +492,7 @@ tsr_status tsr_service_start(tsr_executor *x, const tsr_tokenizer *tok, const ts
     tsr_service *s = calloc(1, sizeof *s);
     if (!s) return tsr_fail(TSR_ERR_NOMEM, "out of memory");
     s->x = x;
+    s->usage_at = -1;
     s->tok = tok;
     const char *sleep_ms = getenv("TSR_TEST_STEP_SLEEP_MS");
     s->step_sleep_ms = sleep_ms ? strtol(sleep_ms, NULL, 10) : 0;

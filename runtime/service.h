@@ -43,12 +43,19 @@ typedef struct tsr_gen_event {
 
 typedef void (*tsr_gen_callback)(const tsr_gen_event *ev, void *user);
 
+#define TSR_SERVICE_MAX_WORKERS 64 /* worker ranks whose usage the stats carry */
+#define TSR_SERVICE_USAGE_PERIOD 5.0 /* seconds between two questions to the workers about their usage */
+
 typedef struct tsr_service_stats {
     tsr_sched_stats sched;
     uint64_t requests_total, requests_finished, requests_failed, requests_cancelled;
     uint64_t tokens_in, tokens_out;
     double busy_s, sched_s;   /* time in steps (executor) and in the scheduler (planning + committing) */
     int executor_broken;
+    /* Over worker ranks (an executor with `usage`): each worker's usage as last asked, at the loop's first idle moment
+     * and then at most every TSR_SERVICE_USAGE_PERIOD seconds when no step is in flight (0 workers until then). */
+    int n_workers;
+    tsr_rank_usage workers[TSR_SERVICE_MAX_WORKERS];
 } tsr_service_stats;
 
 typedef struct tsr_service tsr_service;
