@@ -28,7 +28,7 @@ static char *base_name(const char *dir)
 }
 
 /* The shared options that take a value: where each goes in tsr_host_opts, and the range of a number. */
-typedef enum { HOST_TEXT, HOST_INT, HOST_LONG } host_opt_kind;
+typedef enum { HOST_TEXT, HOST_INT, HOST_LONG, HOST_FRACTION, HOST_KV_DTYPE } host_opt_kind;
 typedef struct {
     const char *name;
     host_opt_kind kind;
@@ -42,6 +42,8 @@ static const host_opt valued_opts[] = {
     {"--served-model-name", HOST_TEXT, offsetof(tsr_host_opts, served_name), 0, 0},
     {"--max-running", HOST_INT, offsetof(tsr_host_opts, max_running), 1, 4096},
     {"--kv-tokens", HOST_LONG, offsetof(tsr_host_opts, kv_tokens), 16, 1L << 30},
+    {"--kv-fraction", HOST_FRACTION, offsetof(tsr_host_opts, kv_fraction), 0, 0},
+    {"--kv-dtype", HOST_KV_DTYPE, offsetof(tsr_host_opts, kv_dtype), 0, 0},
     {"--step-tokens", HOST_INT, offsetof(tsr_host_opts, step_tokens), 1, 1 << 20},
     {"--prefill-chunk", HOST_INT, offsetof(tsr_host_opts, prefill_chunk), 0, 1 << 20},
     {"--threads", HOST_INT, offsetof(tsr_host_opts, threads), 1, 1024},
@@ -64,11 +66,13 @@ int tsr_host_opts_take(tsr_host_opts *o, int argc, char **argv, int *i)
     if (!v) return -1;
     char *field = (char *)o + opt->field;
     long n = 0;
-    if (opt->kind != HOST_TEXT && tsr_cli_int(o->cmd, a, v, opt->lo, opt->hi, &n)) return -1;
+    if ((opt->kind == HOST_INT || opt->kind == HOST_LONG) && tsr_cli_int(o->cmd, a, v, opt->lo, opt->hi, &n)) return -1;
     switch (opt->kind) {
     case HOST_TEXT: *(const char **)(void *)field = v; break;
     case HOST_INT: *(int *)(void *)field = (int)n; break;
     case HOST_LONG: *(long *)(void *)field = n; break;
+    case HOST_FRACTION: return tsr_cli_kv_fraction(o->cmd, v, (double *)(void *)field) ? -1 : 1;
+    case HOST_KV_DTYPE: return tsr_cli_kv_dtype(o->cmd, v, (tsr_dtype *)(void *)field) ? -1 : 1;
     }
     return 1;
 }
@@ -81,8 +85,9 @@ static tsr_session_req session_req(const tsr_host_opts *o)
                              .select_backend = tsr_select_backend,
                              .threads = o->threads,
                              .max_tokens = o->step_tokens,
-                             .kv_dtype = TSR_F16,
-                             .kv_tokens = o->kv_tokens};
+                             .kv_dtype = o->kv_dtype != TSR_DTYPE_INVALID ? o->kv_dtype : TSR_F16,
+                             .kv_tokens = o->kv_tokens,
+                             .kv_fraction = o->kv_fraction};
 }
 
 int tsr_host_run_worker(const tsr_host_opts *o)

@@ -84,6 +84,22 @@ int tsr_cli_ids(const char *cmd, const char *s, int32_t **ids, int *n)
     return 0;
 }
 
+int tsr_cli_kv_fraction(const char *cmd, const char *s, double *out)
+{
+    if (tsr_cli_float(cmd, "--kv-fraction", s, 0, 1, out)) return -1;
+    if (*out > 0) return 0;
+    fprintf(stderr, "tessera %s: --kv-fraction must be a share above 0 and at most 1 (0.9: 90%%)\n", cmd);
+    return -1;
+}
+
+int tsr_cli_kv_size_check(const char *cmd, long kv_tokens, double kv_fraction)
+{
+    if (kv_tokens <= 0 || kv_fraction <= 0) return 0;
+    fprintf(stderr, "tessera %s: give the KV pool's size (--kv-tokens) or its share of free memory (--kv-fraction), "
+                    "not both\n", cmd);
+    return -1;
+}
+
 int tsr_cli_error(const char *cmd, tsr_status st)
 {
     fprintf(stderr, "tessera %s: %s: %s\n", cmd, tsr_status_str(st), tsr_last_error());

@@ -40,6 +40,7 @@ static void usage(FILE *f)
             "  --threads N         CPU threads (default: all cores, or a worker's bound cores)\n"
             "  --device D          cpu (default), cuda or cuda:N (under mpirun: each worker its own GPU)\n"
             "  --step-tokens N     tokens per step and forward call (default 2048)\n"
+            "  --kv-dtype D        KV cache storage: f16 (default), q4, q6, q8 (quantized K and V) or f32\n"
             "benchmark: tessera generate --model DIR --bench [--batch 1,8,32] [--prompt-len 128] [--gen 32]\n"
             "           [--json FILE]: random prompts, prefill and decode tokens/s per batch size; tokens are\n"
             "           greedy unless --temperature, --top-k or --top-p say how to sample them\n");
@@ -139,6 +140,7 @@ int tsr_cmd_generate(int argc, char **argv)
     int print_ids = 0, ignore_eos = 0, chat = 0, bench = 0;
     long step_tokens = TSR_STEP_TOKENS_DEFAULT, prompt_len = 128, gen = 32;
     const char *batches = "1,8,32", *json = NULL;
+    tsr_dtype kv_dtype = TSR_F16;
     tsr_par_opts po;
     tsr_par_opts_init(&po);
     for (int i = 1; i < argc; i++) {
@@ -195,6 +197,8 @@ int tsr_cmd_generate(int argc, char **argv)
             if (tsr_cli_int("generate", a, v, 1, 1 << 20, &prompt_len)) return 2;
         } else if (!strcmp(a, "--gen")) {
             if (tsr_cli_int("generate", a, v, 1, 1 << 20, &gen)) return 2;
+        } else if (!strcmp(a, "--kv-dtype")) {
+            if (tsr_cli_kv_dtype("generate", v, &kv_dtype)) return 2;
         } else if (!strcmp(a, "--batch")) {
             batches = v;
         } else if (!strcmp(a, "--json")) {
@@ -236,7 +240,7 @@ int tsr_cmd_generate(int argc, char **argv)
 
     tsr_session_req req = {.cmd = "generate", .model_dir = model, .device = device,
                            .select_backend = tsr_select_backend, .threads = (int)threads,
-                           .max_tokens = (int)step_tokens, .kv_dtype = TSR_F16};
+                           .max_tokens = (int)step_tokens, .kv_dtype = kv_dtype};
     tsr_session *s = NULL;
     tsr_status st;
     if (bench && !tsr_rank_is_worker()) {

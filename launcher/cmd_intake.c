@@ -20,6 +20,9 @@ static void usage(FILE *f)
                "  --device D             cpu (default), cuda or cuda:N\n"
                "  --max-running N        sequences running at once (default 64)\n"
                "  --kv-tokens N          KV cache size in tokens (default: the engine's)\n"
+               "  --kv-fraction F        with no --kv-tokens: the cache's share of the GPU memory the weights and\n"
+               "                         workspace leave (default 0.9; 0.95 under a --gpu-memory plan)\n"
+               "  --kv-dtype D           f16 (default), q4, q6 or q8 (quantized K and V: 2-4x the tokens), f32\n"
                "  --step-tokens N        tokens per step: decode rows plus prompt chunks (default 2048)\n"
                "  --prefill-chunk N      prompt tokens in a step that also decodes running requests (default 1024;\n"
                "                         0: as many as the step leaves)\n"
@@ -76,6 +79,7 @@ int tsr_cmd_intake(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (tsr_cli_kv_size_check("intake", ho.kv_tokens, ho.kv_fraction)) return 2;
     io.client_timeout_s = client_timeout;
     io.send_timeout_s = send_timeout;
     if (tsr_rank_is_worker()) return tsr_host_run_worker(&ho); /* under mpirun: serve rank 0's steps */

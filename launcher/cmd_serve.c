@@ -54,6 +54,9 @@ static void usage(FILE *f)
             "  --max-running N         sequences decoding at once (default 64)\n"
             "  --max-waiting N         queued requests before 429 (default 1024)\n"
             "  --kv-tokens N           KV cache size in tokens (default: one full context, or GPU memory)\n"
+            "  --kv-fraction F         with no --kv-tokens: the cache's share of the GPU memory the weights and\n"
+            "                          workspace leave (default 0.9; 0.95 under a --gpu-memory plan)\n"
+            "  --kv-dtype D            f16 (default), q4, q6 or q8 (quantized K and V: 2-4x the tokens), f32\n"
             "  --step-tokens N         tokens per step: decode rows plus prompt chunks (default 2048)\n"
             "  --prefill-chunk N       prompt tokens in a step that also decodes running streams, which wait for\n"
             "                          the whole step (default 1024; 0: as many as --step-tokens leaves)\n"
@@ -238,6 +241,8 @@ int tsr_cmd_serve(int argc, char **argv)
     const char *model_dir = NULL, *device = "cpu", *tpl_path = NULL, *served = NULL, *keys[MAX_KEYS];
     int n_keys = 0;
     long port = 8000, threads = 0, max_running = 64, max_waiting = 1024, kv_tokens = 0, max_body = 8 << 20;
+    double kv_fraction = 0;
+    tsr_dtype kv_dtype = TSR_F16;
     long step_tokens = 0, prefill_chunk = TSR_PREFILL_CHUNK_DEFAULT;
     long max_conns = 0, per_ip = 0, timeout = 60, header_timeout = 30, http_threads = 2;
     long max_header = 64 << 10, backlog = 1 << 20;
@@ -283,6 +288,10 @@ int tsr_cmd_serve(int argc, char **argv)
             if (tsr_cli_int("serve", a, v, 1, 1 << 24, &max_waiting)) return 2;
         } else if (!strcmp(a, "--kv-tokens")) {
             if (tsr_cli_int("serve", a, v, 16, 1L << 30, &kv_tokens)) return 2;
+        } else if (!strcmp(a, "--kv-fraction")) {
+            if (tsr_cli_kv_fraction("serve", v, &kv_fraction)) return 2;
+        } else if (!strcmp(a, "--kv-dtype")) {
+            if (tsr_cli_kv_dtype("serve", v, &kv_dtype)) return 2;
         } else if (!strcmp(a, "--step-tokens")) {
             if (tsr_cli_int("serve", a, v, 1, 1 << 20, &step_tokens)) return 2;
         } else if (!strcmp(a, "--prefill-chunk")) {
@@ -315,9 +324,11 @@ int tsr_cmd_serve(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (tsr_cli_kv_size_check("serve", kv_tokens, kv_fraction)) return 2;
     tsr_session_req req = {.cmd = "serve", .model_dir = model_dir, .device = device,
                            .select_backend = tsr_select_backend, .threads = (int)threads,
-                           .max_tokens = (int)step_tokens, .kv_dtype = TSR_F16, .kv_tokens = kv_tokens};
+                           .max_tokens = (int)step_tokens, .kv_dtype = kv_dtype, .kv_tokens = kv_tokens,
+                           .kv_fraction = kv_fraction};
     if (tsr_rank_is_worker()) {
         /* a worker rank: execute the coordinator's steps until it shuts us down; SIGUSR1 (which mpirun forwards
          * to every rank) is the coordinator's cue to shut down gracefully, not ours */

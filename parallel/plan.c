@@ -245,7 +245,8 @@ tsr_status tsr_plan_make(const tsr_model *m, const tsr_plan_input *in, tsr_plan 
                                 "smaller model",
                                 w, x->stage, x->layer0, x->layer1 - 1, gib(x->weight_bytes), gib(x->work_bytes),
                                 gib(x->capacity));
-            long t = (long)((double)(x->capacity - x->weight_bytes - x->work_bytes) * 0.95 / (double)per_token[w]);
+            const double kv_share = in->kv_fraction > 0 && in->kv_fraction <= 1 ? in->kv_fraction : 0.95;
+            long t = (long)((double)(x->capacity - x->weight_bytes - x->work_bytes) * kv_share / (double)per_token[w]);
             if (fit_tokens < 0 || t < fit_tokens) fit_tokens = t, tight = w;
         }
     }

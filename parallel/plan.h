@@ -48,7 +48,8 @@ typedef struct tsr_plan_input {
     int gpu;                         /* workers are GPUs: reserve 512 MiB each for the runtime */
     int page_size, max_tokens;
     tsr_dtype kv_dtype;
-    long kv_tokens; /* KV pool wanted (0: as much as fits, or max_position_embeddings) */
+    long kv_tokens;     /* KV pool wanted (0: as much as fits, or max_position_embeddings) */
+    double kv_fraction; /* as much as fits: this share of what weights and workspace leave (0: 0.95) */
 } tsr_plan_input;
 
 typedef struct tsr_plan_worker {

@@ -54,6 +54,7 @@ static tsr_status make_plan(const tsr_model *m, const tsr_session_req *req, cons
     in.max_tokens = req->max_tokens > 0 ? req->max_tokens : TSR_STEP_TOKENS_DEFAULT;
     in.kv_dtype = req->kv_dtype == TSR_DTYPE_INVALID ? TSR_F16 : req->kv_dtype;
     in.kv_tokens = req->kv_tokens;
+    in.kv_fraction = req->kv_fraction;
     return tsr_plan_make(m, &in, plan);
 }
 
@@ -64,6 +65,7 @@ static tsr_status open_single(const tsr_session_req *req, const tsr_par_opts *o,
     tsr_engine_opts eo = {.max_tokens = req->max_tokens,
                           .page_size = req->page_size,
                           .kv_tokens = req->kv_tokens,
+                          .kv_fraction = req->kv_fraction,
                           .kv_dtype = req->kv_dtype};
     if (req->threads) tsr_threads_set(req->threads);
     TSR_TRY(req->select_backend(req->device, &eo.ops));

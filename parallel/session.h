@@ -31,7 +31,10 @@ typedef struct tsr_session_req {
     int threads; /* CPU threads (0: all cores, or a worker's bound cores) */
     int max_tokens, page_size; /* tokens per step (0: TSR_STEP_TOKENS_DEFAULT); KV page size (0: 16) */
     tsr_dtype kv_dtype;
-    long kv_tokens; /* KV pool the command needs (0: as much as fits) */
+    long kv_tokens;     /* KV pool the command needs (0: as much as fits) */
+    double kv_fraction; /* with kv_tokens 0: the share of the memory left after weights and workspace the pool
+                           takes (0: the default, 0.9 of a device's free memory in one process, 0.95 of a planned
+                           capacity); unused where kv_tokens is given */
 } tsr_session_req;
 
 typedef struct tsr_session {

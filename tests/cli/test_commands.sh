@@ -27,6 +27,13 @@ grep -q "prompt tokens beside decode tokens: 8" "$tmp/conc" || fail "bench --con
 awk '$1 == 2 && $2 == 8 && NF == 13 && $8 > 0 && $9 >= $8 {ok = 1} END {exit !ok}' "$tmp/conc" \
     || fail "bench --concurrency row: $(cat "$tmp/conc")"
 "$bin" bench --model "$model" --concurrency 2 --prefill-chunk -1 2> /dev/null; [ $? -eq 2 ] || fail "bad --prefill-chunk"
+# the KV cache's mode and share: bad values and both sizes at once are usage errors
+"$bin" generate --model "$model" --ids 1,2 --kv-dtype q5 2> /dev/null; [ $? -eq 2 ] || fail "generate --kv-dtype q5"
+"$bin" serve --model "$model" --kv-fraction 0 2> /dev/null; [ $? -eq 2 ] || fail "serve --kv-fraction 0"
+"$bin" serve --model "$model" --kv-fraction 1.5 2> /dev/null; [ $? -eq 2 ] || fail "serve --kv-fraction 1.5"
+"$bin" batch --model "$model" --input x --output y --kv-tokens 64 --kv-fraction 0.5 2> "$tmp/err"
+[ $? -eq 2 ] && grep -q "not both" "$tmp/err" || fail "batch --kv-tokens with --kv-fraction"
+"$bin" intake --model "$model" --listen ipc:///tmp/x --kv-dtype z 2> /dev/null; [ $? -eq 2 ] || fail "intake --kv-dtype z"
 # the ranks' options take effect under mpirun (tests/parallel/test_mpi.sh runs them); one process refuses them
 "$bin" bench --model "$model" --split layers 2> "$tmp/err"; [ $? -eq 2 ] || fail "bench --split in one process should exit 2"
 grep -q "under mpirun" "$tmp/err" || fail "bench --split message: $(cat "$tmp/err")"

@@ -69,6 +69,18 @@ bench_check() {
   echo "bench --split $split under mpirun -np 3: $(grep -m1 'batch   3' "$tmp/bench.txt" | tr -s ' ')"
 }
 
+# q4_check SPLIT: greedy tokens with a Q4 KV cache (--kv-dtype q4, the plan's cache mode on every worker) under
+# mpirun -np 3 equal one process's with the same cache
+q4_check() {
+  local split=$1 a b
+  a=$("$bin" generate --model "${models[0]}" --ids "$ids" --max-tokens 16 --ignore-eos --print-ids --kv-dtype q4) ||
+    fail "q4: one process"
+  b=$(mpi 3 generate --model "${models[0]}" --ids "$ids" --max-tokens 16 --ignore-eos --print-ids --kv-dtype q4 \
+    --split "$split" --quiet-ranks) || fail "q4 --split $split"
+  [ "$a" = "$b" ] || fail "q4 --split $split: tokens $b, one process $a"
+  echo "q4 cache under --split $split: tokens equal"
+}
+
 declare -A ref_ids
 reference() {
   local model=$1 tag; tag=$(basename "$model")
@@ -105,6 +117,7 @@ layers)
   compare "${models[0]}" 4 0 --split layers
   sampled_check "${models[0]}" layers
   bench_check layers 2
+  q4_check layers
   # the same options from an INI file (--config), and the plan printed without loading
   printf '[parallel]\nsplit = layers:0.6,0.4\nquiet-ranks = true\nmicro-batches = 3\n[generate]\nignore-eos = yes\n' > "$tmp/c.ini"
   got=$(mpi 3 generate --model "${models[0]}" --config "$tmp/c.ini" --ids "$ids" --max-tokens 16 --print-ids) ||
@@ -126,6 +139,7 @@ tensor)
   compare "${models[3]:-${models[0]}}" 5 1e-3 --split tensor
   sampled_check "${models[0]}" tensor
   bench_check tensor 1
+  q4_check tensor
   ;;
 hybrid)
   reference "${models[0]}"

@@ -194,6 +194,22 @@ grep -qi '^retry-after:' $(grep -l 429 "$tmp"/q*.hdr | head -n 1) || fail "429 w
 kill -INT "$spid"
 wait "$spid" || fail "server exit code $? after SIGINT"
 
+# a quantized KV cache: the greedy text of `tessera generate --kv-dtype q4`; under a memory plan (--gpu-memory, which
+# the CPU backend honours too) --kv-fraction sets the pool's share of what weights and workspace leave (default 0.95)
+pages=()
+for share in "" 0.5; do
+  start_server "$tmp/server-q4$share.log" --kv-dtype q4 --gpu-memory 256MiB ${share:+--kv-fraction $share}
+  pages+=("$(tool metric "$port" tessera_kv_pages_total)")
+  [ "$(req POST /v1/completions "$tmp/greedy.json")" = 200 ] || fail "q4 completion"
+  gen=$("$bin" generate --model "$model" --prompt "Once upon a time" --max-tokens 8 --kv-dtype q4) || fail "generate q4"
+  [ "Once upon a time$(json_get "d['choices'][0]['text']")" = "$gen" ] || fail "q4: '$(cat "$tmp/body")' vs '$gen'"
+  kill -TERM "$spid"
+  wait "$spid" || fail "q4 server exit code"
+done
+python3 -c "import sys; a, b = map(int, sys.argv[1:]); sys.exit(not abs(b / a - 0.5 / 0.95) < 0.02)" "${pages[@]}" ||
+  fail "--kv-fraction 0.5: ${pages[1]} pages against ${pages[0]} at the default 0.95"
+echo "q4 cache: the text of generate --kv-dtype q4; --kv-fraction 0.5: ${pages[1]} of ${pages[0]} pages"
+
 if [ $have_openai = 0 ]; then
   echo "SKIP: the openai package could not be installed (see below); the curl checks passed"
   tail -n 5 "$tmp/pip.log"
