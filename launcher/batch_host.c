@@ -43,6 +43,7 @@ static const host_opt valued_opts[] = {
     {"--max-running", HOST_INT, offsetof(tsr_host_opts, max_running), 1, 4096},
     {"--kv-tokens", HOST_LONG, offsetof(tsr_host_opts, kv_tokens), 16, 1L << 30},
     {"--kv-fraction", HOST_FRACTION, offsetof(tsr_host_opts, kv_fraction), 0, 0},
+    {"--max-context", HOST_LONG, offsetof(tsr_host_opts, max_context), 16, 1L << 30},
     {"--kv-dtype", HOST_KV_DTYPE, offsetof(tsr_host_opts, kv_dtype), 0, 0},
     {"--step-tokens", HOST_INT, offsetof(tsr_host_opts, step_tokens), 1, 1 << 20},
     {"--prefill-chunk", HOST_INT, offsetof(tsr_host_opts, prefill_chunk), 0, 1 << 20},
@@ -87,7 +88,8 @@ static tsr_session_req session_req(const tsr_host_opts *o)
                              .max_tokens = o->step_tokens,
                              .kv_dtype = o->kv_dtype != TSR_DTYPE_INVALID ? o->kv_dtype : TSR_F16,
                              .kv_tokens = o->kv_tokens,
-                             .kv_fraction = o->kv_fraction};
+                             .kv_fraction = o->kv_fraction,
+                             .max_context = o->max_context};
 }
 
 int tsr_host_run_worker(const tsr_host_opts *o)

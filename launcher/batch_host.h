@@ -24,6 +24,7 @@ typedef struct tsr_host_opts {
     const char *served_name; /* the model name requests must use; default: the directory's last component */
     long kv_tokens;          /* KV pool size in tokens; 0: as much as fits (the engine's default) */
     double kv_fraction;      /* with kv_tokens 0: the pool's share of free memory (0: the default) */
+    long max_context;        /* the longest sequence served (0: the model's context) */
     tsr_dtype kv_dtype;      /* the KV cache's storage; TSR_DTYPE_INVALID (the zero value): fp16 */
     int step_tokens;         /* tokens per step and forward call; 0: TSR_STEP_TOKENS_DEFAULT */
     int prefill_chunk;       /* prompt tokens in a step that also decodes (0: as many as the step leaves) */

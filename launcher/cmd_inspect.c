@@ -16,11 +16,14 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: tessera inspect --model DIR [--context N] [--batch B] [--kv-dtype f16|f32|q4|q6|q8] [--max-batch-tokens T]\n"
-               "                       [--plan [--np N] [--split S] [--tp N] [--gpu-memory SIZE[,SIZE...]]]\n"
+               "                       [--plan [--np N] [--split S] [--tp N] [--gpu-memory SIZE[,SIZE...]]\n"
+               "                       [--kv-fraction F]]\n"
                "Memory is estimated for B sequences of N tokens each (default: max_position_embeddings, batch 1).\n"
                "--plan prints the split of `mpirun -np N` (N-1 workers; N = 1: one process): S is none, layers,\n"
                "layers:R1,R2,... or tensor; --gpu-memory caps each worker (GPU workers); without it memory is not\n"
-               "limited and the KV pool holds B x N tokens.\n");
+               "limited and the KV pool holds B x N tokens. Under a cap and without --context the pool takes the\n"
+               "--kv-fraction share (default 0.95) of what weights and workspace leave, as serve's would; with\n"
+               "--context the plan serves sequences of up to N positions (serve's --max-context).\n");
 }
 
 static double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
@@ -56,6 +59,7 @@ int tsr_cmd_inspect(int argc, char **argv)
 {
     const char *dir = NULL;
     long context = 0, batch = 1, max_tokens = TSR_STEP_TOKENS_DEFAULT, np = 1, tp = 0;
+    double pin_fraction = 0; /* --kv-fraction */
     int plan = 0;
     const char *split = NULL, *gpu_memory = NULL;
     tsr_dtype kv_dtype = TSR_F16;
@@ -90,6 +94,8 @@ int tsr_cmd_inspect(int argc, char **argv)
             if (tsr_cli_kv_dtype("inspect", v, &kv_dtype)) {
                 return 2;
             }
+        } else if (!strcmp(a, "--kv-fraction")) {
+            if (tsr_cli_kv_fraction("inspect", v, &pin_fraction)) return 2;
         } else {
             fprintf(stderr, "tessera inspect: unknown option '%s'\n", a);
             usage(stderr);
@@ -185,6 +191,8 @@ int tsr_cmd_inspect(int argc, char **argv)
         pin.kv_dtype = kv_dtype;
         /* a cap sizes the pool by what fits unless a context was asked for */
         pin.kv_tokens = gpu_memory && !context_given ? 0 : context * batch;
+        pin.kv_fraction = pin_fraction;
+        pin.max_context = context_given ? context : 0;
         printf("\n");
         if ((st = tsr_plan_make(m, &pin, &p)) != TSR_OK) {
             rc = tsr_cli_error("inspect", st);

@@ -57,6 +57,8 @@ static void usage(FILE *f)
             "  --kv-fraction F         with no --kv-tokens: the cache's share of the GPU memory the weights and\n"
             "                          workspace leave (default 0.9; 0.95 under a --gpu-memory plan)\n"
             "  --kv-dtype D            f16 (default), q4, q6 or q8 (quantized K and V: 2-4x the tokens), f32\n"
+            "  --max-context N         the longest sequence served, prompt and output (default: the model's\n"
+            "                          context); sizes the KV cache's default and longer requests get 400\n"
             "  --step-tokens N         tokens per step: decode rows plus prompt chunks (default 2048)\n"
             "  --prefill-chunk N       prompt tokens in a step that also decodes running streams, which wait for\n"
             "                          the whole step (default 1024; 0: as many as --step-tokens leaves)\n"
@@ -242,6 +244,7 @@ int tsr_cmd_serve(int argc, char **argv)
     int n_keys = 0;
     long port = 8000, threads = 0, max_running = 64, max_waiting = 1024, kv_tokens = 0, max_body = 8 << 20;
     double kv_fraction = 0;
+    long max_context = 0;
     tsr_dtype kv_dtype = TSR_F16;
     long step_tokens = 0, prefill_chunk = TSR_PREFILL_CHUNK_DEFAULT;
     long max_conns = 0, per_ip = 0, timeout = 60, header_timeout = 30, http_threads = 2;
@@ -288,6 +291,8 @@ int tsr_cmd_serve(int argc, char **argv)
             if (tsr_cli_int("serve", a, v, 1, 1 << 24, &max_waiting)) return 2;
         } else if (!strcmp(a, "--kv-tokens")) {
             if (tsr_cli_int("serve", a, v, 16, 1L << 30, &kv_tokens)) return 2;
+        } else if (!strcmp(a, "--max-context")) {
+            if (tsr_cli_int("serve", a, v, 16, 1L << 30, &max_context)) return 2;
         } else if (!strcmp(a, "--kv-fraction")) {
             if (tsr_cli_kv_fraction("serve", v, &kv_fraction)) return 2;
         } else if (!strcmp(a, "--kv-dtype")) {
@@ -328,7 +333,7 @@ int tsr_cmd_serve(int argc, char **argv)
     tsr_session_req req = {.cmd = "serve", .model_dir = model_dir, .device = device,
                            .select_backend = tsr_select_backend, .threads = (int)threads,
                            .max_tokens = (int)step_tokens, .kv_dtype = kv_dtype, .kv_tokens = kv_tokens,
-                           .kv_fraction = kv_fraction};
+                           .kv_fraction = kv_fraction, .max_context = max_context};
     if (tsr_rank_is_worker()) {
         /* a worker rank: execute the coordinator's steps until it shuts us down; SIGUSR1 (which mpirun forwards
          * to every rank) is the coordinator's cue to shut down gracefully, not ours */

@@ -259,7 +259,8 @@ tsr_status tsr_coordinator_executor(MPI_Comm ctrl, const tsr_plan *plan, const t
     x->page_size = plan->page_size;
     x->n_pages = plan->n_pages;
     x->max_step_tokens = plan->max_tokens;
-    x->max_context = cfg->rope.max_pos;
+    x->max_context = plan->max_context > 0 && plan->max_context < cfg->rope.max_pos ? plan->max_context
+                                                                                  : cfg->rope.max_pos;
     x->depth = depth;
     x->run = c_run;
     if (depth > 1) {

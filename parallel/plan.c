@@ -173,6 +173,10 @@ tsr_status tsr_plan_make(const tsr_model *m, const tsr_plan_input *in, tsr_plan 
     out->n_layers = c->n_layers;
     out->page_size = in->page_size > 0 ? in->page_size : 16;
     out->max_tokens = in->max_tokens > 0 ? in->max_tokens : TSR_STEP_TOKENS_DEFAULT;
+    if (in->max_context > c->rope.max_pos)
+        return tsr_fail(TSR_ERR_ARG, "plan: a context of %ld positions is beyond the model's (%d)", in->max_context,
+                        c->rope.max_pos);
+    out->max_context = in->max_context > 0 ? (int)in->max_context : c->rope.max_pos;
     out->kv_dtype = in->kv_dtype == TSR_DTYPE_INVALID ? TSR_F16 : in->kv_dtype;
     out->split = kind;
 
@@ -212,7 +216,7 @@ tsr_status tsr_plan_make(const tsr_model *m, const tsr_plan_input *in, tsr_plan 
     const int vocab = (c->vocab_size + tp - 1) / tp;
     const uint64_t per_row = 4ull * (4ull * c->hidden + 3ull * nh * c->head_dim + 2ull * inter);
     /* a quantized cache's context rebuilt as fp16 for attention (runtime/kv_cache.h), sized for the model's context */
-    const long expand_positions = tsr_kv_expand_positions(out->max_tokens, c->rope.max_pos, out->page_size);
+    const long expand_positions = tsr_kv_expand_positions(out->max_tokens, out->max_context, out->page_size);
     const uint64_t expand = tsr_kv_expand_bytes(nkv, c->head_dim, (tsr_dtype)out->kv_dtype, expand_positions);
     const uint64_t work = per_row * (uint64_t)out->max_tokens +
                           (uint64_t)(out->max_tokens < 128 ? out->max_tokens : 128) * (uint64_t)vocab * 4 +
@@ -250,7 +254,7 @@ tsr_status tsr_plan_make(const tsr_model *m, const tsr_plan_input *in, tsr_plan 
             if (fit_tokens < 0 || t < fit_tokens) fit_tokens = t, tight = w;
         }
     }
-    long tokens = in->kv_tokens > 0 ? in->kv_tokens : fit_tokens >= 0 ? fit_tokens : c->rope.max_pos;
+    long tokens = in->kv_tokens > 0 ? in->kv_tokens : fit_tokens >= 0 ? fit_tokens : out->max_context;
     long pages = in->kv_tokens <= 0 && fit_tokens >= 0 ? tokens / out->page_size /* as much as fits: round down */
                                                        : (tokens + out->page_size - 1) / out->page_size;
     if (pages < 4) pages = 4;
@@ -275,7 +279,7 @@ tsr_status tsr_plan_check(const tsr_plan *p, int n_layers)
         return tsr_fail(TSR_ERR_FORMAT, "plan: version %u (expected %u)", p->version, TSR_PLAN_VERSION);
     if (p->n_workers < 1 || p->n_workers > TSR_PLAN_MAX || p->tp < 1 || p->n_workers % p->tp ||
         p->n_stages != p->n_workers / p->tp || p->n_layers != n_layers || p->page_size < 1 || p->n_pages < 1 ||
-        p->max_tokens < 1)
+        p->max_tokens < 1 || p->max_context < 1)
         return tsr_fail(TSR_ERR_FORMAT, "plan: inconsistent counts");
     for (int w = 0; w < p->n_workers; w++) {
         const tsr_plan_worker *x = &p->w[w];
@@ -301,7 +305,8 @@ void tsr_plan_print(FILE *f, const tsr_plan *p, const tsr_model *m)
             p->tp, p->n_workers);
     fprintf(f, "KV pool        %d pages x %d tokens = %ld tokens (%s), the same page numbering on every worker\n",
             p->n_pages, p->page_size, (long)p->n_pages * p->page_size, kv);
-    fprintf(f, "workspace      %d tokens per forward call\n", p->max_tokens);
+    fprintf(f, "workspace      %d tokens per forward call; sequences of up to %d positions\n", p->max_tokens,
+            p->max_context);
     fprintf(f,
             "\n  worker stage tp layers        embed head  weights     KV pool     workspace   total       capacity\n");
     for (int w = 0; w < p->n_workers; w++) {

@@ -22,7 +22,7 @@
 #include <stdio.h>
 
 #define TSR_PLAN_MAX     64
-#define TSR_PLAN_VERSION 2u /* 2: stream_bytes */
+#define TSR_PLAN_VERSION 3u /* 2: stream_bytes; 3: max_context */
 
 typedef enum tsr_split_kind { TSR_SPLIT_NONE = 0, TSR_SPLIT_LAYERS, TSR_SPLIT_TENSOR } tsr_split_kind;
 
@@ -50,6 +50,7 @@ typedef struct tsr_plan_input {
     tsr_dtype kv_dtype;
     long kv_tokens;     /* KV pool wanted (0: as much as fits, or max_position_embeddings) */
     double kv_fraction; /* as much as fits: this share of what weights and workspace leave (0: 0.95) */
+    long max_context;   /* the longest sequence served, below the model's context (0: the model's) */
 } tsr_plan_input;
 
 typedef struct tsr_plan_worker {
@@ -66,6 +67,7 @@ typedef struct tsr_plan {
     int n_workers, n_stages, tp;
     int n_layers;
     int page_size, n_pages, max_tokens;
+    int max_context; /* the longest sequence served (at most the model's context) */
     int kv_dtype; /* tsr_dtype */
     int split;    /* tsr_split_kind as asked */
     tsr_plan_worker w[TSR_PLAN_MAX];

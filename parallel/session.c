@@ -55,6 +55,7 @@ static tsr_status make_plan(const tsr_model *m, const tsr_session_req *req, cons
     in.kv_dtype = req->kv_dtype == TSR_DTYPE_INVALID ? TSR_F16 : req->kv_dtype;
     in.kv_tokens = req->kv_tokens;
     in.kv_fraction = req->kv_fraction;
+    in.max_context = req->max_context;
     return tsr_plan_make(m, &in, plan);
 }
 
@@ -66,6 +67,7 @@ static tsr_status open_single(const tsr_session_req *req, const tsr_par_opts *o,
                           .page_size = req->page_size,
                           .kv_tokens = req->kv_tokens,
                           .kv_fraction = req->kv_fraction,
+                          .max_context = req->max_context,
                           .kv_dtype = req->kv_dtype};
     if (req->threads) tsr_threads_set(req->threads);
     TSR_TRY(req->select_backend(req->device, &eo.ops));
@@ -345,6 +347,7 @@ static int run_worker(const tsr_session_req *req, const tsr_par_opts *o)
         tsr_engine_opts eo = {.max_tokens = plan.max_tokens,
                               .page_size = plan.page_size,
                               .kv_tokens = (long)plan.n_pages * plan.page_size,
+                              .max_context = plan.max_context,
                               .kv_dtype = (tsr_dtype)plan.kv_dtype,
                               .ops = ops,
                               .part = &part,

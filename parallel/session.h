@@ -35,6 +35,7 @@ typedef struct tsr_session_req {
     double kv_fraction; /* with kv_tokens 0: the share of the memory left after weights and workspace the pool
                            takes (0: the default, 0.9 of a device's free memory in one process, 0.95 of a planned
                            capacity); unused where kv_tokens is given */
+    long max_context;   /* the longest sequence served (0: the model's context); TSR_ERR_ARG beyond the model's */
 } tsr_session_req;
 
 typedef struct tsr_session {

@@ -19,14 +19,18 @@ tsr_status tsr_engine_open(const char *model_dir, const tsr_engine_opts *opts, t
     e->max_tokens = o.max_tokens;
     tsr_status st = tsr_model_load_part(model_dir, o.part, &e->model);
     if (st == TSR_OK && o.on_load) st = o.on_load(o.on_load_ctx, e->model);
+    if (st == TSR_OK && o.max_context > e->model->cfg.rope.max_pos)
+        st = tsr_fail(TSR_ERR_ARG, "a context of %ld positions is beyond the model's (%d)", o.max_context,
+                      e->model->cfg.rope.max_pos);
     size_t free_before = st == TSR_OK && o.memory_cap && !o.kv_tokens ? e->ops->memory_free() : 0;
     if (st == TSR_OK) st = e->ops->prepare_model(e->model);
     if (st == TSR_OK) {
         const tsr_model_config *c = &e->model->cfg;
         const tsr_model_local *lo = &e->model->local;
         const int n_layers = e->model->part.layer1 - e->model->part.layer0;
-        long tokens = o.kv_tokens > 0 ? o.kv_tokens : c->rope.max_pos;
-        long context = c->rope.max_pos; /* the longest sequence the rebuild for attention is sized for */
+        e->max_context = o.max_context > 0 && o.max_context < c->rope.max_pos ? (int)o.max_context : c->rope.max_pos;
+        long tokens = o.kv_tokens > 0 ? o.kv_tokens : e->max_context;
+        long context = e->max_context; /* the longest sequence the rebuild for attention is sized for */
         size_t free_bytes = o.kv_tokens > 0 ? 0 : e->ops->memory_free();
         if (free_bytes > 0 && o.memory_cap) {
             /* the cap counts what this engine placed on the device so far (the weights) */

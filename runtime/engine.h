@@ -18,6 +18,8 @@ typedef struct tsr_engine_opts {
     long kv_tokens;       /* KV pool size in tokens; 0: kv_fraction of the backend's free memory after the weights and
                              workspace when the backend reports it (GPU), else max_position_embeddings */
     double kv_fraction;   /* share of free memory for the KV pool when kv_tokens is 0 (default 0.9) */
+    long max_context;     /* the longest sequence served, below the model's context (0: the model's): sizes the
+                             default pool where memory does not, and a quantized cache's rebuild room */
     tsr_dtype kv_dtype;   /* TSR_F16 (default) or TSR_F32 */
     const tsr_ops *ops;   /* default: the CPU backend */
     const tsr_model_part *part; /* load only this part of the model (NULL: all of it) */
@@ -35,6 +37,7 @@ typedef struct tsr_engine {
     tsr_kv_cache kv;
     tsr_forward_ctx *fwd;
     int max_tokens;
+    int max_context;      /* the longest sequence it serves: opts.max_context or the model's context */
     long kv_pool_tokens;  /* the pool's size in tokens, as allocated */
     float *feed_logits;   /* tsr_engine_feed's host rows, kept between calls */
     size_t feed_rows;     /* rows feed_logits holds */

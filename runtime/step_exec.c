@@ -275,7 +275,7 @@ tsr_status tsr_executor_local(tsr_engine *e, tsr_executor **out)
     x->page_size = e->kv.page_size;
     x->n_pages = e->kv.n_pages;
     x->max_step_tokens = tsr_forward_max_tokens(e->fwd);
-    x->max_context = e->model->cfg.rope.max_pos;
+    x->max_context = e->max_context;
     x->depth = 1;
     x->run = local_run;
     x->close = local_close;

@@ -128,6 +128,9 @@ layers)
     fail "inspect --plan"
   grep -q "layer split: 2 workers" "$tmp/plan.txt" && grep -q "1.00 GiB" "$tmp/plan.txt" ||
     fail "inspect --plan output: $(cat "$tmp/plan.txt")"
+  # a context cap (serve's --max-context, inspect's --context) is part of the plan every worker receives
+  "$bin" inspect --model "${models[0]}" --plan --np 3 --split layers --context 512 > "$tmp/plan.txt" &&
+    grep -q "sequences of up to 512 positions" "$tmp/plan.txt" || fail "inspect --plan --context: $(cat "$tmp/plan.txt")"
   ;;
 tensor)
   for m in "${models[@]}"; do

@@ -10,6 +10,7 @@
 #include "runtime/kv_cache.h"
 #include "tests/common/fixtures.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -190,6 +191,24 @@ static void test_fit_and_kv(void **state)
     assert_int_equal(p.w[0].work_bytes - work_f16,
                      tsr_kv_expand_bytes(f->m.cfg.n_kv_heads, f->m.cfg.head_dim, TSR_KV_Q4,
                                          tsr_kv_expand_positions(in.max_tokens, f->m.cfg.rope.max_pos, in.page_size)));
+    assert_int_equal(p.max_context, f->m.cfg.rope.max_pos);
+    /* a context cap sizes that rebuild (and is what the plan carries to the workers); past the model's: refused */
+    in.max_context = 1000;
+    assert_int_equal(tsr_plan_make(&f->m, &in, &p), TSR_OK);
+    assert_int_equal(p.max_context, 1000);
+    assert_int_equal(p.w[0].work_bytes - work_f16,
+                     tsr_kv_expand_bytes(f->m.cfg.n_kv_heads, f->m.cfg.head_dim, TSR_KV_Q4,
+                                         tsr_kv_expand_positions(in.max_tokens, 1000, in.page_size)));
+    in.max_context = f->m.cfg.rope.max_pos + 1;
+    assert_int_equal(tsr_plan_make(&f->m, &in, &p), TSR_ERR_ARG);
+    assert_non_null(strstr(tsr_last_error(), "beyond the model's"));
+    /* as much as fits, by a share of what weights and workspace leave (default 0.95) */
+    in.max_context = 0, in.kv_tokens = 0, in.kv_dtype = TSR_F16;
+    assert_int_equal(tsr_plan_make(&f->m, &in, &p), TSR_OK);
+    const int pages95 = p.n_pages;
+    in.kv_fraction = 0.5;
+    assert_int_equal(tsr_plan_make(&f->m, &in, &p), TSR_OK);
+    assert_true(fabs((double)p.n_pages / pages95 - 0.5 / 0.95) < 0.01);
     free(f);
 }
 

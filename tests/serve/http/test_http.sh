@@ -195,11 +195,16 @@ kill -INT "$spid"
 wait "$spid" || fail "server exit code $? after SIGINT"
 
 # a quantized KV cache: the greedy text of `tessera generate --kv-dtype q4`; under a memory plan (--gpu-memory, which
-# the CPU backend honours too) --kv-fraction sets the pool's share of what weights and workspace leave (default 0.95)
+# the CPU backend honours too) --kv-fraction sets the pool's share of what weights and workspace leave (default 0.95);
+# --max-context: longer requests get 400 naming it
 pages=()
 for share in "" 0.5; do
-  start_server "$tmp/server-q4$share.log" --kv-dtype q4 --gpu-memory 256MiB ${share:+--kv-fraction $share}
+  start_server "$tmp/server-q4$share.log" --kv-dtype q4 --gpu-memory 256MiB ${share:+--kv-fraction $share} \
+    --max-context 256
   pages+=("$(tool metric "$port" tessera_kv_pages_total)")
+  echo '{"prompt": "Once upon a time", "max_tokens": 300}' > "$tmp/long.json"
+  [ "$(req POST /v1/completions "$tmp/long.json")" = 400 ] && grep -q "maximum context length is 256" "$tmp/body" ||
+    fail "--max-context 256: $(cat "$tmp/body")"
   [ "$(req POST /v1/completions "$tmp/greedy.json")" = 200 ] || fail "q4 completion"
   gen=$("$bin" generate --model "$model" --prompt "Once upon a time" --max-tokens 8 --kv-dtype q4) || fail "generate q4"
   [ "Once upon a time$(json_get "d['choices'][0]['text']")" = "$gen" ] || fail "q4: '$(cat "$tmp/body")' vs '$gen'"
