@@ -5,7 +5,8 @@
 # TSR_KVQ_BENCH's variants ("name:KV,ENV=V,BIN=NAME"; KV a --kv-dtype; default f16, Q4, Q8, Q6 and Q4 on the exact
 # kernel) at 512 positions (batch 1 and 8) and of TSR_KVQ_LONG's at 8192 (batch 1 and 2), and the per-op device
 # profile at batch 1 of each kv dtype in TSR_KVQ_PROFILE (default "f16 q4"); TSR_KVQ_CHUNKED's variants (none by
-# default) prefill a 32K-token prompt in 512-token chunks at batch 1. TSR_KVQ_TESTS=none skips the tests.
+# default) prefill a 32K-token prompt in 512-token chunks at batch 1; TSR_KVQ_SERVE=1 runs `tessera batch` over a Q4
+# cache with steps that mix long-context decode rows and prompt chunks. TSR_KVQ_TESTS=none skips the tests.
 # A variant's BIN=NAME runs another build packed beside this one (tests/parallel/gpu-pack.sh TSR_GPUPACK_ALT; for
 # test variants TSR_GPUPACK_ALT_TESTS).
 # Pack first (TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh) and carry `.parpack`; logs go to $OUT.
@@ -46,6 +47,39 @@ done
 for v in ${TSR_KVQ_LONG:-f16:f16 q4:q4}; do bench_variant "$v" 8192 1,2 16; done
 # a 32K-token prompt in 512-token chunks (the prefill copy's rule past 32 positions per row), batch 1
 for v in ${TSR_KVQ_CHUNKED:-}; do bench_variant "$v" 32768 1 8 512; done
+# the serving path over a Q4 cache (TSR_KVQ_SERVE=1): `tessera batch` on the 8B synth with token-id prompts of 300
+# to 1500 tokens, steps of 128 tokens with at most 16 prompt tokens beside decode rows, so that steps hold
+# long-context decode rows followed by a prompt chunk (kernels/kv_copy_plan.c: the split); twice, and once more
+# with TSR_CUDA_FLASH=0 (every batch through the decode kernel): every line answered, the first two identical
+if [ "${TSR_KVQ_SERVE:-0}" = 1 ]; then
+  # the serving path needs a tokenizer: Llama 3's (the synth's vocabulary), from the fixtures
+  python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+    tests/fixtures/tokenizers/llama3/tokenizer.json.xz "$m/tokenizer.json"
+  cp tests/fixtures/tokenizers/llama3/tokenizer_config.json "$m/"
+  python3 - > /tmp/kvq-batch.jsonl <<'PY'
+import json
+for i in range(24):
+    ids = [(7 * i + 13 * k) % 120000 + 100 for k in range(300 + 53 * i)]
+    print(json.dumps({"custom_id": "q%d" % i, "method": "POST", "url": "/v1/completions",
+                      "body": {"prompt": ids, "max_tokens": 24 + i % 5, "temperature": 0}}))
+PY
+  for run in 1 2 flashoff; do
+    env $([ $run = flashoff ] && echo TSR_CUDA_FLASH=0) X=1 timeout 200 "$bin" batch --model $m --device cuda \
+      --kv-dtype q4 --step-tokens 128 --prefill-chunk 16 --input /tmp/kvq-batch.jsonl \
+      --output "$out/kvq-batch-$run.jsonl" --quiet
+    echo "batch q4 ($run) exit $? at $SECONDS s"
+  done
+  python3 - "$out" <<'PY'
+import json, sys
+def texts(run):
+    rows = [json.loads(l) for l in open("%s/kvq-batch-%s.jsonl" % (sys.argv[1], run))]
+    return {r["custom_id"]: (r["response"] or {}).get("body", {}).get("choices", [{}])[0].get("text") for r in rows}
+a, b, c = texts("1"), texts("2"), texts("flashoff")
+print("answered: %d / %d / %d of 24; runs 1 and 2 identical: %s; flash off differs on %d"
+      % (sum(v is not None for v in a.values()), sum(v is not None for v in b.values()),
+         sum(v is not None for v in c.values()), a == b, sum(a.get(k) != c.get(k) for k in a)))
+PY
+fi
 for kv in ${TSR_KVQ_PROFILE:-f16 q4}; do
   echo "--- $kv profile b1 512"
   TSR_CUDA_PROFILE=2 timeout 100 "$bin" bench --model $m --device cuda --batch 1 --prompt-len 512 --gen 16 \
