@@ -3,12 +3,29 @@
  * of long contexts passes 2^31. */
 #include "kernels/kv_copy_plan.h"
 
+int tsr_kv_copy_window(const tsr_batch_layout *b, int window)
+{
+    return window > 0 && b->host_seq_row0 && b->host_positions ? window : 0;
+}
+
 int tsr_kv_copy_pages(const tsr_batch_layout *b, int window, const tsr_kv_cache *kv)
 {
     if (b->n_seqs <= 0 || b->n_rows <= 0 || kv->page_size <= 0) return 0;
-    const int span_pages = (b->max_position + kv->page_size) / kv->page_size;
+    const int page = kv->page_size, span_pages = (b->max_position + page) / page;
     if (span_pages > b->max_pages) return 0; /* positions past the page tables: not a valid batch */
-    const double copied = (double)b->n_seqs * span_pages * kv->page_size;
+    /* under a window each sequence's copy starts at its first row's window start (tsr_kv_copy_first_page) */
+    int copy_pages = span_pages;
+    const int w = tsr_kv_copy_window(b, window);
+    if (w > 0) {
+        copy_pages = 0;
+        for (int s = 0; s < b->n_seqs; s++) {
+            const int r0 = b->host_seq_row0[s], r1 = b->host_seq_row0[s + 1];
+            const int pages = b->host_positions[r1 - 1] / page + 1 -
+                              tsr_kv_copy_first_page(b->host_positions[r0], w, page);
+            if (pages > copy_pages) copy_pages = pages;
+        }
+    }
+    const double copied = (double)b->n_seqs * copy_pages * page;
     const double room =
         kv->expand_positions > 0 ? (double)kv->expand_positions : TSR_KV_EXPAND_ROWS * (double)b->n_rows;
     if (copied > room) return 0;
@@ -17,7 +34,7 @@ int tsr_kv_copy_pages(const tsr_batch_layout *b, int window, const tsr_kv_cache 
         if (window > 0 && visits > (double)window * b->n_rows) visits = (double)window * b->n_rows;
         if (TSR_KV_COPY_MIN_VISITS * copied > visits) return 0;
     }
-    return span_pages;
+    return copy_pages;
 }
 
 /* Sequences [s_lo, s_hi) of b (from the host mirrors): their largest position and the positions their rows attend

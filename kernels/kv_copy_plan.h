@@ -22,9 +22,23 @@
 extern "C" { /* called from kernels/cuda/attention_kvq.cu */
 #endif
 
-/* Pages per sequence of a copy of batch b's visible context (the longest span, in whole pages) where the copy pays
- * and fits the room the pool's sizing left (kv->expand_positions; TSR_KV_EXPAND_ROWS per row of b where that is 0);
- * 0 where it does not, or where b's positions reach past its page tables. window: the sliding window, 0 for none. */
+/* The window the copy's extents follow: `window` where b has host mirrors to compute them from, else 0 (the copy then
+ * holds every sequence from position 0). */
+int tsr_kv_copy_window(const tsr_batch_layout *b, int window);
+
+/* The first page of a sequence's positions the copy holds, for a sequence whose first row is at first_position:
+ * the page of that row's window start (0 without a window, copy_window 0). The prefill kernels read a block's
+ * positions from its first row's window start on, never before. The CUDA copy calls it on the device. */
+static inline TSR_KV_HOST_DEVICE int tsr_kv_copy_first_page(int first_position, int window, int page_size)
+{
+    const int lo = window > 0 ? first_position - window + 1 : 0;
+    return lo > 0 ? lo / page_size : 0;
+}
+
+/* Pages per sequence of a copy of batch b's visible context (the longest span from each sequence's first page, in
+ * whole pages) where the copy pays and fits the room the pool's sizing left (kv->expand_positions;
+ * TSR_KV_EXPAND_ROWS per row of b where that is 0); 0 where it does not, or where b's positions reach past its page
+ * tables. window: the sliding window, 0 for none. */
 int tsr_kv_copy_pages(const tsr_batch_layout *b, int window, const tsr_kv_cache *kv);
 
 /* For a batch whose copy as a whole does not pay or fit (tsr_kv_copy_pages is 0): where it starts with one-row

@@ -456,6 +456,8 @@ static int test_batch(host_layout *h, int kind, int page, int n_pages, int half)
      * kernel) */
     int pos0_split[] = {1700, 1500, 1200, 0, 40, 60}, n_split[] = {1, 1, 1, 129, 33, 1};
     int pos0_split2[] = {0, 40, 1700, 1500, 1200}, n_split2[] = {129, 33, 1, 1, 1};
+    /* chunks deep into their contexts (for a window: each sequence's copy starts at its first row's window start) */
+    int pos0_deep[] = {600, 300, 0}, n_deep[] = {129, 33, 70};
     if (kind == 1)
         make_layout(h, 4, pos0_dec, n_dec, page, n_pages, half);
     else if (kind == 2)
@@ -464,6 +466,8 @@ static int test_batch(host_layout *h, int kind, int page, int n_pages, int half)
         make_layout(h, 6, pos0_split, n_split, page, n_pages, half);
     else if (kind == 4)
         make_layout(h, 5, pos0_split2, n_split2, page, n_pages, half);
+    else if (kind == 5)
+        make_layout(h, 3, pos0_deep, n_deep, page, n_pages, half);
     else
         make_layout(h, 3, pos0_pre, n_pre, page, n_pages, half);
     int max_pos = 0;
@@ -803,7 +807,7 @@ static void check_attention_quant(int d, tsr_dtype mode, int window, int kind)
     gpu->attention(&bg, &a, &kg, dq, dout);
     float *got = to_host(dout, n);
     char what[96];
-    static const char *kinds[] = {"prefill", "decode", "mixed", "split", "chunks, then decode"};
+    static const char *kinds[] = {"prefill", "decode", "mixed", "split", "chunks, then decode", "deep chunks"};
     snprintf(what, sizeof what, "attention d%d kv %s %s window %d", d, tsr_kv_dtype_name(mode), kinds[kind], window);
     if (kvq_rebuilt(d, !decode)) {
         float *want16 = attention_rebuilt(&h, &bc, &a, &kc, k, v, q);
@@ -846,6 +850,9 @@ static void test_attention_kv_quant(void **state)
         check_attention_quant(64, modes[m], 100, 1);
         check_attention_quant(192, modes[m], 300, 1);
         check_attention_quant(256, modes[m], 0, 0);
+        check_attention_quant(64, modes[m], 100, 5);  /* the copy from each sequence's window start */
+        check_attention_quant(128, modes[m], 250, 5);
+        check_attention_quant(128, modes[m], 0, 5);
     }
 }
 

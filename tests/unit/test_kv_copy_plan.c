@@ -3,7 +3,8 @@
  * shaped as the scheduler plans them: a long prompt's later chunks (copy: the decode kernel would rebuild the context
  * once per row), decode rows alone (no copy: each position serves one row), decode rows followed by a prompt chunk
  * (split: the decode rows to the decode kernel, the chunk over a copy of its own context), chunks followed by
- * decode rows (kept whole), the room the pool's sizing left, sliding windows, and batches without host mirrors. */
+ * decode rows (kept whole), the room the pool's sizing left, sliding windows (the copy from each sequence's window
+ * start), and batches without host mirrors. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -168,15 +169,27 @@ static void test_room_and_invalid_spans(void **state)
     assert_int_equal(tsr_kv_copy_pages(&x.b, 0, &kv), (1001 + PAGE - 1) / PAGE);
 }
 
-/* A sliding window caps each row's visits at `window`: a short chunk deep into a long context does not pay for
- * copying the whole span. */
-static void test_window_caps_the_visits(void **state)
+/* A sliding window: each sequence's copy starts at the page of its first row's window start, so a chunk deep into a
+ * long context copies about window + chunk positions; each row's visits are capped at the window. Without host
+ * mirrors the copy would hold the whole span, which then does not pay. */
+static void test_window(void **state)
 {
     (void)state;
     batch x;
     const tsr_kv_cache kv = cache(512, 32768);
     make_batch(&x, 1, (int[]){64}, (int[]){20000});
     assert_int_equal(tsr_kv_copy_pages(&x.b, 0, &kv), (20064 + PAGE - 1) / PAGE);
+    /* rows 20000 .. 20063 with a window of 256: positions 19745 .. 20063, pages 1234 .. 1253 */
+    assert_int_equal(tsr_kv_copy_first_page(20000, 256, PAGE), 19745 / PAGE);
+    assert_int_equal(tsr_kv_copy_pages(&x.b, 256, &kv), 20063 / PAGE + 1 - 19745 / PAGE);
+    /* the longest of several sequences' windowed spans */
+    make_batch(&x, 2, (int[]){64, 400}, (int[]){20000, 100});
+    assert_int_equal(tsr_kv_copy_pages(&x.b, 256, &kv), 499 / PAGE + 1); /* sequence 1 from page 0: 32 pages */
+    assert_int_equal(tsr_kv_copy_first_page(100, 256, PAGE), 0);
+    assert_int_equal(tsr_kv_copy_first_page(5, 0, PAGE), 0);
+    make_batch(&x, 1, (int[]){64}, (int[]){20000});
+    x.b.host_positions = NULL;
+    assert_int_equal(tsr_kv_copy_window(&x.b, 256), 0);
     assert_int_equal(tsr_kv_copy_pages(&x.b, 256, &kv), 0);
     make_batch(&x, 1, (int[]){512}, (int[]){0});
     assert_int_equal(tsr_kv_copy_pages(&x.b, 256, &kv), 512 / PAGE);
@@ -206,7 +219,7 @@ int main(void)
         cmocka_unit_test(test_decode_rows_then_a_chunk_split),
         cmocka_unit_test(test_chunks_first_stay_whole),
         cmocka_unit_test(test_room_and_invalid_spans),
-        cmocka_unit_test(test_window_caps_the_visits),
+        cmocka_unit_test(test_window),
         cmocka_unit_test(test_no_mirrors_no_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
