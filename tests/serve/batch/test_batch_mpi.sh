@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tessera batch under mpirun: the coordinator (rank 0) runs the batch and two CPU workers run the model (layer
-# split); the output must equal a one-process run's (greedy and seeded texts, n > 1, error lines).
+# split); the output must equal a one-process run's (greedy and seeded texts, n > 1, error lines), with an fp16 and
+# a Q4 KV cache.
 #
 #   test_batch_mpi.sh MPIEXEC
 . "$(dirname "$0")/../../common/prelude.sh"
@@ -14,11 +15,14 @@ cat > "$tmp/in.jsonl" <<'JSONL'
 {"custom_id": "d", "method": "POST", "url": "/v1/embeddings", "body": {}}
 {"custom_id": "e", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "max_tokens": 100000}}
 JSONL
-"$bin" batch --model "$model" --input "$tmp/in.jsonl" --output "$tmp/one.jsonl" --kv-tokens 4096 2> "$tmp/err" ||
-    fail "one process: $(cat "$tmp/err")"
-timeout 300 "$mpiexec" --bind-to none -np 3 "$bin" batch --model "$model" --input "$tmp/in.jsonl" \
-    --output "$tmp/mpi.jsonl" --kv-tokens 4096 --quiet-ranks 2> "$tmp/err" || fail "mpirun -np 3: $(cat "$tmp/err")"
-python3 - "$tmp/one.jsonl" "$tmp/mpi.jsonl" <<'PY' || fail "results differ"
+# the same with an fp16 and a Q4 KV cache (the plan's cache mode on every worker)
+for kv in f16 q4; do
+  "$bin" batch --model "$model" --input "$tmp/in.jsonl" --output "$tmp/one.jsonl" --kv-tokens 4096 --kv-dtype $kv \
+      2> "$tmp/err" || fail "one process ($kv): $(cat "$tmp/err")"
+  timeout 300 "$mpiexec" --bind-to none -np 3 "$bin" batch --model "$model" --input "$tmp/in.jsonl" \
+      --output "$tmp/mpi.jsonl" --kv-tokens 4096 --kv-dtype $kv --quiet-ranks 2> "$tmp/err" ||
+      fail "mpirun -np 3 ($kv): $(cat "$tmp/err")"
+  python3 - "$tmp/one.jsonl" "$tmp/mpi.jsonl" <<'PY' || fail "results differ ($kv)"
 import json, sys
 def load(path):
     out = {}
@@ -32,4 +36,5 @@ def load(path):
 a, b = load(sys.argv[1]), load(sys.argv[2])
 assert len(a) == 5 and a == b, (a, b)
 PY
+done
 echo "batch under mpirun: ok"
