@@ -22,7 +22,7 @@ static void usage(FILE *f)
                "  --kv-tokens N          KV cache size in tokens (default: the engine's)\n"
                "  --kv-fraction F        with no --kv-tokens: the cache's share of the GPU memory the weights and\n"
                "                         workspace leave (default 0.9; 0.95 under a --gpu-memory plan)\n"
-               "  --kv-dtype D           f16 (default), q4, q6 or q8 (quantized K and V: 2-4x the tokens), f32\n"
+               "  --kv-dtype D           f16 (default), q4, q6 or q8 (quantized: 2-3.5x the tokens), f32\n"
                "  --max-context N        the longest sequence served, prompt and output (default: the model's\n"
                "                         context); sizes the KV cache's default and longer requests are refused\n"
                "  --step-tokens N        tokens per step: decode rows plus prompt chunks (default 2048)\n"
