@@ -131,6 +131,10 @@ typedef struct tsr_ops {
      * intermediates in its own format (the GPU's prefill: gate and up in fp16). */
     int (*mlp_add_norm)(const tsr_linear *gate, const tsr_linear *up, const tsr_linear *down, const float *h, int M,
                         float *x, const tsr_dense *w, float eps, float *out, float *scratch_gate, float *scratch_up);
+
+    /* ---- reports ---- */
+    /* Optional (NULL: not counted, the CPU): the most backend memory allocated at once so far, in bytes. */
+    size_t (*memory_peak)(void);
 } tsr_ops;
 
 #define TSR_TOP_MAX 64 /* candidates per row top_rows returns at most */

@@ -177,24 +177,25 @@ static void histogram(buf *b, const char *name, const char *help, const tsr_hist
         name, (unsigned long long)h->count);
 }
 
-/* Under mpirun: each worker rank's usage as the service last asked it (runtime/service.h), one sample per rank. */
-static void worker_metrics(buf *b, const tsr_service_stats *st)
+/* Each rank holding the model (rank 0 in one process, the workers under mpirun): its usage as the service last
+ * asked it (runtime/service.h), one sample per rank. */
+static void rank_metrics(buf *b, const tsr_service_stats *st)
 {
     static const struct {
         const char *name, *type, *help;
     } fams[] = {
-        {"tessera_worker_steps_total", "counter", "Steps a worker rank has run (as last asked)."},
-        {"tessera_worker_peak_device_bytes", "gauge", "Most device memory a worker rank's backend has allocated."},
-        {"tessera_worker_capacity_bytes", "gauge", "Device memory a worker rank was planned with (0: not limited)."},
-        {"tessera_worker_peak_host_bytes", "gauge", "Peak resident memory of a worker rank's process."},
+        {"tessera_rank_steps_total", "counter", "Steps a rank holding the model has run (as last asked)."},
+        {"tessera_rank_peak_device_bytes", "gauge", "Most device memory a rank's backend has allocated (0: the CPU)."},
+        {"tessera_rank_capacity_bytes", "gauge", "Device memory a rank was planned with (0: not limited)."},
+        {"tessera_rank_peak_host_bytes", "gauge", "Peak resident memory of a rank's process."},
     };
-    for (int f = 0; st->n_workers > 0 && f < N_OF(fams); f++) {
+    for (int f = 0; st->n_ranks > 0 && f < N_OF(fams); f++) {
         head(b, fams[f].name, fams[f].type, fams[f].help);
-        for (int w = 0; w < st->n_workers; w++) {
-            const tsr_rank_usage *u = &st->workers[w];
+        for (int r = 0; r < st->n_ranks; r++) {
+            const tsr_rank_usage *u = &st->ranks[r];
             const uint64_t v = f == 0 ? (uint64_t)u->steps : f == 1 ? u->peak_device : f == 2 ? u->capacity
                                                                                             : u->peak_host;
-            put(b, "%s{rank=\"%d\"} %llu\n", fams[f].name, w + 1, (unsigned long long)v);
+            put(b, "%s{rank=\"%d\"} %llu\n", fams[f].name, (int)u->rank, (unsigned long long)v);
         }
     }
 }
@@ -238,7 +239,7 @@ static void service_metrics(buf *b, const tsr_service_stats *st)
              st->sched_s);
     metric_u(b, "tessera_executor_broken", "gauge", "1 when the executor can no longer run steps.",
              (uint64_t)(st->executor_broken != 0));
-    worker_metrics(b, st);
+    rank_metrics(b, st);
 }
 
 char *tsr_http_metrics_render(tsr_http_metrics *m, const tsr_service_stats *st, int ready, int open_requests,

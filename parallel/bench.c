@@ -183,15 +183,15 @@ static double busiest_worker_rate(const tsr_plan *p, const bench_row *r, int gen
     return r->decode_s > 0 ? (double)most * r->groups * gen / r->decode_s : 0;
 }
 
-/* Each worker's usage after the batches (n = 0 where the executor has no workers to ask). */
-static tsr_status worker_usage(tsr_executor *x, tsr_rank_usage *u, int *n, FILE *out)
+/* The usage of each rank holding the model after the batches (n = 0 where the executor cannot say). */
+static tsr_status rank_usage(tsr_executor *x, tsr_rank_usage *u, int *n, FILE *out)
 {
     *n = 0;
     if (!x->usage) return TSR_OK;
     TSR_TRY(x->usage(x, u, TSR_PLAN_MAX, n));
     for (int w = 0; w < *n; w++) {
         const double gib = 1u << 30;
-        fprintf(out, "  rank %d (worker %d): %lld steps", w + 1, w, (long long)u[w].steps);
+        fprintf(out, "  rank %d: %lld steps", (int)u[w].rank, (long long)u[w].steps);
         if (u[w].peak_device) fprintf(out, ", peak device memory %.3f GiB", (double)u[w].peak_device / gib);
         if (u[w].capacity) fprintf(out, " (usable: %.3f GiB)", (double)u[w].capacity / gib);
         fprintf(out, ", peak host memory %.3f GiB\n", (double)u[w].peak_host / gib);
@@ -225,12 +225,12 @@ static tsr_status write_json(const tsr_bench_opts *o, const bench_row *rows, con
     if (n_usage > 0) {
         json_t *ws = json_array();
         for (int w = 0; ws && w < n_usage; w++)
-            json_array_append_new(ws, json_pack("{s:i, s:I, s:I, s:I, s:I}", "rank", w + 1, "steps",
+            json_array_append_new(ws, json_pack("{s:i, s:I, s:I, s:I, s:I}", "rank", (int)u[w].rank, "steps",
                                                 (json_int_t)u[w].steps, "peak_device_bytes",
                                                 (json_int_t)u[w].peak_device, "capacity_bytes",
                                                 (json_int_t)u[w].capacity, "peak_host_bytes",
                                                 (json_int_t)u[w].peak_host));
-        json_object_set_new(root, "worker_usage", ws);
+        json_object_set_new(root, "rank_usage", ws);
     }
     const int bad = json_dump_file(root, o->json, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(root);
@@ -262,6 +262,6 @@ tsr_status tsr_bench_run(tsr_executor *x, const tsr_bench_opts *o, FILE *out)
     }
     tsr_rank_usage usage[TSR_PLAN_MAX];
     int n_usage = 0;
-    TSR_TRY(worker_usage(x, usage, &n_usage, out));
+    TSR_TRY(rank_usage(x, usage, &n_usage, out));
     return o->json ? write_json(o, rows, usage, n_usage) : TSR_OK;
 }

@@ -10,8 +10,9 @@
  * and milliseconds, decode tokens/s and milliseconds per step, per batch; optionally as JSON. The executor's results
  * are what the coordinator sees, so under mpirun the numbers include the step round trip. With the run's plan
  * (o->plan), each worker's share is listed first, and each batch adds the weight bytes the busiest worker streams per
- * second of decoding (its weights once per step and group). Over worker ranks, each worker's usage closes the
- * report: steps, peak device memory (against its usable capacity where limited) and peak host memory. */
+ * second of decoding (its weights once per step and group). The usage of each rank holding the model closes the
+ * report (this process, or each worker): steps, peak device memory (against its usable capacity where limited) and
+ * peak host memory. */
 #ifndef TSR_PARALLEL_BENCH_H
 #define TSR_PARALLEL_BENCH_H
 

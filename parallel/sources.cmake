@@ -28,7 +28,7 @@ target_link_libraries(tessera_parallel PUBLIC tessera_core MPI::MPI_C PkgConfig:
 if(TSR_HAVE_CUDA)
   target_sources(tessera_parallel PRIVATE ${PROJECT_SOURCE_DIR}/parallel/cuda_info.c)
   target_compile_definitions(tessera_parallel PRIVATE TSR_HAVE_CUDA)
-  target_link_libraries(tessera_parallel PUBLIC CUDA::cudart tessera_cuda) # worker.c: tsr_cuda_peak_allocated
+  target_link_libraries(tessera_parallel PUBLIC CUDA::cudart)
   option(TSR_NCCL "Use NCCL between GPU workers (CUDA builds)" ON)
   set(TSR_NCCL_ROOT "" CACHE PATH "NCCL installation (include/nccl.h, lib/libnccl.so); also $NCCL_HOME")
   if(TSR_NCCL)

@@ -5,9 +5,6 @@
 #include "parallel/protocol.h"
 #include "parallel/rank.h"
 #include "runtime/proc_mem.h"
-#ifdef TSR_HAVE_CUDA
-#include "kernels/cuda/ops_cuda.h"
-#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,10 +47,9 @@ int tsr_worker_fail(MPI_Comm ctrl, int rank, const char *what, tsr_status st, do
 static tsr_status send_usage(const tsr_worker *wk, long steps)
 {
     const tsr_stage *s = &wk->stage;
-    tsr_rank_usage u = {0, tsr_peak_rss(), s->plan->w[s->worker].capacity, steps};
-#ifdef TSR_HAVE_CUDA
-    if (!strcmp(s->engine->ops->name, "cuda")) u.peak_device = tsr_cuda_peak_allocated();
-#endif
+    const tsr_ops *ops = s->engine->ops;
+    const tsr_rank_usage u = {wk->rank, 0, ops->memory_peak ? ops->memory_peak() : 0, tsr_peak_rss(),
+                              s->plan->w[s->worker].capacity, steps};
     tsr_msg hdr = tsr_msg_make(TSR_MSG_USAGE, wk->rank);
     return tsr_msg_send(wk->ctrl, 0, TSR_TAG_REPLY, &hdr, &u, sizeof u, wk->timeout_s);
 }

@@ -17,6 +17,7 @@ tsr_status tsr_engine_open(const char *model_dir, const tsr_engine_opts *opts, t
     if (!e) return tsr_fail(TSR_ERR_NOMEM, "out of memory");
     e->ops = o.ops;
     e->max_tokens = o.max_tokens;
+    e->memory_cap = o.memory_cap;
     tsr_status st = tsr_model_load_part(model_dir, o.part, &e->model);
     if (st == TSR_OK && o.on_load) st = o.on_load(o.on_load_ctx, e->model);
     if (st == TSR_OK && o.max_context > e->model->cfg.rope.max_pos)

@@ -38,6 +38,7 @@ typedef struct tsr_engine {
     tsr_forward_ctx *fwd;
     int max_tokens;
     int max_context;      /* the longest sequence it serves: opts.max_context or the model's context */
+    size_t memory_cap;    /* opts.memory_cap: the device bytes it was planned under (0: not limited) */
     long kv_pool_tokens;  /* the pool's size in tokens, as allocated */
     float *feed_logits;   /* tsr_engine_feed's host rows, kept between calls */
     size_t feed_rows;     /* rows feed_logits holds */

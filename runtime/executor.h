@@ -19,8 +19,9 @@ struct tsr_forward_ctx;
 
 #define TSR_EXECUTOR_MAX_DEPTH 8
 
-/* What a worker rank has used so far (tsr_executor.usage). */
+/* What a rank holding the model (or a part of it) has used so far (tsr_executor.usage). */
 typedef struct tsr_rank_usage {
+    int32_t rank, pad;    /* its MPI rank: 0 in one process, the workers' 1.. under mpirun */
     uint64_t peak_device; /* memory allocated through its backend at most (0: not counted there, the CPU) */
     uint64_t peak_host;   /* its process's peak resident memory (0: unknown) */
     uint64_t capacity;    /* usable device bytes it was planned with (0: not limited) */
@@ -44,8 +45,9 @@ struct tsr_executor {
      * called only with nothing in flight. */
     tsr_status (*submit)(tsr_executor *x, const tsr_step *step, tsr_step_result *results, float *logits);
     tsr_status (*collect)(tsr_executor *x);
-    /* Optional (NULL in one process): each worker rank's usage into out[0 .. n - 1], in worker order, n the
-     * workers (TSR_ERR_ARG where more than max, or with steps in flight); a failure is a dead rank's, as run()'s. */
+    /* Optional: the usage of each rank holding the model into out[0 .. n - 1]: this process (n = 1) or, under
+     * mpirun, the workers in order (TSR_ERR_ARG where more than max, or with steps in flight); a failure is a dead
+     * rank's, as run()'s. */
     tsr_status (*usage)(tsr_executor *x, tsr_rank_usage *out, int max, int *n);
     void (*close)(tsr_executor *x); /* frees the executor (and what it owns) */
     void *impl;

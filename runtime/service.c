@@ -88,7 +88,7 @@ struct tsr_service {
     size_t live_cap, live_n;
     flight fl[TSR_EXECUTOR_MAX_DEPTH]; /* steps planned and not yet committed, oldest at fl_head (a ring) */
     int fl_head, n_fl, depth;
-    double usage_at;                   /* when the workers' usage was last asked (service clock; < 0: never) */
+    double usage_at;                   /* when the ranks' usage was last asked (service clock; < 0: never) */
     long step_sleep_ms;                /* TSR_TEST_STEP_SLEEP_MS */
 };
 
@@ -422,8 +422,9 @@ static void collect_and_commit(tsr_service *s, double *sched_s, double *busy_s)
     *sched_s += tsr_service_now() - t2;
 }
 
-/* With no step in flight, the workers' usage into the stats when it was last asked long enough ago. A failure means
- * a dead worker: the executor is broken and the next step fails its requests, as any step of a dead rank does. */
+/* With no step in flight, the ranks' usage into the stats when it was last asked long enough ago. Over ranks a failure
+ * means a dead worker: the executor is broken and the next step fails its requests, as any step of a dead rank
+ * does. */
 static void refresh_usage(tsr_service *s, double now)
 {
     if (!s->x->usage || s->x->broken || (s->usage_at >= 0 && now - s->usage_at < TSR_SERVICE_USAGE_PERIOD)) return;
@@ -432,8 +433,8 @@ static void refresh_usage(tsr_service *s, double now)
     int n = 0;
     if (s->x->usage(s->x, u, TSR_SERVICE_MAX_WORKERS, &n) != TSR_OK) return;
     pthread_mutex_lock(&s->mu);
-    s->stats.n_workers = n;
-    memcpy(s->stats.workers, u, (size_t)n * sizeof *u);
+    s->stats.n_ranks = n;
+    memcpy(s->stats.ranks, u, (size_t)n * sizeof *u);
     pthread_mutex_unlock(&s->mu);
 }
 

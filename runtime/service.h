@@ -52,10 +52,11 @@ typedef struct tsr_service_stats {
     uint64_t tokens_in, tokens_out;
     double busy_s, sched_s;   /* time in steps (executor) and in the scheduler (planning + committing) */
     int executor_broken;
-    /* Over worker ranks (an executor with `usage`): each worker's usage as last asked, at the loop's first idle moment
-     * and then at most every TSR_SERVICE_USAGE_PERIOD seconds when no step is in flight (0 workers until then). */
-    int n_workers;
-    tsr_rank_usage workers[TSR_SERVICE_MAX_WORKERS];
+    /* The usage of each rank holding the model (this process, or the workers under mpirun) as last asked: at the
+     * loop's first idle moment, then at most every TSR_SERVICE_USAGE_PERIOD seconds when no step is in flight (none
+     * until then, or where the executor has no `usage`). */
+    int n_ranks;
+    tsr_rank_usage ranks[TSR_SERVICE_MAX_WORKERS];
 } tsr_service_stats;
 
 typedef struct tsr_service tsr_service;

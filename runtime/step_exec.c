@@ -9,6 +9,7 @@
  * The engine's own page free list is not used: pages come from the plan, already validated against the pool. */
 #include "runtime/engine.h"
 #include "runtime/executor.h"
+#include "runtime/proc_mem.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -243,12 +244,26 @@ tsr_status tsr_engine_run_step(tsr_engine *e, tsr_step_scratch *scratch, const t
 typedef struct local_impl {
     tsr_engine *engine;
     tsr_step_scratch scratch;
+    int64_t steps; /* steps run */
 } local_impl;
 
 static tsr_status local_run(tsr_executor *x, const tsr_step *step, tsr_step_result *results, float *logits)
 {
     local_impl *l = x->impl;
+    l->steps++;
     return tsr_engine_run_step(l->engine, &l->scratch, step, results, logits);
+}
+
+/* This process as rank 0: its backend's peak allocation, its peak resident memory, its cap, its steps. */
+static tsr_status local_usage(tsr_executor *x, tsr_rank_usage *out, int max, int *n)
+{
+    local_impl *l = x->impl;
+    *n = 1;
+    if (max < 1) return tsr_fail(TSR_ERR_ARG, "executor: no room for the usage of one rank");
+    const tsr_ops *ops = l->engine->ops;
+    out[0] = (tsr_rank_usage){0, 0, ops->memory_peak ? ops->memory_peak() : 0, tsr_peak_rss(), l->engine->memory_cap,
+                              l->steps};
+    return TSR_OK;
 }
 
 static void local_close(tsr_executor *x)
@@ -278,6 +293,7 @@ tsr_status tsr_executor_local(tsr_engine *e, tsr_executor **out)
     x->max_context = e->max_context;
     x->depth = 1;
     x->run = local_run;
+    x->usage = local_usage;
     x->close = local_close;
     *out = x;
     return TSR_OK;

@@ -768,6 +768,7 @@ static const tsr_ops cuda_ops = {
     tsr_cuda_top_rows,
     tsr_cuda_silu_linear_add_norm,
     tsr_cuda_mlp_add_norm,
+    tsr_cuda_peak_allocated,
 };
 
 /* ---- optional per-op profile (TSR_CUDA_PROFILE, see the top of this file). Mode 1 synchronizes around each op
@@ -1071,6 +1072,7 @@ static const tsr_ops cuda_ops_profiled = {
     pf_top,
     pf_silu_linear_add_norm,
     pf_mlp_add_norm,
+    tsr_cuda_peak_allocated,
 };
 
 /* TSR_CUDA_SMEM_OPTIN when set to a positive number of bytes, else 0. */

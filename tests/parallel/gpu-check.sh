@@ -158,7 +158,7 @@ print("layers batch-32 decode vs one GPU: %s (target >= 1.6x)" % ratio(get(lay, 
 print("tensor prefill vs layers prefill (batch 1): %s (target >= 1x)" % ratio(get(ten, 1, "prefill_tok_s"), get(lay, 1, "prefill_tok_s")))
 for n in names:
     p = os.path.join(out, "bench-%s.json" % n)
-    for u in (json.load(open(p)).get("worker_usage", []) if os.path.exists(p) else []):
+    for u in (json.load(open(p)).get("rank_usage", []) if os.path.exists(p) else []):
         print("%s rank %d: peak device memory %.2f GiB, usable %s" % (n, u["rank"], u["peak_device_bytes"] / 2**30,
               "%.2f GiB" % (u["capacity_bytes"] / 2**30) if u["capacity_bytes"] else "not limited"))
 if "70b40-tensor-nccl" in r:

@@ -62,9 +62,9 @@ bench_check() {
   tr -d ' \n' < "$tmp/bench.json" | grep -q "\"batch\":3,[^}]*\"decode_groups\":$groups," ||
     fail "bench --split $split JSON: $(cat "$tmp/bench.json")"
   # each worker's usage: the steps it ran (warm-ups, prefill and decode of both batches) and its peak memory
-  grep -q "rank 2 (worker 1): [1-9][0-9]* steps.*peak host memory" "$tmp/bench.txt" ||
+  grep -q "rank 2: [1-9][0-9]* steps.*peak host memory" "$tmp/bench.txt" ||
     fail "bench --split $split usage: $(cat "$tmp/bench.txt")"
-  tr -d ' \n' < "$tmp/bench.json" | grep -q '"worker_usage":\[{"rank":1,"steps":[1-9][0-9]*,' ||
+  tr -d ' \n' < "$tmp/bench.json" | grep -q '"rank_usage":\[{"rank":1,"steps":[1-9][0-9]*,' ||
     fail "bench --split $split JSON usage: $(cat "$tmp/bench.json")"
   echo "bench --split $split under mpirun -np 3: $(grep -m1 'batch   3' "$tmp/bench.txt" | tr -s ' ')"
 }

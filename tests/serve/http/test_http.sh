@@ -202,6 +202,9 @@ for share in "" 0.5; do
   start_server "$tmp/server-q4$share.log" --kv-dtype q4 --gpu-memory 256MiB ${share:+--kv-fraction $share} \
     --max-context 256
   pages+=("$(tool metric "$port" tessera_kv_pages_total)")
+  # this process as rank 0 in /metrics: its peak memory and the cap it was planned under
+  [ "$(tool metric "$port" 'tessera_rank_peak_host_bytes{rank="0"}')" -gt 0 ] || fail "rank 0 usage"
+  [ "$(tool metric "$port" 'tessera_rank_capacity_bytes{rank="0"}')" = 268435456 ] || fail "rank 0 capacity"
   echo '{"prompt": "Once upon a time", "max_tokens": 300}' > "$tmp/long.json"
   [ "$(req POST /v1/completions "$tmp/long.json")" = 400 ] && grep -q "maximum context length is 256" "$tmp/body" ||
     fail "--max-context 256: $(cat "$tmp/body")"

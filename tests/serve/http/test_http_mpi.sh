@@ -3,7 +3,7 @@
 # Greedy completions must equal the one-process server's, streaming must frame correctly, a client that hangs up
 # mid-stream must be cancelled (running sequences back to 0), and SIGUSR1 to mpirun (which forwards it; SIGTERM
 # and SIGINT to mpirun kill the job) must stop the server gracefully with a stream in flight, every rank exiting 0.
-# /metrics carries each worker's usage (tessera_worker_*).
+# /metrics carries each worker's usage (tessera_rank_*, ranks 1 and 2).
 #
 #   test_http_mpi.sh MPIEXEC
 # Exits 77 when mpirun is missing or when this build's tessera refuses to run serve over several ranks.
@@ -54,9 +54,9 @@ for split in layers tensor; do
   [ "$(tool metric "$port" tessera_running_sequences)" = 0 ] || fail "$split: sequences left running"
   # each worker's usage, asked when the loop was first idle: its process's peak memory, its planned capacity
   for r in 1 2; do
-    [ "$(tool metric "$port" "tessera_worker_peak_host_bytes{rank=\"$r\"}")" -gt 0 ] || fail "$split: rank $r usage"
+    [ "$(tool metric "$port" "tessera_rank_peak_host_bytes{rank=\"$r\"}")" -gt 0 ] || fail "$split: rank $r usage"
   done
-  tool metric "$port" 'tessera_worker_capacity_bytes{rank="2"}' > /dev/null || fail "$split: rank 2 capacity"
+  tool metric "$port" 'tessera_rank_capacity_bytes{rank="2"}' > /dev/null || fail "$split: rank 2 capacity"
   # graceful stop with a stream in flight
   tool stream "$port" x 400 "$tmp/t.sse" > /dev/null &
   cpid=$!
