@@ -86,7 +86,7 @@ static tsr_session_req session_req(const tsr_host_opts *o)
                              .select_backend = tsr_select_backend,
                              .threads = o->threads,
                              .max_tokens = o->step_tokens,
-                             .kv_dtype = o->kv_dtype != TSR_DTYPE_INVALID ? o->kv_dtype : TSR_F16,
+                             .kv_dtype = o->kv_dtype, /* TSR_DTYPE_INVALID: the session's fp16 */
                              .kv_tokens = o->kv_tokens,
                              .kv_fraction = o->kv_fraction,
                              .max_context = o->max_context};

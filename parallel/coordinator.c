@@ -259,8 +259,7 @@ tsr_status tsr_coordinator_executor(MPI_Comm ctrl, const tsr_plan *plan, const t
     x->page_size = plan->page_size;
     x->n_pages = plan->n_pages;
     x->max_step_tokens = plan->max_tokens;
-    x->max_context = plan->max_context > 0 && plan->max_context < cfg->rope.max_pos ? plan->max_context
-                                                                                  : cfg->rope.max_pos;
+    x->max_context = plan->max_context; /* at most the model's context (tsr_plan_make, tsr_plan_check) */
     x->depth = depth;
     x->run = c_run;
     if (depth > 1) {

@@ -215,7 +215,7 @@ tsr_status tsr_plan_make(const tsr_model *m, const tsr_plan_input *in, tsr_plan 
     const int nh = c->n_heads / tp, nkv = tsr_shard_kv_heads(c, tp), inter = c->intermediate / tp;
     const int vocab = (c->vocab_size + tp - 1) / tp;
     const uint64_t per_row = 4ull * (4ull * c->hidden + 3ull * nh * c->head_dim + 2ull * inter);
-    /* a quantized cache's context rebuilt as fp16 for attention (runtime/kv_cache.h), sized for the model's context */
+    /* a quantized cache's context rebuilt as fp16 for attention (runtime/kv_cache.h), for the longest sequence */
     const long expand_positions = tsr_kv_expand_positions(out->max_tokens, out->max_context, out->page_size);
     const uint64_t expand = tsr_kv_expand_bytes(nkv, c->head_dim, (tsr_dtype)out->kv_dtype, expand_positions);
     const uint64_t work = per_row * (uint64_t)out->max_tokens +

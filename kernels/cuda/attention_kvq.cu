@@ -9,18 +9,19 @@
  * itself come from the staging area, exact, as in every attention over a quantized cache (runtime/kv_cache.h).
  *
  * The copy gives sequence s the pages s · P .. s · P + P - 1 of its own (P = pages of the longest span copied), so
- * its page table is the run of those numbers; the buffer holds the tables, then K, then V (scratch slot 7,
- * n_seqs · P · page_size · width fp16 values each for K and V). Under a sliding window a sequence's copy starts at
- * the page of its first row's window start (tsr_kv_copy_first_page): the prefill kernels read a block's positions
- * from its first row's window start on, so a chunk deep into a long context copies about window + chunk positions,
- * not the whole context; the table's entries before that page point at the copy's first page and are never read. Where the device has no room for it the caller
- * passes the batch on (attention.cu: the decode kernel). Prefill calls are never recorded into CUDA graphs (only
- * decode steps are), so the buffer may grow here. The copy stays within the positions the KV pool's sizing left room
- * for (tsr_kv_cache.expand_positions, runtime/kv_cache.h: 32 per row of the longest step, or one sequence's whole
- * context), and is made only where its rebuilt positions serve at least two row visits each. A step of long-context
- * decode rows followed by prompt chunks (as the scheduler plans one) whose copy as a whole would not pay or fit is
- * split: its decode rows to the decode kernel, which rebuilds each row's positions in its tiles, its chunks over a
- * copy of their own sequences' contexts. Other such batches go to the decode kernel whole. */
+ * its page table is the run of those numbers; the buffer holds the tables, then K, then V (scratch slot 7, n_seqs · P
+ * · page_size · width fp16 values each for K and V). Under a sliding window a sequence's copy starts at the page of
+ * its first row's window start (tsr_kv_copy_first_page): the prefill kernels read a block's positions from its first
+ * row's window start on, so a chunk deep into a long context copies about window + chunk positions, not the whole
+ * context; the table's entries before that page point at the copy's first page and are never read. Where the device
+ * has no room for it the caller passes the batch on (attention.cu: the decode kernel). Prefill calls are never
+ * recorded into CUDA graphs (only decode steps are), so the buffer may grow here. The copy stays within the positions
+ * the KV pool's sizing left room for (tsr_kv_cache.expand_positions, runtime/kv_cache.h: 32 per row of the longest
+ * step, or one sequence's whole context), and is made only where its rebuilt positions serve at least two row visits
+ * each. A step of long-context decode rows followed by prompt chunks (as the scheduler plans one) whose copy as a
+ * whole would not pay or fit is split: its decode rows to the decode kernel, which rebuilds each row's positions in
+ * its tiles, its chunks over a copy of their own sequences' contexts. Other such batches go to the decode kernel
+ * whole. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/kvq_tile.cuh"
