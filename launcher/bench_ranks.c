@@ -43,7 +43,9 @@ int tsr_bench_ranks(const bench_ranks_args *a, const tsr_par_opts *po)
                            .threads = a->threads,
                            .max_tokens = a->max_tokens,
                            .kv_dtype = a->kv_dtype,
-                           .kv_tokens = tsr_bench_kv_tokens(&bo, 16)};
+                           .kv_tokens = tsr_bench_kv_tokens(&bo, 16),
+                           /* the plan refuses a run past the model's context before any worker loads a weight */
+                           .max_context = (long)a->prompt_len + a->gen};
     tsr_session *s = NULL;
     tsr_status st = tsr_session_open(&req, po, &s);
     if (st != TSR_OK) return tsr_cli_error("bench", st);
@@ -52,11 +54,8 @@ int tsr_bench_ranks(const bench_ranks_args *a, const tsr_par_opts *po)
         tsr_session_close(s);
         return rc;
     }
-    if ((long)a->prompt_len + a->gen > s->cfg.rope.max_pos)
-        st = tsr_fail(TSR_ERR_ARG, "bench: --prompt-len %d + --gen %d is beyond the model's context (%d positions)",
-                      a->prompt_len, a->gen, s->cfg.rope.max_pos);
     bo.plan = &s->plan;
-    if (st == TSR_OK) st = tsr_bench_run(s->x, &bo, stdout);
+    st = tsr_bench_run(s->x, &bo, stdout);
     tsr_session_close(s);
     return st == TSR_OK ? 0 : tsr_cli_error("bench", st);
 }

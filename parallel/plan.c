@@ -174,8 +174,8 @@ tsr_status tsr_plan_make(const tsr_model *m, const tsr_plan_input *in, tsr_plan 
     out->page_size = in->page_size > 0 ? in->page_size : 16;
     out->max_tokens = in->max_tokens > 0 ? in->max_tokens : TSR_STEP_TOKENS_DEFAULT;
     if (in->max_context > c->rope.max_pos)
-        return tsr_fail(TSR_ERR_ARG, "plan: a context of %ld positions is beyond the model's (%d)", in->max_context,
-                        c->rope.max_pos);
+        return tsr_fail(TSR_ERR_ARG, "plan: a context of %ld positions is beyond the model's context (%d positions)",
+                        in->max_context, c->rope.max_pos);
     out->max_context = in->max_context > 0 ? (int)in->max_context : c->rope.max_pos;
     out->kv_dtype = in->kv_dtype == TSR_DTYPE_INVALID ? TSR_F16 : in->kv_dtype;
     out->split = kind;

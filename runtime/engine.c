@@ -21,8 +21,8 @@ tsr_status tsr_engine_open(const char *model_dir, const tsr_engine_opts *opts, t
     tsr_status st = tsr_model_load_part(model_dir, o.part, &e->model);
     if (st == TSR_OK && o.on_load) st = o.on_load(o.on_load_ctx, e->model);
     if (st == TSR_OK && o.max_context > e->model->cfg.rope.max_pos)
-        st = tsr_fail(TSR_ERR_ARG, "a context of %ld positions is beyond the model's (%d)", o.max_context,
-                      e->model->cfg.rope.max_pos);
+        st = tsr_fail(TSR_ERR_ARG, "a context of %ld positions is beyond the model's context (%d positions)",
+                      o.max_context, e->model->cfg.rope.max_pos);
     size_t free_before = st == TSR_OK && o.memory_cap && !o.kv_tokens ? e->ops->memory_free() : 0;
     if (st == TSR_OK) st = e->ops->prepare_model(e->model);
     if (st == TSR_OK) {
