@@ -4,7 +4,6 @@
 #include "parallel/mpi_util.h"
 #include "parallel/protocol.h"
 #include "parallel/rank.h"
-#include "runtime/proc_mem.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,9 +46,7 @@ int tsr_worker_fail(MPI_Comm ctrl, int rank, const char *what, tsr_status st, do
 static tsr_status send_usage(const tsr_worker *wk, long steps)
 {
     const tsr_stage *s = &wk->stage;
-    const tsr_ops *ops = s->engine->ops;
-    const tsr_rank_usage u = {wk->rank, 0, ops->memory_peak ? ops->memory_peak() : 0, tsr_peak_rss(),
-                              s->plan->w[s->worker].capacity, steps};
+    const tsr_rank_usage u = tsr_rank_usage_of(wk->rank, s->engine, s->plan->w[s->worker].capacity, steps);
     tsr_msg hdr = tsr_msg_make(TSR_MSG_USAGE, wk->rank);
     return tsr_msg_send(wk->ctrl, 0, TSR_TAG_REPLY, &hdr, &u, sizeof u, wk->timeout_s);
 }

@@ -57,6 +57,10 @@ struct tsr_executor {
  * pool's own free list is not used: page numbers come from the plans. */
 tsr_status tsr_executor_local(struct tsr_engine *e, tsr_executor **out);
 
+/* The usage of the rank `rank` whose engine is `e` (planned with `capacity` usable device bytes, 0: not limited),
+ * after `steps` steps: its backend's peak allocation and this process's peak resident memory. */
+tsr_rank_usage tsr_rank_usage_of(int rank, const struct tsr_engine *e, uint64_t capacity, long steps);
+
 /* Host buffers of the candidates path (tsr_forward_top), per forward-call input; zero-initialise. */
 typedef struct tsr_top_bufs {
     int32_t *ids;   /* [cap][TSR_TOP_MAX] each row's candidates */

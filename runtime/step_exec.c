@@ -254,15 +254,19 @@ static tsr_status local_run(tsr_executor *x, const tsr_step *step, tsr_step_resu
     return tsr_engine_run_step(l->engine, &l->scratch, step, results, logits);
 }
 
-/* This process as rank 0: its backend's peak allocation, its peak resident memory, its cap, its steps. */
+tsr_rank_usage tsr_rank_usage_of(int rank, const tsr_engine *e, uint64_t capacity, long steps)
+{
+    const tsr_ops *ops = e->ops;
+    return (tsr_rank_usage){rank, 0, ops->memory_peak ? ops->memory_peak() : 0, tsr_peak_rss(), capacity, steps};
+}
+
+/* This process as rank 0, with the cap its engine was opened with. */
 static tsr_status local_usage(tsr_executor *x, tsr_rank_usage *out, int max, int *n)
 {
     local_impl *l = x->impl;
     *n = 1;
     if (max < 1) return tsr_fail(TSR_ERR_ARG, "executor: no room for the usage of one rank");
-    const tsr_ops *ops = l->engine->ops;
-    out[0] = (tsr_rank_usage){0, 0, ops->memory_peak ? ops->memory_peak() : 0, tsr_peak_rss(), l->engine->memory_cap,
-                              l->steps};
+    out[0] = tsr_rank_usage_of(0, l->engine, l->engine->memory_cap, l->steps);
     return TSR_OK;
 }
 
