@@ -819,7 +819,9 @@ static tsr_status config_token(const ctx *c, json_t *root, const char *key, char
 tsr_status tok_load_config(tsr_tokenizer *t, const char *file)
 {
     json_error_t err;
-    json_t *root = json_load_file(file, JSON_ALLOW_NUL, &err);
+    /* integers as reals: Hugging Face writes model_max_length as 1e30 spelled out (Llama 3's tokenizer_config.json),
+     * beyond jansson's integers; only strings are read here */
+    json_t *root = json_load_file(file, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &err);
     ctx c = {base_name(file), t};
     if (!root)
         return tsr_fail(TSR_ERR_FORMAT, "%s: malformed JSON at line %d, column %d: %s", file, err.line, err.column,

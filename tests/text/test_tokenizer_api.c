@@ -86,6 +86,31 @@ static void test_lookups(void **s)
     free(ids);
     tsr_tokenizer_free(tok);
 
+    /* a folder whose tokenizer_config.json holds an integer beyond 64 bits, as Llama 3's does (model_max_length) */
+    char dir[] = "/tmp/tsr-tok-dir-XXXXXX", path[4200], src[4200];
+    assert_non_null(mkdtemp(dir));
+    snprintf(src, sizeof src, "%s/tokenizer.json", tok_fixture_path("tiny"));
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    FILE *in = fopen(src, "rb"), *f = fopen(path, "wb");
+    assert_non_null(in);
+    assert_non_null(f);
+    char chunk[65536];
+    for (size_t got; (got = fread(chunk, 1, sizeof chunk, in)) > 0;) assert_int_equal(fwrite(chunk, 1, got, f), got);
+    fclose(in), fclose(f);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"bos_token\": \"<|begin_of_text|>\", \"eos_token\": \"<|eot_id|>\",\n"
+          " \"model_max_length\": 1000000000000000019884624838656}\n", f);
+    fclose(f);
+    assert_int_equal(tsr_tokenizer_load(dir, &tok), TSR_OK);
+    assert_string_equal(tsr_tokenizer_eos_token(tok), "<|eot_id|>");
+    tsr_tokenizer_free(tok);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    unlink(path);
+    rmdir(dir);
+
     /* a file path has no tokenizer_config.json: no bos/eos */
     assert_int_equal(tsr_tokenizer_load(tok_fixture_path("llama2"), &tok), TSR_OK);
     assert_null(tsr_tokenizer_bos_token(tok));
