@@ -87,22 +87,26 @@ struct ad_fill_at {
     int page_size, width, kvh, p0, row0, layer;
 };
 
-/* A quantized cache's round as stored, in shared memory behind the tiles: K and V codes (D bytes a row, room for
- * 8-bit codes), K and V scales (D / 32 a row) and a flag per row whose tile row came from the staging area. */
-static size_t ad_qstage_bytes(int D)
+/* A quantized cache's round as stored, in shared memory behind the tiles: K and V codes (D · bits / 8 bytes a row:
+ * sized for the mode, so that a Q4 stage takes half a Q8 one and on cards with 100 KB of shared memory per SM two
+ * blocks of a Q4 cache fit, as for fp16), K and V scales (D / 32 a row) and a flag per row whose tile row came from
+ * the staging area. Every piece starts on a 16-byte boundary (D is 64 or 128). */
+static size_t ad_qstage_bytes(int D, int k_bits, int v_bits)
 {
-    return 2 * (size_t)AD_CHUNK * D + 2 * (size_t)AD_CHUNK * (D / 16) + AD_CHUNK * 4;
+    return (size_t)AD_CHUNK * D * (k_bits + v_bits) / 8 + 2 * (size_t)AD_CHUNK * (D / 16) + AD_CHUNK * 4;
 }
 struct ad_qstage {
     uint8_t *kc, *vc;
     __half *ks, *vs;
     int *staged;
+    int k_row, v_row; /* bytes of a row's K codes, V codes */
 };
-__device__ __forceinline__ ad_qstage ad_qstage_at(unsigned char *p, int D)
+__device__ __forceinline__ ad_qstage ad_qstage_at(unsigned char *p, int D, int k_bits, int v_bits)
 {
     ad_qstage q;
-    q.kc = p, q.vc = p + AD_CHUNK * D;
-    q.ks = (__half *)(p + 2 * AD_CHUNK * D), q.vs = q.ks + AD_CHUNK * (D / 32);
+    q.k_row = D * k_bits / 8, q.v_row = D * v_bits / 8;
+    q.kc = p, q.vc = p + AD_CHUNK * q.k_row;
+    q.ks = (__half *)(q.vc + AD_CHUNK * q.v_row), q.vs = q.ks + AD_CHUNK * (D / 32);
     q.staged = (int *)(q.vs + AD_CHUNK * (D / 32));
     return q;
 }
@@ -130,11 +134,10 @@ __device__ __forceinline__ void ad_quant_request(const ad_qstage &st, __half *ks
         return;
     }
     const size_t off = (size_t)slot * f.width + (size_t)f.kvh * D;
-    const int kbytes = D * c.k_bits / 8, vbytes = D * c.v_bits / 8;
-    for (int i = 16 * piece; i < kbytes; i += 16 * PIECES)
-        cp_async16_zfill(st.kc + r * D + i, c.kc + off * c.k_bits / 8 + i, true);
-    for (int i = 16 * piece; i < vbytes; i += 16 * PIECES)
-        cp_async16_zfill(st.vc + r * D + i, c.vc + off * c.v_bits / 8 + i, true);
+    for (int i = 16 * piece; i < st.k_row; i += 16 * PIECES)
+        cp_async16_zfill(st.kc + r * st.k_row + i, c.kc + off * c.k_bits / 8 + i, true);
+    for (int i = 16 * piece; i < st.v_row; i += 16 * PIECES)
+        cp_async16_zfill(st.vc + r * st.v_row + i, c.vc + off * c.v_bits / 8 + i, true);
     if (piece == PIECES - 2) cp_async_small<D / 16>(st.ks + r * (D / 32), c.ks + off / 32);
     if (piece == PIECES - 1) cp_async_small<D / 16>(st.vs + r * (D / 32), c.vs + off / 32);
 }
@@ -157,8 +160,8 @@ __device__ __forceinline__ void ad_quant_decode_bits(const ad_qstage &st, __half
         if (st.staged[r]) continue;
         uint32_t kw, vw;
         float ksc, vsc;
-        kvq_row_load<D, KB>(st.kc + r * D, st.ks + r * (D / 32), lane, kw, ksc);
-        kvq_row_load<D, VB>(st.vc + r * D, st.vs + r * (D / 32), lane, vw, vsc);
+        kvq_row_load<D, KB>(st.kc + r * (D * KB / 8), st.ks + r * (D / 32), lane, kw, ksc);
+        kvq_row_load<D, VB>(st.vc + r * (D * VB / 8), st.vs + r * (D / 32), lane, vw, vsc);
         kvq_row_decode<D, KB>(kw, ksc, lane, kd);
         kvq_row_decode<D, VB>(vw, vsc, lane, vd);
     }
@@ -214,7 +217,7 @@ __global__ void __launch_bounds__(AD_THREADS, ad_min_blocks(D, NT))
      * the wait too): each round reads the next round's while its own rows travel and its scores are computed */
     int32_t pages[kv_tile_share<D, AD_CHUNK, AD_THREADS>::NP];
     const ad_fill_at fa = {table, page_size, width, kvh, p0, b.seq_row0[seq], a.layer};
-    const ad_qstage qst = ad_qstage_at((unsigned char *)(vs + AD_CHUNK * DP), D);
+    const ad_qstage qst = ad_qstage_at((unsigned char *)(vs + AD_CHUNK * DP), D, c.k_bits, c.v_bits);
     if constexpr (Q) {
         ad_quant_request<D>(qst, ks, vs, c, fa, first, n_first, 0, earlier, false);
         asm volatile("cp.async.commit_group;\n" ::);
@@ -476,10 +479,11 @@ static int ad_launch(const tsr_batch_layout *b, const tsr_attn_args *a, const ts
     void (*kern)(tsr_batch_layout, tsr_attn_args, const __half *, const __half *, int, const float *, float *, float2 *,
                  float *, int, kvq_view) = attn_decode_kernel<D, NT, Q>;
     const int G = a->n_heads / a->n_kv_heads;
-    const size_t qstage = Q ? ad_qstage_bytes(D) : 0, smem = ad_smem_bytes(D, G) + qstage;
+    const size_t qstage = Q ? ad_qstage_bytes(D, kv->k_bits, kv->v_bits) : 0, smem = ad_smem_bytes(D, G) + qstage;
     static bool configured = false;
-    if (!configured) {
-        tsr_cuda_allow_smem((const void *)kern, ad_smem_bytes(D, AD_MAX_G) + qstage, "the decode attention");
+    if (!configured) { /* room for the largest group and stage (Q8) */
+        tsr_cuda_allow_smem((const void *)kern, ad_smem_bytes(D, AD_MAX_G) + (Q ? ad_qstage_bytes(D, 8, 8) : 0),
+                            "the decode attention");
         configured = true;
     }
     /* as many splits as there are blocks that fit on the chip at once, at most one per round of the longest visible
