@@ -88,9 +88,10 @@ struct ad_fill_at {
 };
 
 /* A quantized cache's round as stored, in shared memory behind the tiles: K and V codes (D · bits / 8 bytes a row:
- * sized for the mode, so that a Q4 stage takes half a Q8 one and on cards with 100 KB of shared memory per SM two
- * blocks of a Q4 cache fit, as for fp16), K and V scales (D / 32 a row) and a flag per row whose tile row came from
- * the staging area. Every piece starts on a 16-byte boundary (D is 64 or 128). */
+ * sized for the mode, so that a Q4 stage takes half a Q8 one: on cards with 100 KB of shared memory per SM (sm_86,
+ * sm_89) two blocks of a Q4 cache with 128-dim heads and up to 4 query heads per KV head fit, as for fp16, where
+ * room for 8-bit codes left one), K and V scales (D / 32 a row) and a flag per row whose tile row came from the
+ * staging area. Every piece starts on a 16-byte boundary (D is 64 or 128). */
 static size_t ad_qstage_bytes(int D, int k_bits, int v_bits)
 {
     return (size_t)AD_CHUNK * D * (k_bits + v_bits) / 8 + 2 * (size_t)AD_CHUNK * (D / 16) + AD_CHUNK * 4;
