@@ -254,6 +254,10 @@ tsr_status tsr_plan_make(const tsr_model *m, const tsr_plan_input *in, tsr_plan 
             if (fit_tokens < 0 || t < fit_tokens) fit_tokens = t, tight = w;
         }
     }
+    if (in->kv_fraction > 0 && in->kv_tokens <= 0 && fit_tokens < 0)
+        return tsr_fail(TSR_ERR_ARG, "plan: --kv-fraction sizes the KV pool from the workers' memory, which none of "
+                                     "them limits or reports (CPU workers); give --kv-tokens N, or --gpu-memory SIZE "
+                                     "for a cap");
     long tokens = in->kv_tokens > 0 ? in->kv_tokens : fit_tokens >= 0 ? fit_tokens : out->max_context;
     long pages = in->kv_tokens <= 0 && fit_tokens >= 0 ? tokens / out->page_size /* as much as fits: round down */
                                                        : (tokens + out->page_size - 1) / out->page_size;

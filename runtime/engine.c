@@ -33,6 +33,10 @@ tsr_status tsr_engine_open(const char *model_dir, const tsr_engine_opts *opts, t
         long tokens = o.kv_tokens > 0 ? o.kv_tokens : e->max_context;
         long context = e->max_context; /* the longest sequence the rebuild for attention is sized for */
         size_t free_bytes = o.kv_tokens > 0 ? 0 : e->ops->memory_free();
+        if (!free_bytes && o.kv_fraction > 0 && o.kv_tokens <= 0) /* a share of nothing known: not silently ignored */
+            st = tsr_fail(TSR_ERR_ARG, "--kv-fraction sizes the KV pool from free device memory, which the %s backend "
+                                       "does not report; give --kv-tokens N, or --gpu-memory SIZE for a cap",
+                          e->ops->name);
         if (free_bytes > 0 && o.memory_cap) {
             /* the cap counts what this engine placed on the device so far (the weights) */
             size_t used = free_before > free_bytes ? free_before - free_bytes : 0;

@@ -33,6 +33,13 @@ awk '$1 == 2 && $2 == 8 && NF == 13 && $8 > 0 && $9 >= $8 {ok = 1} END {exit !ok
 "$bin" serve --model "$model" --kv-fraction 1.5 2> /dev/null; [ $? -eq 2 ] || fail "serve --kv-fraction 1.5"
 "$bin" batch --model "$model" --input x --output y --kv-tokens 64 --kv-fraction 0.5 2> "$tmp/err"
 [ $? -eq 2 ] && grep -q "not both" "$tmp/err" || fail "batch --kv-tokens with --kv-fraction"
+# a share of memory the CPU backend does not report is refused, not ignored (with --gpu-memory it is a share of that)
+printf '%s\n' '{"custom_id":"a","method":"POST","url":"/v1/completions","body":{"prompt":"hi","max_tokens":2}}' \
+  > "$tmp/one.jsonl"
+"$bin" batch --model "$model" --input "$tmp/one.jsonl" --output "$tmp/one.out" --kv-fraction 0.5 2> "$tmp/err"
+[ $? -eq 1 ] && grep -q "does not report" "$tmp/err" || fail "batch --kv-fraction on the CPU: $(cat "$tmp/err")"
+"$bin" batch --model "$model" --input "$tmp/one.jsonl" --output "$tmp/one.out" --kv-fraction 0.5 --gpu-memory 256MiB \
+  --quiet || fail "batch --kv-fraction with --gpu-memory on the CPU"
 "$bin" intake --model "$model" --listen ipc:///tmp/x --kv-dtype z 2> /dev/null; [ $? -eq 2 ] || fail "intake --kv-dtype z"
 # the ranks' options take effect under mpirun (tests/parallel/test_mpi.sh runs them); one process refuses them
 "$bin" bench --model "$model" --split layers 2> "$tmp/err"; [ $? -eq 2 ] || fail "bench --split in one process should exit 2"

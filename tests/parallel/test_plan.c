@@ -209,6 +209,10 @@ static void test_fit_and_kv(void **state)
     in.kv_fraction = 0.5;
     assert_int_equal(tsr_plan_make(&f->m, &in, &p), TSR_OK);
     assert_true(fabs((double)p.n_pages / pages95 - 0.5 / 0.95) < 0.01);
+    /* a share of memory that no worker limits or reports (CPU workers without --gpu-memory) is refused */
+    in.capacity[0] = in.capacity[1] = 0;
+    assert_int_equal(tsr_plan_make(&f->m, &in, &p), TSR_ERR_ARG);
+    assert_non_null(strstr(tsr_last_error(), "--kv-fraction"));
     free(f);
 }
 
