@@ -45,10 +45,12 @@ typedef struct tsr_host {
 } tsr_host;
 
 /* argv[*i] if it is an option batch and intake share (--model, --device, --served-model-name, --max-running,
- * --kv-tokens, --step-tokens, --prefill-chunk, --threads, --no-prefix-cache, and parallel/options.h's multi-rank
- * options) into o, *i advanced past its value: 1 taken, 0 not one of them, -1 a bad or missing value (the message
- * printed, naming o->cmd). */
+ * --kv-tokens, --kv-fraction, --kv-dtype, --max-context, --step-tokens, --prefill-chunk, --threads,
+ * --no-prefix-cache, and parallel/options.h's multi-rank options) into o, *i advanced past its value: 1 taken, 0 not
+ * one of them, -1 a bad or missing value (the message printed, naming o->cmd). */
 int tsr_host_opts_take(tsr_host_opts *o, int argc, char **argv, int *i);
+/* The help lines of the KV cache's shared options (--kv-tokens .. --max-context), for batch's and intake's usage. */
+void tsr_host_opts_kv_help(FILE *f);
 
 /* Rank 0 (or the only process). */
 tsr_status tsr_host_open(const tsr_host_opts *o, tsr_host **out);

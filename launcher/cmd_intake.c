@@ -18,15 +18,9 @@ static void usage(FILE *f)
     fprintf(f, "usage: tessera intake --model DIR --listen ADDR [options]\n"
                "  --listen ADDR          ipc:///path or tcp://host:port (docs/intake.md)\n"
                "  --device D             cpu (default), cuda or cuda:N\n"
-               "  --max-running N        sequences running at once (default 64)\n"
-               "  --kv-tokens N          KV cache size in tokens (default: the engine's)\n"
-               "  --kv-fraction F        with no --kv-tokens: the cache's share of the GPU memory the weights and\n"
-               "                         workspace leave (default 0.9; 0.95 under a --gpu-memory plan; on the CPU only\n"
-               "                         with --gpu-memory)\n"
-               "  --kv-dtype D           f16 (default), q4, q6 or q8 (quantized: 2-3.5x the tokens), f32\n"
-               "  --max-context N        the longest sequence served, prompt and output (default: the model's\n"
-               "                         context); sizes the KV cache's default and longer requests are refused\n"
-               "  --step-tokens N        tokens per step: decode rows plus prompt chunks (default 2048)\n"
+               "  --max-running N        sequences running at once (default 64)\n");
+    tsr_host_opts_kv_help(f);
+    fprintf(f, "  --step-tokens N        tokens per step: decode rows plus prompt chunks (default 2048)\n"
                "  --prefill-chunk N      prompt tokens in a step that also decodes running requests (default 1024;\n"
                "                         0: as many as the step leaves)\n"
                "  --served-model-name S  the model name request bodies may give (default: DIR's last component)\n"
