@@ -45,7 +45,7 @@ variant_bin() {
 # (smem99, as sm_86/sm_89 cards), the decode attention in at most 3 splits (splits3), the attention merge by thread
 # for every split count (mergeold), the residual pass of decode rows in one block (rcoff), and once per variant
 # under its settings (OUT/test_cuda-NAME.log), each with a summary line; the fixtures are this checkout's, unpacked
-# into $fx
+# into $fx. With TSR_TEST_UNTIL=S, variants not yet started when the script's $SECONDS reaches S are skipped (and said so)
 run_test_cuda() {
   local out=$1 v name envs
   export TSR_FIXTURES=$PWD/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$PWD/models
@@ -61,6 +61,9 @@ run_test_cuda() {
     splits3:TSR_CUDA_ATTN_SPLITS=3 mergeold:TSR_CUDA_MERGE_ITEM=0 rcoff:TSR_CUDA_RESIDUAL_CLUSTER=0 \
     kvqexact:TSR_CUDA_ATTN_KVQ=0 flashoff:TSR_CUDA_FLASH=0 $2; do
     name=${v%%:*}; envs=${v#*:}
+    if [ -n "${TSR_TEST_UNTIL:-}" ] && [ "$SECONDS" -ge "$TSR_TEST_UNTIL" ]; then
+      echo "test_cuda ($name): not run (TSR_TEST_UNTIL=$TSR_TEST_UNTIL s reached)"; continue
+    fi
     env ${envs//,/ } timeout 200 "$P/bin/test_cuda" > "$out/test_cuda-$name.log" 2>&1
     echo "test_cuda ($name: $envs) exit $? (at $SECONDS s)"
     grep -E "PASSED|FAILED|ERROR|mismatch" "$out/test_cuda-$name.log" | head -10
