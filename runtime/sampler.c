@@ -15,6 +15,7 @@
  * temperature, top-k and top-p (up to rounding where u falls within ~1e-9 of a boundary). Scratch memory is one
  * workspace per thread, grown on demand and freed by a pthread key destructor at thread exit. */
 #include "runtime/sampler.h"
+#include "runtime/half.h"
 
 #include <float.h>
 #include <math.h>
@@ -203,26 +204,13 @@ float *tsr_sampler_scratch(size_t n)
 
 #define LANES 16
 
-/* Bit-level helpers. Selects are done on the bits: GCC (without -fno-trapping-math) will not if-convert a float
- * select next to arithmetic that may trap, and then leaves the loop scalar. */
-static inline uint32_t fbits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static inline float bitsf(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
+/* Selects are done on the bits (half.h's tsr_bits_from_f32 and tsr_f32_from_bits): GCC (without
+ * -fno-trapping-math) will not if-convert a float select next to arithmetic that may trap, and then leaves the loop
+ * scalar. */
 static inline float blend(int c, float a, float b)
 {
     uint32_t m = -(uint32_t)c;
-    return bitsf((fbits(a) & m) | (fbits(b) & ~m));
+    return tsr_f32_from_bits((tsr_bits_from_f32(a) & m) | (tsr_bits_from_f32(b) & ~m));
 }
 
 /* e^x for x <= 0: Cephes' expf polynomial after rounding x / ln 2 to an integer with the 1.5 x 2^23 trick, all
@@ -244,14 +232,14 @@ static inline float exp_neg(float x)
     y = y * f + 1.6666665459e-1f;
     y = y * f + 5.0000001201e-1f;
     y = y * z + f + 1.0f;
-    y = y * bitsf((uint32_t)((int32_t)r + 127) << 23);
+    y = y * tsr_f32_from_bits((uint32_t)((int32_t)r + 127) << 23);
     return blend(in, y, 0.0f);
 }
 
 /* Floats as integers in the same order (-0 < +0 aside): the integer maximum vectorizes, the float one does not. */
 static inline int32_t okey(float x)
 {
-    uint32_t u = fbits(x);
+    uint32_t u = tsr_bits_from_f32(x);
     return (int32_t)(u ^ ((uint32_t)((int32_t)u >> 31) & 0x7FFFFFFFu));
 }
 
@@ -361,7 +349,7 @@ static void levels(const float *e, int n, const float *tau, double *mass)
             for (int b = 0; b < BLOCK; b += LANES)
                 for (int j = 0; j < LANES; j++) {
                     uint32_t in = -(uint32_t)isgreaterequal(e[i + b + j], tau[k]);
-                    s[j] += bitsf(fbits(e[i + b + j]) & in);
+                    s[j] += tsr_f32_from_bits(tsr_bits_from_f32(e[i + b + j]) & in);
                 }
             mass[k] += lanes_total(s);
         }
@@ -372,9 +360,12 @@ static void levels(const float *e, int n, const float *tau, double *mass)
 
 /* ---- keys: probability bits descending, then id ascending ------------------------------------------------ */
 
-static uint64_t make_key(float p, int32_t id) { return (uint64_t)(0x7F800000u - fbits(p)) << 32 | (uint32_t)id; }
+static uint64_t make_key(float p, int32_t id)
+{
+    return (uint64_t)(0x7F800000u - tsr_bits_from_f32(p)) << 32 | (uint32_t)id;
+}
 static int32_t key_id(uint64_t k) { return (int32_t)(uint32_t)k; }
-static float key_p(uint64_t k) { return bitsf(0x7F800000u - (uint32_t)(k >> 32)); }
+static float key_p(uint64_t k) { return tsr_f32_from_bits(0x7F800000u - (uint32_t)(k >> 32)); }
 
 static void swap64(uint64_t *a, uint64_t *b)
 {
@@ -704,8 +695,8 @@ static void typical_levels(const float *l, const float *e, int n, float m, float
             for (int b = 0; b < BLOCK; b += LANES)
                 for (int j = 0; j < LANES; j++) {
                     float x = (l[i + b + j] - m) * inv - c;
-                    uint32_t in = -(uint32_t)islessequal(bitsf(fbits(x) & 0x7FFFFFFFu), d[k]);
-                    s[j] += bitsf(fbits(e[i + b + j]) & in);
+                    uint32_t in = -(uint32_t)islessequal(tsr_f32_from_bits(tsr_bits_from_f32(x) & 0x7FFFFFFFu), d[k]);
+                    s[j] += tsr_f32_from_bits(tsr_bits_from_f32(e[i + b + j]) & in);
                 }
             mass[k] += lanes_total(s);
         }
@@ -725,7 +716,7 @@ static float typical_center(const float *l, const float *e, int n, float m, floa
             for (int j = 0; j < LANES; j++) {
                 float x = e[i + b + j] * ((l[i + b + j] - m) * inv);
                 uint32_t in = -(uint32_t)isgreater(e[i + b + j], 0.0f); /* 0 x -inf would be NaN */
-                s[j] += bitsf(fbits(x) & in);
+                s[j] += tsr_f32_from_bits(tsr_bits_from_f32(x) & in);
             }
         total += lanes_total(s);
     }
@@ -741,7 +732,7 @@ static size_t typical_select(uint64_t *keys, size_t nk, const float *l, const fl
 {
     for (size_t i = 0; i < nk; i++) { /* shift keys: the bits of a non-negative float order like the float */
         int32_t id = key_id(keys[i]);
-        keys[i] = (uint64_t)fbits(shift_of(l[id], m, inv, c)) << 32 | (uint32_t)id;
+        keys[i] = (uint64_t)tsr_bits_from_f32(shift_of(l[id], m, inv, c)) << 32 | (uint32_t)id;
     }
     uint64_t thr = keys[weighted_select(keys, nk, target, 1, e)] >> 32;
     size_t keep = 0;
