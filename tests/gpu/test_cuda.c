@@ -1,4 +1,5 @@
-/* GPU tests: every CUDA op against the CPU op on fresh random inputs (outputs poisoned with NaN first, sizes that
+/* GPU tests: every CUDA op against the CPU op (quantized products against a double-precision sum over the
+ * dequantized weights, ref_linear) on fresh random inputs (outputs poisoned with NaN first, sizes that
  * are not multiples of the tiles, every EXL2 bit width, decode and prefill shapes, FP16, FP32 and the quantized
  * Q4/Q6/Q8 KV modes), then whole-model logits and greedy tokens of every fixture model on the GPU against the CPU
  * backend and the references (with quantized caches too). Exits 77 (skipped) where no GPU is present. */
@@ -863,8 +864,36 @@ typedef struct {
     const void *ctx;
 } residual_op;
 
-/* The tolerance of a quantized product of M rows against the CPU: as exact as fp32 up to 4 rows (activations as fp16
- * hi + lo halves), fp16 activations above (5-8 rows in sm_90's bulk GEMV, 9 and more in every kernel). */
+/* The reference for a quantized product: y = x · W + bias for M rows, summed in double over the dequantized
+ * weights (tsr_qmatrix_dequant_ref: each (code − zero) · scale, exact in fp32) and rounded to float once. The CPU op
+ * takes a group's zero point off as zero · Σx after Σ code · x (kernels/cpu/matmul_exl2.c), and that cancellation
+ * leaves up to ~1e-5 of relative error at these sizes, all of quant_tol's margin below 5 rows (stop 51: 1.1e-5 on
+ * one draw of the MLP test's data). Dense layers go to the CPU op. */
+static void ref_linear(const tsr_linear *L, const float *x, int M, float *y)
+{
+    if (L->kind != TSR_LINEAR_EXL2) {
+        cpu->linear(L, x, M, y);
+        return;
+    }
+    const tsr_qmatrix *q = &L->q;
+    float *W = malloc((size_t)q->K * q->N * sizeof *W);
+    double *acc = malloc((size_t)L->N * sizeof *acc);
+    assert_non_null(W), assert_non_null(acc);
+    tsr_qmatrix_dequant_ref(q, 0, W);
+    for (int m = 0; m < M; m++) {
+        for (int n = 0; n < L->N; n++) acc[n] = q->bias ? tsr_half_to_float(q->bias[n]) : 0.0;
+        for (int k = 0; k < L->K; k++) {
+            const double xk = x[(size_t)m * L->K + k];
+            const float *row = W + (size_t)k * q->N;
+            for (int n = 0; n < L->N; n++) acc[n] += xk * row[n];
+        }
+        for (int n = 0; n < L->N; n++) y[(size_t)m * L->N + n] = (float)acc[n];
+    }
+    free(W), free(acc);
+}
+
+/* The tolerance of a quantized product of M rows against ref_linear: as exact as fp32 up to 4 rows (activations as
+ * fp16 hi + lo halves), fp16 activations above (5-8 rows in sm_90's bulk GEMV, 9 and more in every kernel). */
 static double quant_tol(int M)
 {
     return M <= 4 ? 1e-5 : 2e-3;
@@ -951,7 +980,7 @@ static void check_silu_linear_add_norm(const tsr_linear *Lc, const tsr_linear *L
     const size_t nk = (size_t)M * K + (size_t)offset;
     float *gate = rand_host(nk, 2.0f), *up = rand_host(nk, 1.0f), *act = malloc(nk * 4), *prod = malloc((size_t)M * N * 4);
     cpu->silu_mul(gate + offset, up + offset, (size_t)M * K, act);
-    cpu->linear(Lc, act, M, prod);
+    ref_linear(Lc, act, M, prod);
     float *dup = dev_copy(up, nk * 4);
     const silu_ctx c = {Lg, gate, dup, nk, offset, M};
     const residual_op op = {run_silu_linear_add_norm, &c};
@@ -1042,7 +1071,7 @@ static void test_linear_exl2(void **state)
     for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
         int M = Ms[t];
         float *x = rand_host((size_t)M * L.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
-        cpu->linear(&L, x, M, want);
+        ref_linear(&L, x, M, want);
         float *dx = dev_copy(x, (size_t)M * L.K * 4);
         /* above 4 rows the GEMV rounds activations to fp16 (above 8 off sm_90; 33-64 rows: chunks of 32 on sm_90), and
          * from TSR_CUDA_DQ_MIN_M rows (65 on sm_90, else 33) the dequantized cuBLAS GEMM rounds activations and weights
@@ -1076,7 +1105,7 @@ static void test_linear_add_norm_splits(void **state)
     for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
         const int M = Ms[t];
         float *x = rand_host((size_t)M * L.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
-        cpu->linear(&L, x, M, want);
+        ref_linear(&L, x, M, want);
         float *dx = dev_copy(x, (size_t)M * L.K * 4);
         check_linear_add_norm(&L, &h.shell.head, dx, want, M);
         free(x), free(want);
@@ -1096,7 +1125,7 @@ static void check_linear_rows(int N, int used, int G, const int *bits, const int
     for (int t = 0; t < nM; t++) {
         const int M = Ms[t];
         float *x = rand_host((size_t)M * L.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
-        cpu->linear(&L, x, M, want);
+        ref_linear(&L, x, M, want);
         float *dx = dev_copy(x, (size_t)M * L.K * 4);
         check_linear(&h, dx, want, M, 2, quant_tol(M), label);
         free(x), free(want);
@@ -1174,10 +1203,10 @@ static float *mlp_product(const gpu_mlp *m, const float *h, int M)
 {
     const int I = m->g.L.N;
     float *gv = malloc((size_t)M * I * 4), *uv = malloc((size_t)M * I * 4), *prod = malloc((size_t)M * m->d.L.N * 4);
-    cpu->linear(&m->g.L, h, M, gv);
-    cpu->linear(&m->u.L, h, M, uv);
+    ref_linear(&m->g.L, h, M, gv);
+    ref_linear(&m->u.L, h, M, uv);
     cpu->silu_mul(gv, uv, (size_t)M * I, gv);
-    cpu->linear(&m->d.L, gv, M, prod);
+    ref_linear(&m->d.L, gv, M, prod);
     free(gv), free(uv);
     return prod;
 }
@@ -1342,14 +1371,14 @@ static void test_stage_ahead(void **state)
         const int M = Ms[t], Ko = o.L.K;
         float *a = rand_host((size_t)M * Ko, 1.0f), *x = rand_host((size_t)M * H, 1.0f);
         float *want_x = malloc((size_t)M * H * 4), *want_h = malloc((size_t)M * H * 4), *want[3];
-        cpu->linear(&o.L, a, M, want_x);
+        ref_linear(&o.L, a, M, want_x);
         cpu->add(want_x, x, (size_t)M * H);
         cpu->rmsnorm(want_x, &w.host, 1e-5f, M, H, want_h);
         float *da = dev_copy(a, (size_t)M * Ko * 4), *dx = dev_copy(x, (size_t)M * H * 4);
         float *dh = dev_poisoned((size_t)M * H), *dy[3];
         for (int i = 0; i < 3; i++) {
             want[i] = malloc((size_t)M * qkv[i]->N * 4);
-            cpu->linear(qkv[i], want_h, M, want[i]);
+            ref_linear(qkv[i], want_h, M, want[i]);
             dy[i] = dev_poisoned((size_t)M * qkv[i]->N);
         }
         const unsigned long long taken = tsr_cuda_staged_taken();
@@ -1426,7 +1455,7 @@ static void test_merge_stage(void **state)
             float *got = to_host(dout, n);
             snprintf(what, sizeof what, "merge stage M=%d%s: attention", M, padded ? " (padded o)" : "");
             expect_close(what, got, want, n, 2e-5);
-            cpu->linear(&o.L, got, M, want_y);
+            ref_linear(&o.L, got, M, want_y);
             free(got);
             got = to_host(dy, (size_t)M * N);
             snprintf(what, sizeof what, "merge stage M=%d%s: o", M, padded ? " (padded o)" : "");
