@@ -878,7 +878,8 @@ static void ref_linear(const tsr_linear *L, const float *x, int M, float *y)
     const tsr_qmatrix *q = &L->q;
     float *W = malloc((size_t)q->K * q->N * sizeof *W);
     double *acc = malloc((size_t)L->N * sizeof *acc);
-    assert_non_null(W), assert_non_null(acc);
+    assert_non_null(W);
+    assert_non_null(acc);
     tsr_qmatrix_dequant_ref(q, 0, W);
     for (int m = 0; m < M; m++) {
         for (int n = 0; n < L->N; n++) acc[n] = q->bias ? tsr_half_to_float(q->bias[n]) : 0.0;
