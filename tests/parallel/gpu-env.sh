@@ -45,7 +45,8 @@ variant_bin() {
 # (smem99, as sm_86/sm_89 cards), the decode attention in at most 3 splits (splits3), the attention merge by thread
 # for every split count (mergeold), the residual pass of decode rows in one block (rcoff), and once per variant
 # under its settings (OUT/test_cuda-NAME.log), each with a summary line; the fixtures are this checkout's, unpacked
-# into $fx. With TSR_TEST_UNTIL=S, variants not yet started when the script's $SECONDS reaches S are skipped (and said so)
+# into $fx. With TSR_TEST_UNTIL=S, variants not yet started when the script's $SECONDS reaches S are skipped (and
+# said so)
 run_test_cuda() {
   local out=$1 v name envs
   export TSR_FIXTURES=$PWD/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$PWD/models
