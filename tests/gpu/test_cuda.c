@@ -1135,6 +1135,31 @@ static void check_linear_rows(int N, int used, int G, const int *bits, const int
     gpu_head_close(&h);
 }
 
+/* A padded unit in the middle of K (an 8-bit group of 36 rows, then 3-bit of 32: K = 68, 96 unit rows) through the
+ * GEMV at one row and the dequantize path at 100 rows, where the activations' permutation writes zeros on the
+ * padding rows (matmul.cu); then at 100 rows again with the input 4 bytes past 16-byte alignment, which that pass
+ * reads one value at a time. (Every EXL2 width packs whole 32-bit words only from 4 rows, so K is always a multiple
+ * of 4.) */
+static void test_linear_padded_k(void **state)
+{
+    (void)state;
+    const int bits[] = {8, 3}, rows[] = {36, 32}, Ms[] = {1, 100};
+    gpu_head h;
+    gpu_head_open(&h, 160, 150, 2, bits, rows);
+    const tsr_linear L = h.L;
+    assert_int_equal(L.K, 68);
+    for (int t = 0; t < 3; t++) {
+        const int M = Ms[t < 2 ? t : 1], off = t == 2;
+        float *x = rand_host((size_t)M * L.K + 1, 1.0f), *want = malloc((size_t)M * L.N * 4);
+        ref_linear(&L, x + off, M, want);
+        float *dx = dev_copy(x, ((size_t)M * L.K + 1) * 4);
+        check_linear(&h, dx + off, want, M, 2, quant_tol(M), off ? "K = 68, unaligned input" : "K = 68");
+        free(x), free(want);
+        gpu->release(dx);
+    }
+    gpu_head_close(&h);
+}
+
 /* A matrix wider than one wave of GEMV blocks (313 column groups of 128, more than two per SM on any current GPU),
  * so that the one-row GEMV splits K to balance its waves (fg_plan), alone and as two parts of one launch (as 70B's
  * gate and up), against the CPU; from 2 rows sm_90 takes the bulk kernel and its own plan. */
@@ -1891,6 +1916,7 @@ int main(void)
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_linear_exl2),
         cmocka_unit_test(test_linear_add_norm_splits),
+        cmocka_unit_test(test_linear_padded_k),
         cmocka_unit_test(test_linear_waves),
         cmocka_unit_test(test_linear_long_groups),
         cmocka_unit_test(test_mlp_fused),
