@@ -137,3 +137,21 @@ tsr_status load(const synth_matrix *m, const char *skip, tsr_st_set **set, tsr_q
     return tsr_qmatrix_load(*set, "w", m->K, m->N, m->bias != NULL, 1.0f, q);
 }
 
+void qmatrix_ref_product(const tsr_qmatrix *q, const float *x, int M, int N, float *y)
+{
+    float *W = malloc((size_t)q->K * q->N * sizeof *W);
+    double *acc = malloc((size_t)N * sizeof *acc);
+    assert_non_null(W);
+    assert_non_null(acc);
+    tsr_qmatrix_dequant_ref(q, 0, W);
+    for (int m = 0; m < M; m++) {
+        for (int n = 0; n < N; n++) acc[n] = q->bias ? tsr_half_to_float(q->bias[n]) : 0.0;
+        for (int k = 0; k < q->K; k++) {
+            const double xk = x[(size_t)m * q->K + k];
+            const float *row = W + (size_t)k * q->N;
+            for (int n = 0; n < N; n++) acc[n] += xk * row[n];
+        }
+        for (int n = 0; n < N; n++) y[(size_t)m * N + n] = (float)acc[n];
+    }
+    free(W), free(acc);
+}

@@ -48,5 +48,9 @@ void make_matrix(synth_matrix *m, int N, int G, const int *bits, const int *rows
 void free_matrix(synth_matrix *m);
 /* Writes the matrix to a temporary file as tensors `w.*` (omitting `skip`, if given) and loads it. */
 tsr_status load(const synth_matrix *m, const char *skip, tsr_st_set **set, tsr_qmatrix *q);
+/* The reference for a quantized product: y[M][N] = x[M][q->K] · W + bias over q's first N columns, summed in double
+ * over the exactly dequantized weights (tsr_qmatrix_dequant_ref: each (code − zero) · scale, exact in fp32) and
+ * rounded to float once. */
+void qmatrix_ref_product(const tsr_qmatrix *q, const float *x, int M, int N, float *y);
 
 #endif

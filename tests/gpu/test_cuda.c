@@ -864,33 +864,17 @@ typedef struct {
     const void *ctx;
 } residual_op;
 
-/* The reference for a quantized product: y = x · W + bias for M rows, summed in double over the dequantized
- * weights (tsr_qmatrix_dequant_ref: each (code − zero) · scale, exact in fp32) and rounded to float once. The CPU op
- * takes a group's zero point off as zero · Σx after Σ code · x (kernels/cpu/matmul_exl2.c), and that cancellation
- * leaves up to ~1e-5 of relative error at these sizes, all of quant_tol's margin below 5 rows (stop 51: 1.1e-5 on
- * one draw of the MLP test's data). Dense layers go to the CPU op. */
+/* The reference for a product of L: for quantized layers qmatrix_ref_product (tests/common/exl2_synth.h: double
+ * over the exactly dequantized weights). The CPU op takes a group's zero point off as zero · Σx after Σ code · x
+ * (kernels/cpu/matmul_exl2.c), and that cancellation leaves up to ~1e-5 of relative error at these sizes, all of
+ * quant_tol's margin below 5 rows (stop 51: 1.1e-5 on one draw of the MLP test's data). Dense layers go to the CPU
+ * op. */
 static void ref_linear(const tsr_linear *L, const float *x, int M, float *y)
 {
-    if (L->kind != TSR_LINEAR_EXL2) {
+    if (L->kind != TSR_LINEAR_EXL2)
         cpu->linear(L, x, M, y);
-        return;
-    }
-    const tsr_qmatrix *q = &L->q;
-    float *W = malloc((size_t)q->K * q->N * sizeof *W);
-    double *acc = malloc((size_t)L->N * sizeof *acc);
-    assert_non_null(W);
-    assert_non_null(acc);
-    tsr_qmatrix_dequant_ref(q, 0, W);
-    for (int m = 0; m < M; m++) {
-        for (int n = 0; n < L->N; n++) acc[n] = q->bias ? tsr_half_to_float(q->bias[n]) : 0.0;
-        for (int k = 0; k < L->K; k++) {
-            const double xk = x[(size_t)m * L->K + k];
-            const float *row = W + (size_t)k * q->N;
-            for (int n = 0; n < L->N; n++) acc[n] += xk * row[n];
-        }
-        for (int n = 0; n < L->N; n++) y[(size_t)m * L->N + n] = (float)acc[n];
-    }
-    free(W), free(acc);
+    else
+        qmatrix_ref_product(&L->q, x, M, L->N, y);
 }
 
 /* The tolerance of a quantized product of M rows against ref_linear: as exact as fp32 up to 4 rows (activations as
