@@ -1127,13 +1127,16 @@ static void check_linear_rows(int N, int used, int G, const int *bits, const int
 static void test_linear_padded_k(void **state)
 {
     (void)state;
-    const int bits[] = {8, 3}, rows[] = {36, 32}, Ms[] = {1, 100};
+    const int bits[] = {8, 3}, rows[] = {36, 32};
+    const struct {
+        int M, off; /* rows; the input's offset in floats from its 16-byte aligned allocation */
+    } cases[] = {{1, 0}, {100, 0}, {100, 1}};
     gpu_head h;
     gpu_head_open(&h, 160, 150, 2, bits, rows);
     const tsr_linear L = h.L;
     assert_int_equal(L.K, 68);
-    for (int t = 0; t < 3; t++) {
-        const int M = Ms[t < 2 ? t : 1], off = t == 2;
+    for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+        const int M = cases[t].M, off = cases[t].off;
         float *x = rand_host((size_t)M * L.K + 1, 1.0f), *want = malloc((size_t)M * L.N * 4);
         ref_linear(&L, x + off, M, want);
         float *dx = dev_copy(x, ((size_t)M * L.K + 1) * 4);
