@@ -1,23 +1,32 @@
-/* The gateway's TCP connections: how many it may hold, and how long one may take to send a request.
+/* The gateway's TCP connections: how many it may hold, and when one is closed for being slow or idle.
  *
- * libmicrohttpd's own timeout (MHD_OPTION_CONNECTION_TIMEOUT) closes a connection after that many seconds
- * without any byte moving; a client that trickles its request one byte at a time (slowloris) never trips it. So
- * every connection is registered here when it opens (MHD_OPTION_NOTIFY_CONNECTION) with the time it began
- * waiting for a request: the opening, or the end of its previous request. The access handler marks it busy once
- * a request's headers are complete; the ticker (tsr_http_conns_sweep) shuts down the socket of any connection
- * that has waited longer than the header timeout, and libmicrohttpd then closes it as it would a client that
- * hung up. A body trickled in the same way (slow POST) gets the rule of Apache's mod_reqtimeout: after the first
- * header-timeout seconds it must have averaged BODY_MIN_RATE bytes per second. The registry removes a connection
- * before libmicrohttpd closes its socket (NOTIFY_CLOSED comes first), so a swept descriptor is always still the
- * connection's own.
+ * Every connection is registered here when it opens (MHD_OPTION_NOTIFY_CONNECTION), and the ticker
+ * (tsr_http_conns_sweep) shuts down the socket of one that is too slow; libmicrohttpd then closes it as it would
+ * a client that hung up. libmicrohttpd's own idle timeout is off (MHD_OPTION_CONNECTION_TIMEOUT 0): it counts
+ * from the last byte its thread moved, so an HTTP thread that falls seconds behind (a loaded machine) would close
+ * connections whose requests were sent in time and lie unread, and it never sees a client that trickles its
+ * request one byte at a time (slowloris). The rules, each judged only while the client is the one late:
+ * - headers: a connection must complete a request's headers within the header timeout of its opening, or of
+ *   the end of its previous request (the access handler marks it busy at its first call);
+ * - body: after the first header-timeout seconds, a body must average BODY_MIN_RATE bytes per second (slow
+ *   POST, the rule of Apache's mod_reqtimeout), and no body byte may take longer than --conn-timeout;
+ * - answer: bytes waiting in the socket's send queue that do not move for --conn-timeout mean a client that
+ *   stopped reading. A request waiting for tokens has an empty send queue, so it is never idle.
+ * Two signs that the server is the one behind, not the client: bytes in the receive queue that no HTTP thread
+ * has read yet (the header and body rules then wait until READ_GRACE_S after such bytes were last seen, time
+ * for a thread to read and parse them), and a sweep that comes more than STALL_S late (the whole process could
+ * not run: every clock moves forward by the gap). The registry removes a connection before libmicrohttpd closes
+ * its socket (NOTIFY_CLOSED comes first), so a swept descriptor is always still the connection's own.
  *
  * The connection limit defaults to what the process's descriptor limit allows: tsr_http_raise_fd_limit() lifts
  * the soft RLIMIT_NOFILE to the hard one at start, and HTTP_FD_RESERVE descriptors stay for model files, pipes,
  * MPI and the nanomsg intake. */
 #include "launcher/http_internal.h"
 
+#include <linux/sockios.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 
@@ -25,6 +34,8 @@
 #define HTTP_DEFAULT_CONN_CAP 65536
 
 #define BODY_MIN_RATE 500.0 /* bytes per second a request body must average after the first header timeout */
+#define READ_GRACE_S 1.0    /* after unread input was last seen on a connection */
+#define STALL_S 1.0         /* a sweep later than this after the previous one: the process was stalled */
 
 enum { SWEEP_PENDING = 1, SWEEP_DONE = 2 };
 
@@ -32,10 +43,14 @@ struct http_sock {
     int fd;
     double t_wait;   /* when it began waiting for a request's headers */
     int busy;        /* a request's headers are complete; until that request ends */
-    int in_body;     /* its body is arriving, since t_body, body_bytes so far */
-    double t_body;
+    int in_body;     /* its body is arriving, since t_body, body_bytes so far, the last of them at t_bytes */
+    double t_body, t_bytes;
     size_t body_bytes;
-    int swept;       /* SWEEP_PENDING, then SWEEP_DONE (shut down) for taking too long; 0 otherwise */
+    int outq;        /* bytes in the socket's send queue at the last sweep, unchanged since t_outq */
+    double t_outq;
+    double t_input;  /* the last sweep that saw bytes in its receive queue (0: none) */
+    int swept;       /* SWEEP_PENDING, then SWEEP_DONE (shut down) for being too slow or idle; 0 otherwise */
+    int slow;        /* swept by the header or body rule (counted in tessera_http_header_timeouts_total) */
     http_sock *prev, *next;
 };
 
@@ -81,7 +96,11 @@ void tsr_http_on_connection(void *cls, struct MHD_Connection *c, void **socket_c
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         http_sock *s = ci ? calloc(1, sizeof *s) : NULL;
         *socket_context = s;
-        if (!s) return; /* untracked: libmicrohttpd's own timeout still applies */
+        if (!s) {
+            /* untracked: libmicrohttpd's own idle timeout instead */
+            MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, h->opts.conn_timeout_s);
+            return;
+        }
         s->fd = ci->connect_fd;
         s->t_wait = tsr_service_now();
         pthread_mutex_lock(&h->socks_mu);
@@ -126,20 +145,61 @@ void tsr_http_conn_body(tsr_http *h, struct MHD_Connection *c, int state, size_t
     http_sock *s = sock_of(c);
     if (!s) return;
     pthread_mutex_lock(&h->socks_mu);
+    double now = tsr_service_now();
     if (state > 0 && !s->in_body) {
         s->in_body = 1;
-        s->t_body = tsr_service_now();
+        s->t_body = s->t_bytes = now;
         s->body_bytes = 0;
     }
     if (state < 0) s->in_body = 0;
     s->body_bytes += bytes;
+    if (bytes) s->t_bytes = now;
     pthread_mutex_unlock(&h->socks_mu);
 }
 
-static int too_slow(const http_sock *s, double now, double limit)
+/* Bytes the client sent that no HTTP thread has read yet. */
+static int unread_input(int fd)
 {
-    if (!s->busy) return now - s->t_wait > limit;
-    return s->in_body && now - s->t_body > limit + (double)s->body_bytes / BODY_MIN_RATE;
+    int n = 0;
+    return ioctl(fd, FIONREAD, &n) == 0 && n > 0;
+}
+
+/* The header and body rules (the client too slow to send its request). */
+static int too_slow(http_sock *s, double now, double header_s, double idle_s)
+{
+    int late = !s->busy ? now - s->t_wait > header_s
+                        : s->in_body && (now - s->t_body > header_s + (double)s->body_bytes / BODY_MIN_RATE ||
+                                         now - s->t_bytes > idle_s);
+    if (!late) return 0;
+    if (unread_input(s->fd)) s->t_input = now;
+    return now - s->t_input > READ_GRACE_S;
+}
+
+/* Time in which the ticker itself could not run is not the clients': every clock moves forward by it. */
+static void forgive_stall(tsr_http *h, double now)
+{
+    double gap = now - h->t_sweep;
+    if (h->t_sweep > 0 && gap > STALL_S)
+        for (http_sock *s = h->socks; s; s = s->next) {
+            s->t_wait += gap;
+            s->t_body += gap;
+            s->t_bytes += gap;
+            s->t_outq += gap;
+        }
+    h->t_sweep = now;
+}
+
+/* The answer rule: bytes in the send queue that have not moved for idle_s (updates the socket's record). */
+static int not_reading(http_sock *s, double now, double idle_s)
+{
+    int q = 0;
+    if (ioctl(s->fd, SIOCOUTQ, &q) != 0 || q <= 0) q = 0;
+    if (q == 0 || q != s->outq) {
+        s->outq = q;
+        s->t_outq = now;
+        return 0;
+    }
+    return now - s->t_outq > idle_s;
 }
 
 /* Counts the connections to sweep before shutting any of them down, so that a client that sees its connection
@@ -147,15 +207,21 @@ static int too_slow(const http_sock *s, double now, double limit)
  * could answer a /metrics request in between: serve.abuse failed that way once in CI). */
 void tsr_http_conns_sweep(tsr_http *h)
 {
-    double now = tsr_service_now(), limit = (double)h->opts.header_timeout_s;
-    int swept = 0;
+    double now = tsr_service_now(), header_s = (double)h->opts.header_timeout_s;
+    double idle_s = (double)h->opts.conn_timeout_s;
+    int swept = 0, slow = 0;
     pthread_mutex_lock(&h->socks_mu);
-    for (http_sock *s = h->socks; s; s = s->next)
-        if (!s->swept && too_slow(s, now, limit)) {
+    forgive_stall(h, now);
+    for (http_sock *s = h->socks; s; s = s->next) {
+        if (s->swept) continue;
+        s->slow = too_slow(s, now, header_s, idle_s);
+        if (s->slow || not_reading(s, now, idle_s)) {
             s->swept = SWEEP_PENDING;
             swept++;
+            slow += s->slow;
         }
-    if (swept) tsr_http_metrics_header_timeouts(&h->metrics, swept); /* its lock is taken under no other */
+    }
+    if (slow) tsr_http_metrics_header_timeouts(&h->metrics, slow); /* its lock is taken under no other */
     for (http_sock *s = h->socks; s && swept; s = s->next)
         if (s->swept == SWEEP_PENDING) {
             shutdown(s->fd, SHUT_RDWR);

@@ -47,6 +47,7 @@ struct tsr_http {
     pthread_mutex_t socks_mu;    /* the open TCP connections (http_conns.c) */
     http_sock *socks;
     unsigned n_socks;
+    double t_sweep;              /* the ticker's last sweep (0 before the first) */
 
     pthread_t ticker;
     int ticker_started, ticker_stop;
@@ -135,8 +136,8 @@ void tsr_http_on_connection(void *cls, struct MHD_Connection *c, void **socket_c
 void tsr_http_conn_busy(tsr_http *h, struct MHD_Connection *c, int busy);
 /* A request body begins (state 1), brings `bytes` more (0) or is complete (-1). */
 void tsr_http_conn_body(tsr_http *h, struct MHD_Connection *c, int state, size_t bytes);
-/* Shuts down the connections that have waited longer than the header timeout for a request, or whose body
- * arrives too slowly (ticker). */
+/* Shuts down the connections that have waited longer than the header timeout for a request, whose body
+ * arrives too slowly, or whose client has not taken a byte of its answer for the connection timeout (ticker). */
 void tsr_http_conns_sweep(tsr_http *h);
 /* Open TCP connections. */
 unsigned tsr_http_conns_open(tsr_http *h);

@@ -1,6 +1,6 @@
 /* The gateway's server (see http_server.h): the libmicrohttpd daemon and its limits, request dispatch, request
  * bodies, connection completion, the ticker, and the start/drain/stop life cycle (API keys: http_auth.c; the
- * connection registry and the header timeout: http_conns.c).
+ * connection registry and its timeouts: http_conns.c).
  *
  * Request bodies are gathered into a buffer bounded by max_body (413 beyond it: at once when Content-Length
  * says so; otherwise the body is read and discarded for up to DISCARD_MAX more bytes, then answered 413, and a
@@ -8,7 +8,8 @@
  * (MHD_OPTION_NOTIFY_COMPLETED); anything but a completed response cancels what the request still has running in
  * the service. A suspended connection is not watched by libmicrohttpd, so a ticker peeks at the sockets of
  * suspended requests a few times a second and cancels the requests of clients that hung up; the same ticker
- * shuts down connections past the header timeout and streams whose client stopped reading (http_job.c). */
+ * shuts down streams whose client stopped reading (http_job.c) and connections too slow or idle for the
+ * timeouts (http_conns.c; libmicrohttpd's own timeout is off). */
 #include "launcher/http_internal.h"
 
 #include <errno.h>
@@ -320,7 +321,7 @@ tsr_status tsr_http_start(const tsr_http_opts *opts, tsr_http **out)
         MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
         MHD_OPTION_NOTIFY_CONNECTION, tsr_http_on_connection, h, MHD_OPTION_CONNECTION_LIMIT, h->opts.conn_limit,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, h->opts.per_ip_limit, MHD_OPTION_CONNECTION_TIMEOUT,
-        h->opts.conn_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, h->opts.max_header,
+        0u /* the ticker's sweep times connections (http_conns.c) */, MHD_OPTION_CONNECTION_MEMORY_LIMIT, h->opts.max_header,
         MHD_OPTION_THREAD_POOL_SIZE, h->opts.threads > 1 ? h->opts.threads : 0u, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!h->daemon) {

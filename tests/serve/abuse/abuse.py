@@ -9,6 +9,8 @@ requests on a small machine), the phases below run one after another:
 
   slowloris   200 connections that trickle header bytes and 20 that trickle body bytes, one every 0.5 s: all
               closed by the header timeout
+  stalled     the server stopped (SIGSTOP) for longer than both timeouts while two clients send their requests:
+              both answered once it runs again (the time is the server's, not the clients')
   unread      a stream with a tiny receive buffer that never reads: cancelled past the stream backlog
               (tessera_http_stream_overflows_total) and closed; then 50 at once: all cancelled (past the backlog,
               or at the connection timeout when the machine is too slow to fill it first,
@@ -30,6 +32,7 @@ import json
 import os
 import resource
 import selectors
+import signal
 import socket
 import statistics
 import sys
@@ -91,15 +94,17 @@ class NormalClient(threading.Thread):
         super().__init__(daemon=True)
         self.port, self.text, self.bound = port, text, bound
         self.stop = threading.Event()
+        self.gate = threading.Lock()  # held around each request; a phase takes it to pause the client
         self.lock = threading.Lock()
         self.count, self.errors, self.worst = 0, [], 0.0
 
     def run(self):
         while not self.stop.is_set():
-            try:
-                text, dt, err = completion(self.port)
-            except OSError as e:
-                text, dt, err = None, 0.0, f"{type(e).__name__}: {e}"
+            with self.gate:
+                try:
+                    text, dt, err = completion(self.port)
+                except OSError as e:
+                    text, dt, err = None, 0.0, f"{type(e).__name__}: {e}"
             with self.lock:
                 self.count += 1
                 self.worst = max(self.worst, dt)
@@ -240,6 +245,44 @@ class Run:
             fail(f"slowloris: tessera_http_header_timeouts_total is {swept}")
         self.figures["slowloris"] = {"connections": len(socks), "last_closed_s": round(last, 1)}
         return f"{n} trickling connections (200 in headers, 20 in bodies) closed, the last after {last:.1f} s"
+
+    def stalled(self):
+        """Requests sent while the server cannot run (a loaded machine, at its worst) are answered once it can."""
+        body = json.dumps(PROMPT).encode()
+        post = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                ).encode() + body
+        get = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        stall = max(self.a.conn_timeout, self.a.header_timeout) + 1.5
+        with self.client.gate:  # the normal client waits: its latency bound is not the point here
+            socks = [socket.create_connection(("127.0.0.1", self.port), timeout=stall + 30) for _ in range(2)]
+            time.sleep(0.5)  # accepted: the header clock runs
+            os.kill(self.pid, signal.SIGSTOP)
+            try:
+                socks[0].sendall(post)
+                socks[1].sendall(get)
+                time.sleep(stall)
+            finally:
+                os.kill(self.pid, signal.SIGCONT)
+            answers = []
+            for s in socks:
+                data = b""
+                try:
+                    while chunk := s.recv(65536):
+                        data += chunk
+                except OSError as e:
+                    fail(f"stalled: {type(e).__name__}: {e}")
+                finally:
+                    s.close()
+                answers.append(data)
+        for what, data in zip(("POST /v1/completions", "GET /metrics"), answers):
+            if not data.startswith(b"HTTP/1.1 200"):
+                fail(f"stalled: {what} sent while the server was stopped for {stall:.1f} s got "
+                     f"{data[:80]!r} instead of a 200")
+        text = json.loads(answers[0].split(b"\r\n\r\n", 1)[1])["choices"][0]["text"]
+        if text != self.text:
+            fail(f"stalled: the completion's text {text!r} != {self.text!r}")
+        return f"a completion and /metrics sent during a {stall:.1f} s stop both answered"
 
     def open_unread(self, n):
         """n streaming requests on sockets with a tiny receive buffer, never read."""
@@ -490,7 +533,7 @@ class Run:
         self.client = NormalClient(self.port, text, bound)
         self.client.start()
         time.sleep(0.3)
-        for name, fn in (("slowloris", self.slowloris), ("unread", self.unread), ("idle", self.idle),
+        for name, fn in (("slowloris", self.slowloris), ("stalled", self.stalled), ("unread", self.unread), ("idle", self.idle),
                          ("oversized", self.oversized), ("json", self.json_cases)):
             self.phase(name, fn)
         self.client.stop.set()

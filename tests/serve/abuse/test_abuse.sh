@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# tessera serve under network abuse on loopback (abuse.py drives it): slowloris, streams nobody reads, thousands of
-# idle connections, oversized headers and bodies, malformed JSON, foreign Host and Origin headers. The server runs
+# tessera serve under network abuse on loopback (abuse.py drives it): slowloris, requests sent while the server is
+# stopped (they must still be answered), streams nobody reads, thousands of idle connections, oversized headers
+# and bodies, malformed JSON, foreign Host and Origin headers. The server runs
 # on the bundled model with small limits (a 3 s connection timeout, hence a 3 s header timeout, a 1 MiB body cap,
 # a 4 KiB stream backlog) and an API key, while a normal client keeps getting the same greedy completion; its
 # memory must stay bounded, its log must not mention the key, and it must exit 0 on SIGTERM at the end.
