@@ -10,8 +10,9 @@
  *   the end of its previous request (the access handler marks it busy at its first call);
  * - body: after the first header-timeout seconds, a body must average BODY_MIN_RATE bytes per second (slow
  *   POST, the rule of Apache's mod_reqtimeout), and no body byte may take longer than --conn-timeout;
- * - answer: bytes waiting in the socket's send queue that do not move for --conn-timeout mean a client that
- *   stopped reading. A request waiting for tokens has an empty send queue, so it is never idle.
+ * - answer: while a request is under way, bytes waiting in the socket's send queue that do not move for
+ *   --conn-timeout mean a client that stopped reading (one waiting for tokens has an empty queue: never idle);
+ *   once its answer is handed to the kernel, the header rule takes over.
  * Two signs that the server is the one behind, not the client: bytes in the receive queue that no HTTP thread
  * has read yet (the header and body rules then wait until READ_GRACE_S after such bytes were last seen, time
  * for a thread to read and parse them), and a sweep that comes more than STALL_S late (the whole process could
@@ -215,7 +216,8 @@ void tsr_http_conns_sweep(tsr_http *h)
     for (http_sock *s = h->socks; s; s = s->next) {
         if (s->swept) continue;
         s->slow = too_slow(s, now, header_s, idle_s);
-        if (s->slow || not_reading(s, now, idle_s)) {
+        if (!s->busy) s->outq = 0; /* between requests the header rule applies (header timeout <= idle_s) */
+        if (s->slow || (s->busy && not_reading(s, now, idle_s))) {
             s->swept = SWEEP_PENDING;
             swept++;
             slow += s->slow;
