@@ -533,8 +533,8 @@ class Run:
         self.client = NormalClient(self.port, text, bound)
         self.client.start()
         time.sleep(0.3)
-        for name, fn in (("slowloris", self.slowloris), ("stalled", self.stalled), ("unread", self.unread), ("idle", self.idle),
-                         ("oversized", self.oversized), ("json", self.json_cases)):
+        for name, fn in (("slowloris", self.slowloris), ("stalled", self.stalled), ("unread", self.unread),
+                         ("idle", self.idle), ("oversized", self.oversized), ("json", self.json_cases)):
             self.phase(name, fn)
         self.client.stop.set()
         self.client.join()
