@@ -316,12 +316,13 @@ tsr_status tsr_http_start(const tsr_http_opts *opts, tsr_http **out)
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC | MHD_USE_ERROR_LOG;
     flags |= MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES ? MHD_USE_EPOLL : MHD_USE_POLL;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    /* libmicrohttpd's idle timeout stays off (0): the ticker's sweep times connections (http_conns.c) */
     h->daemon = MHD_start_daemon(
         flags, (uint16_t)opts->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
         MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
         MHD_OPTION_NOTIFY_CONNECTION, tsr_http_on_connection, h, MHD_OPTION_CONNECTION_LIMIT, h->opts.conn_limit,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, h->opts.per_ip_limit, MHD_OPTION_CONNECTION_TIMEOUT,
-        0u /* the ticker's sweep times connections (http_conns.c) */, MHD_OPTION_CONNECTION_MEMORY_LIMIT, h->opts.max_header,
+        0u, MHD_OPTION_CONNECTION_MEMORY_LIMIT, h->opts.max_header,
         MHD_OPTION_THREAD_POOL_SIZE, h->opts.threads > 1 ? h->opts.threads : 0u, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!h->daemon) {
