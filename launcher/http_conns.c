@@ -1,11 +1,11 @@
 /* The gateway's TCP connections: how many it may hold, and when one is closed for being slow or idle.
  *
  * Every connection is registered here when it opens (MHD_OPTION_NOTIFY_CONNECTION), and the ticker
- * (tsr_http_conns_sweep) shuts down the socket of one that is too slow; libmicrohttpd then closes it as it would
- * a client that hung up. libmicrohttpd's own idle timeout is off (MHD_OPTION_CONNECTION_TIMEOUT 0): it counts
- * from the last byte its thread moved, so an HTTP thread that falls seconds behind (a loaded machine) would close
- * connections whose requests were sent in time and lie unread, and it never sees a client that trickles its
- * request one byte at a time (slowloris). The rules, each judged only while the client is the one late:
+ * (tsr_http_conns_sweep) shuts down the socket of one that is too slow or idle; libmicrohttpd then closes it as
+ * it would a client that hung up. libmicrohttpd's own idle timeout is off (MHD_OPTION_CONNECTION_TIMEOUT 0): it
+ * counts from the last byte its thread moved, so an HTTP thread that falls seconds behind (a loaded machine) would
+ * close connections whose requests were sent in time and lie unread, while a client that trickles its request a
+ * byte at a time (slowloris) never trips it. The rules, each judged only while the client is the one late:
  * - headers: a connection must complete a request's headers within the header timeout of its opening, or of
  *   the end of its previous request (the access handler marks it busy at its first call);
  * - body: after the first header-timeout seconds, a body must average BODY_MIN_RATE bytes per second (slow
