@@ -51,7 +51,6 @@ struct http_sock {
     double t_outq;
     double t_input;  /* the last sweep that saw bytes in its receive queue (0: none) */
     int swept;       /* SWEEP_PENDING, then SWEEP_DONE (shut down) for being too slow or idle; 0 otherwise */
-    int slow;        /* swept by the header or body rule (counted in tessera_http_header_timeouts_total) */
     http_sock *prev, *next;
 };
 
@@ -215,12 +214,12 @@ void tsr_http_conns_sweep(tsr_http *h)
     forgive_stall(h, now);
     for (http_sock *s = h->socks; s; s = s->next) {
         if (s->swept) continue;
-        s->slow = too_slow(s, now, header_s, idle_s);
+        const int too_slow_now = too_slow(s, now, header_s, idle_s); /* counted as a header timeout */
         if (!s->busy) s->outq = 0; /* between requests the header rule applies (header timeout <= idle_s) */
-        if (s->slow || (s->busy && not_reading(s, now, idle_s))) {
+        if (too_slow_now || (s->busy && not_reading(s, now, idle_s))) {
             s->swept = SWEEP_PENDING;
             swept++;
-            slow += s->slow;
+            slow += too_slow_now;
         }
     }
     if (slow) tsr_http_metrics_header_timeouts(&h->metrics, slow); /* its lock is taken under no other */

@@ -87,6 +87,22 @@ def completion(port):
     return json.loads(body)["choices"][0]["text"], dt, None
 
 
+def raw_post(body, close=False):
+    """A POST /v1/completions with the API key, as bytes, for clients that drive the socket themselves."""
+    connection = "Connection: close\r\n" if close else ""
+    return (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{connection}\r\n").encode() + body
+
+
+def read_response(s):
+    """Reads a Connection: close answer to its end; returns (status, body), status 0 when none came back."""
+    got = b""
+    while d := s.recv(65536):
+        got += d
+    head, _, body = got.partition(b"\r\n\r\n")
+    return (int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/1.") else 0), body
+
+
 class NormalClient(threading.Thread):
     """Keeps making the same greedy completion; records failures instead of raising."""
 
@@ -248,10 +264,7 @@ class Run:
 
     def stalled(self):
         """Requests sent while the server cannot run (a loaded machine, at its worst) are answered once it can."""
-        body = json.dumps(PROMPT).encode()
-        post = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-                ).encode() + body
+        post = raw_post(json.dumps(PROMPT).encode(), close=True)
         get = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
         stall = max(self.a.conn_timeout, self.a.header_timeout) + 1.5
         with self.client.gate:  # the normal client waits: its latency bound is not the point here
@@ -266,20 +279,17 @@ class Run:
                 os.kill(self.pid, signal.SIGCONT)
             answers = []
             for s in socks:
-                data = b""
                 try:
-                    while chunk := s.recv(65536):
-                        data += chunk
+                    answers.append(read_response(s))
                 except OSError as e:
                     fail(f"stalled: {type(e).__name__}: {e}")
                 finally:
                     s.close()
-                answers.append(data)
-        for what, data in zip(("POST /v1/completions", "GET /metrics"), answers):
-            if not data.startswith(b"HTTP/1.1 200"):
-                fail(f"stalled: {what} sent while the server was stopped for {stall:.1f} s got "
-                     f"{data[:80]!r} instead of a 200")
-        text = json.loads(answers[0].split(b"\r\n\r\n", 1)[1])["choices"][0]["text"]
+        for what, (status, body) in zip(("POST /v1/completions", "GET /metrics"), answers):
+            if status != 200:
+                fail(f"stalled: {what} sent while the server was stopped for {stall:.1f} s got status {status} "
+                     f"(0: closed unanswered) {body[:80]!r} instead of a 200")
+        text = json.loads(answers[0][1])["choices"][0]["text"]
         if text != self.text:
             fail(f"stalled: the completion's text {text!r} != {self.text!r}")
         return f"a completion and /metrics sent during a {stall:.1f} s stop both answered"
@@ -288,14 +298,13 @@ class Run:
         """n streaming requests on sockets with a tiny receive buffer, never read."""
         body = json.dumps({"prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True,
                            "temperature": 0, "stream": True, "logprobs": 20}).encode()
-        head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+        request = raw_post(body)
         socks = []
         for _ in range(n):
             s = socket.socket()
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             s.connect(("127.0.0.1", self.port))
-            s.sendall(head + body)
+            s.sendall(request)
             socks.append(s)
         return socks
 
@@ -426,16 +435,9 @@ class Run:
         s = socket.create_connection(("127.0.0.1", self.port), timeout=20)
         try:
             s.sendall(data)
-            got = b""
-            while True:
-                d = s.recv(65536)
-                if not d:
-                    break
-                got += d
+            return read_response(s)
         finally:
             s.close()
-        head, _, body = got.partition(b"\r\n\r\n")
-        return int(head.split(b" ", 2)[1]), body
 
     def oversized(self):
         big = self.a.max_body + (2 << 20)
