@@ -289,14 +289,11 @@ __global__ void fw_probe_kernel(void)
 #endif
 }
 
-/* Whether the wgmma kernels run here: sm_90 paths on (tsr_cuda_sm90), sm_90a code in the build (asked once, by a
- * probe launch, never while the stream is being captured), and TSR_CUDA_FA_WGMMA not 0. */
-static bool fw_available(void)
+bool tsr_cuda_wgmma_code(void)
 {
     static int avail = -1;
     if (avail >= 0) return avail > 0;
-    const char *env = getenv("TSR_CUDA_FA_WGMMA");
-    if ((env && !strcmp(env, "0")) || !tsr_cuda_sm90()) return (avail = 0) > 0;
+    if (!tsr_cuda_sm90()) return (avail = 0) > 0;
     cudaStreamCaptureStatus cap;
     if (cudaStreamIsCapturing(tsr_cuda_stream(), &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone)
         return false; /* settled at the next call outside a capture */
@@ -310,6 +307,13 @@ static bool fw_available(void)
     }
     avail = flag;
     return avail > 0;
+}
+
+/* Whether this kernel runs here: the wgmma code runs (tsr_cuda_wgmma_code) and TSR_CUDA_FA_WGMMA is not 0. */
+static bool fw_available(void)
+{
+    static const bool off = tsr_cuda_env_off("TSR_CUDA_FA_WGMMA");
+    return !off && tsr_cuda_wgmma_code();
 }
 
 template <int D, int BKV>

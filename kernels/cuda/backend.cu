@@ -716,21 +716,24 @@ static tsr_status cuda_prepare_model(struct tsr_model *m)
     }
     if (st == TSR_OK) st = upload_linear(&m->head, &m->embed);
     if (st == TSR_OK) {
-        /* the dequantize-and-cuBLAS path's buffer: the largest quantized layer matrix */
+        /* the dequantize-and-cuBLAS path's buffer: the largest quantized layer matrix that the wgmma product
+         * (gemm_dq_wgmma.cu, sm_90a) does not take */
         size_t dq = 0;
         for (int l = 0; l < m->cfg.n_layers; l++) {
             tsr_layer *ly = &m->layers[l];
             tsr_linear *all[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->up, &ly->down};
             for (int i = 0; i < 7; i++) {
                 const tsr_linear_dev *d = (const tsr_linear_dev *)all[i]->dev;
-                const size_t bytes = d && d->kind == TSR_LINEAR_EXL2 ? (size_t)32 * d->n_units * d->Npad * 2 : 0;
+                const size_t bytes = d && d->kind == TSR_LINEAR_EXL2 && !tsr_cuda_dq_wgmma_takes(d)
+                                         ? (size_t)32 * d->n_units * d->Npad * 2
+                                         : 0;
                 if (bytes > dq) dq = bytes;
             }
         }
         /* the head runs in slabs of that buffer; a model whose head is its only quantized matrix gets up to
          * 128 MiB for it */
         const tsr_linear_dev *h = (const tsr_linear_dev *)m->head.dev;
-        if (h && h->kind == TSR_LINEAR_EXL2) {
+        if (h && h->kind == TSR_LINEAR_EXL2 && !tsr_cuda_dq_wgmma_takes(h)) {
             size_t head = (size_t)32 * h->n_units * h->Npad * 2, cap = (size_t)128 << 20;
             if ((head < cap ? head : cap) > dq) dq = head < cap ? head : cap;
         }

@@ -129,6 +129,19 @@ int tsr_cuda_attention_prefill_kvq(const tsr_batch_layout *b, const tsr_attn_arg
  * TSR_CUDA_FA_WGMMA=0. */
 int tsr_cuda_fa_wgmma(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
                       float *out);
+/* Whether the device is sm_90 or newer and runs this build's sm_90a code, which the wgmma kernels need (asked once,
+ * by a probe launch outside stream capture; false while capturing until then) (attention_prefill_wgmma.cu). */
+bool tsr_cuda_wgmma_code(void);
+/* The prefill products of n (1 to TSR_GEMV_MAX_PARTS) EXL2/GPTQ matrices of one input and unit row order, with their
+ * weights dequantized in registers, in one launch (gemm_dq_wgmma.cu): y[i] (M rows of L[i]'s N, fp32 or with y_half
+ * fp16) = xp · W_i + beta · y[i], xp being the input in the matrices' unit row order as fp16 (M rows of 32 n_units).
+ * Returns 1 after launching it; 0, having done nothing, where the device has no wgmma code, a matrix does not fit the
+ * kernel's shared memory, the matrices differ in unit count or kind, or TSR_CUDA_DQ_WGMMA=0 (the caller then
+ * dequantizes for cuBLAS). */
+int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, int M, void *const *y, float beta,
+                      bool y_half);
+/* Whether tsr_cuda_dq_wgmma takes L's products (then L needs no dequantize buffer). */
+bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L);
 /* Decode attention over an fp16 or quantized cache with head_dim 64 or 128 and at most 16 query heads per KV head
  * (attention_decode.cu; quantized rows rebuilt as fp16 in its tiles, kvq_tile.cuh): returns 1 after launching it,
  * 0 when the caller must use the general kernel. */

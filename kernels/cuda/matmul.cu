@@ -301,6 +301,8 @@ static void dq_account(int M, int K, int N)
 static void exl2_dq_gemm(const tsr_linear_dev *L, const __half *xp, int M, void *y, float beta,
                          cudaDataType_t ytype = CUDA_R_32F)
 {
+    dq_mark(2); /* recorded again after the dequantize pass where that runs */
+    if (tsr_cuda_dq_wgmma(&L, 1, xp, M, &y, beta, ytype == CUDA_R_16F)) return; /* sm_90a: no dequantize pass */
     const size_t ysize = ytype == CUDA_R_16F ? sizeof(__half) : sizeof(float);
     const float alpha = 1.0f;
     const int Kp = 32 * L->n_units;
@@ -559,6 +561,27 @@ void tsr_cuda_silu_linear_add_norm(const tsr_linear *Lh, float *gate, const floa
         tsr_cuda_linear(Lh, gate, M, out);
 }
 
+/* linear_many's matrices as one launch of the wgmma product (gemm_dq_wgmma.cu), where all are quantized, share the
+ * first's unit order and the kernel takes them: the input permuted once, then their biases; false, having done
+ * nothing, otherwise. */
+static bool dq_group_wgmma(const tsr_linear *const *Lh, int n, const float *x, int M, float *const *y)
+{
+    const tsr_linear_dev *L[TSR_GEMV_MAX_PARTS];
+    for (int i = 0; i < n; i++) {
+        L[i] = (const tsr_linear_dev *)Lh[i]->dev;
+        if (!L[i] || L[i]->kind != TSR_LINEAR_EXL2 || !tsr_cuda_dq_wgmma_takes(L[i])) return false;
+        if (i && !tsr_cuda_same_unit_order(L[0], L[i])) return false;
+    }
+    const int Kp = 32 * L[0]->n_units;
+    __half *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * Kp * sizeof(__half));
+    permute_half(x, (const float *)NULL, L[0]->uperm, M, L[0]->K, Kp, xp);
+    void *yv[TSR_GEMV_MAX_PARTS];
+    for (int i = 0; i < n; i++) yv[i] = y[i];
+    if (!tsr_cuda_dq_wgmma(L, n, xp, M, yv, 0.0f, false)) return false; /* the permutation is then repeated: harmless */
+    for (int i = 0; i < n; i++) dq_add_bias(L[i], y[i], M);
+    return true;
+}
+
 void tsr_cuda_linear_many(const tsr_linear *const *Lh, int n, const float *x, int M, float *const *y)
 {
     static const bool enabled = !tsr_cuda_env_off("TSR_CUDA_GROUP"); /* 0: the matrices one by one (comparisons) */
@@ -573,7 +596,9 @@ void tsr_cuda_linear_many(const tsr_linear *const *Lh, int n, const float *x, in
         tsr_cuda_gemv(L, n, x, M, y);
         return;
     }
-    /* the dequantize path: the input permuted once for consecutive matrices of one unit order */
+    /* the dequantize path: on sm_90a matrices of one unit order (q, k and v) in one launch of the wgmma product */
+    if (enabled && n > 1 && n <= TSR_GEMV_MAX_PARTS && M > 0 && dq_path(M) && dq_group_wgmma(Lh, n, x, M, y)) return;
+    /* else the input permuted once for consecutive matrices of one unit order */
     const tsr_linear_dev *prev = NULL;
     for (int i = 0; i < n; i++) {
         const tsr_linear_dev *d = (const tsr_linear_dev *)Lh[i]->dev;

@@ -10,6 +10,7 @@ add_library(tessera_cuda STATIC
   ${PROJECT_SOURCE_DIR}/kernels/cuda/attention_kvq.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/kv_store_quant.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/matmul.cu
+  ${PROJECT_SOURCE_DIR}/kernels/cuda/gemm_dq_wgmma.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/gemv.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/mlp_decode.cu
   ${PROJECT_SOURCE_DIR}/kernels/cuda/exl2_pack.cu

@@ -1052,7 +1052,7 @@ static void test_linear_exl2(void **state)
     gpu_head h;
     gpu_head_open(&h, 352, 341, 6, bits, rows);
     const tsr_linear L = h.L;
-    const int Ms[] = {1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 40, 56, 57, 64, 65, 100};
+    const int Ms[] = {1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 40, 56, 57, 64, 65, 100, 300};
     for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
         int M = Ms[t];
         float *x = rand_host((size_t)M * L.K, 1.0f), *want = malloc((size_t)M * L.N * 4);

@@ -1,0 +1,384 @@
+/* The prefill product of an EXL2 or GPTQ matrix on Hopper's warpgroup tensor cores (wgmma, code for sm_90a), with the
+ * weights dequantized in registers: no fp16 copy of the matrix is written to memory and read back, as the cuBLAS path
+ * of matmul.cu does (its dequantize pass was ~12 % of an 8B 2048-token prefill; NOTES.md, stop 52).
+ *
+ * The product is computed transposed, yᵀ = Wᵀ · xpᵀ. The weights are then wgmma's A operand, which may come from
+ * registers in the mma.m16n8k16 A layout, and that is the layout exl2_frag.cuh's packing decodes into: a lane's words
+ * of one (unit, column block) hold its A fragments for two 16-column tiles (ct) × two 16-row K steps, decoded with
+ * the decode GEMV's instructions and multiplied by their column's fp16 scale (the same single rounding as the
+ * dequantize pass, so the weights are bit for bit the fp16 ones cuBLAS would read). The activations (xp: the input in
+ * the matrix's unit row order, fp16, from matmul.cu's permutation pass) are the B operand, K-major in shared memory.
+ *
+ * A block takes 256 activation rows (the wgmma's N) and 4 column blocks (128 output columns). Warp w of warpgroup ct
+ * owns column block w's tile ct: the four warps of a warpgroup give the 64 A rows of one m64n256k16 wgmma, and each
+ * (unit, column block) is decoded half by each warpgroup, so a thread keeps one 64 × 256 accumulator (128 registers)
+ * and decodes 8 of the 16 registers of its words per unit. K advances in stages of two units (64 rows); each stage's
+ * activation tile (one tensor copy into the 128-byte swizzle, wgmma.cuh), the units' words of the block's column
+ * blocks and their group parameters (scale codes, and the EXL2 scale table or GPTQ's scales) arrive by bulk copies
+ * that warp 0's lanes issue two stages ahead, all counted by the stage's barrier. Per unit a warpgroup decodes its A
+ * fragments into one of two register sets (the other may still be read by the wgmma's in flight), issues two wgmma's
+ * and waits until at most that pair is in flight, so each unit's decode overlaps the tensor cores' work on the one
+ * before. The first version (cp.async copies by every thread, 128 rows × 256 columns, a thread decoding all 16
+ * registers) reached a third of the tensor cores' rate: the copies' and decode's instructions, not the tensor cores,
+ * set its pace (NOTES.md, stop 54). Output: y = product + beta · y, fp32 or fp16, columns past N and rows past M
+ * left alone. */
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_kernels.cuh"
+#include "kernels/cuda/exl2_frag.cuh"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+#include <cuda.h> /* CUtensorMap and its encoder's signature only: the encoder is reached through the runtime */
+#include <stdlib.h>
+#include <string.h>
+
+#define DW_THREADS   256 /* two warpgroups */
+#define DW_ROWS      256 /* activation rows per block: the wgmma's N */
+#define DW_CBS       4   /* column blocks of 32 per block, one per warp of a warpgroup */
+#define DW_STAGES    4   /* stage buffers; copies run two stages ahead */
+#define DW_A_BYTES   (DW_ROWS * 128)          /* a stage's activations: 256 rows × 64 halves */
+#define DW_W_UNIT    (32 * 8 * 4)             /* one (unit, column block): up to 8 words per lane */
+#define DW_W_BYTES   (DW_CBS * 2 * DW_W_UNIT) /* a stage's words */
+#define DW_P_UNIT    320 /* a unit's group parameters: 4 × 16 bytes of codes, then the table (EXL2: 64 bytes) or the
+                          * block's 128 GPTQ scales */
+#define DW_MAX_UNITS 1024 /* unit records kept in shared memory (K up to 32768) */
+
+/* Up to three matrices of one input and unit order (q, k and v) in one launch: part p takes the column tiles from
+ * tiles_end[p - 1] to tiles_end[p] of the grid's y. */
+struct dw_parts {
+    tsr_linear_dev L[TSR_GEMV_MAX_PARTS];
+    void *y[TSR_GEMV_MAX_PARTS];
+    int tiles_end[TSR_GEMV_MAX_PARTS];
+    int n;
+};
+
+/* Shared memory: per stage the activation tile (1024-byte aligned, +1 KB to align the start), words, parameters and
+ * a barrier, then the unit records. */
+static size_t dw_smem_bytes(int n_units)
+{
+    return (size_t)DW_STAGES * (DW_A_BYTES + DW_W_BYTES + 2 * DW_P_UNIT + 8) + (size_t)n_units * sizeof(uint2) + 1024;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* The stage barriers, which count the bytes of the stage's copies. */
+__device__ __forceinline__ void dw_bar_init(uint32_t bar)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar));
+}
+__device__ __forceinline__ void dw_bar_expect(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void dw_bar_wait(uint32_t bar, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred p;\nDW_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra DW_WAIT;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+/* Columns c0.. (K) and rows c1.. (M) of the activations, a 64 × 256 box, into the 128-byte swizzle at dst; rows
+ * past M and columns past Kp arrive as zeros. */
+__device__ __forceinline__ void dw_tma(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+                 "[%4];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+/* bytes (a multiple of 16) from global src to shared dst, counted by bar */
+__device__ __forceinline__ void dw_bulk(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+/* The b words of one lane of a (unit, column block) from its copy in shared memory (frag_load's order). */
+template <int B> __device__ __forceinline__ void dw_words(const uint32_t *slot, int lane, uint32_t (&w)[B])
+{
+    const uint32_t *a = slot + lane * frag_na(B);
+    if constexpr (frag_na(B) == 4) {
+        const uint4 v = *(const uint4 *)a;
+        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else {
+        const uint2 v = *(const uint2 *)a;
+        w[0] = v.x, w[1] = v.y;
+    }
+    const uint32_t *b = slot + 32 * frag_na(B) + lane * frag_nb(B);
+    if constexpr (frag_nb(B) == 4) {
+        const uint4 v = *(const uint4 *)b;
+        w[4] = v.x, w[5] = v.y, w[6] = v.z, w[7] = v.w;
+    } else if constexpr (frag_nb(B) == 2) {
+        const uint2 v = *(const uint2 *)b;
+        w[frag_na(B)] = v.x, w[frag_na(B) + 1] = v.y;
+    } else if constexpr (frag_nb(B) == 1) {
+        w[frag_na(B)] = *b;
+    }
+}
+
+/* The lane's A fragments of 16-column tile CT of a unit, scaled: a[ks] for 16-row step ks. */
+template <int B, bool GPTQ, int CT>
+__device__ __forceinline__ void dw_decode(const uint32_t *slot, int lane, const frag_scales &sc, uint32_t (&a)[2][4])
+{
+    uint32_t w[B];
+    dw_words<B>(slot, lane, w);
+    frag_a<B, GPTQ, 2 * CT>(w, sc, a[0]);
+    frag_a<B, GPTQ, 2 * CT + 1>(w, sc, a[1]);
+    const __half2 h0 = __float2half2_rn(sc.s[2 * CT]), h1 = __float2half2_rn(sc.s[2 * CT + 1]);
+#pragma unroll
+    for (int ks = 0; ks < 2; ks++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) a[ks][r] = h2_bits(__hmul2(bits_h2(a[ks][r]), (r & 1) ? h1 : h0));
+}
+
+/* Warp 0 (after the block barrier that frees the buffer): stage s's copies, one per lane, and its barrier's count.
+ * Lane 0 the activation tile; lanes 1-8 the words of (unit ui = k & 1, column block k >> 1), k = lane - 1; lanes 9-10
+ * the units' scale codes, 11-12 their tables (GPTQ: scales). */
+template <bool GPTQ>
+__device__ __forceinline__ void dw_issue(const tsr_linear_dev &L, const CUtensorMap *map, const uint2 *rec, int s,
+                                         int n_stages, int m0, int cb0, uint32_t a_base, uint32_t w_base,
+                                         uint32_t p_base, uint32_t bars, int lane)
+{
+    if (s >= n_stages) return;
+    const int buf = s % DW_STAGES, u0 = 2 * s, nu = min(2, L.n_units - u0), ncb = L.Npad / 32;
+    const int cbs = min(DW_CBS, ncb - cb0);
+    const uint32_t bar = bars + 8 * buf;
+    uint32_t bytes = 0, dst = 0;
+    const void *src = NULL;
+    if (lane == 0) {
+        bytes = DW_A_BYTES;
+    } else if (lane <= 8) {
+        const int k = lane - 1, ui = k & 1, cbl = k >> 1;
+        if (ui < nu && cbl < cbs) {
+            const uint2 e = rec[u0 + ui];
+            const int bits = (int)(e.y >> 24);
+            bytes = 128u * (uint32_t)bits;
+            src = L.fw + e.x + (size_t)(cb0 + cbl) * 32 * bits;
+            dst = w_base + (uint32_t)(((buf * DW_CBS + cbl) * 2 + ui) * DW_W_UNIT);
+        }
+    } else if (lane <= 12) {
+        const int ui = (lane - 9) & 1;
+        if (ui < nu) {
+            const size_t grp = rec[u0 + ui].y & 0xffffffu;
+            const uint32_t at = p_base + (uint32_t)((buf * 2 + ui) * DW_P_UNIT);
+            if (lane <= 10) {
+                bytes = 16u * (uint32_t)cbs;
+                src = (GPTQ ? L.g_zeros : L.q_scale) + grp * (L.Npad / 8) + 4 * cb0;
+                dst = at;
+            } else {
+                bytes = GPTQ ? 64u * (uint32_t)cbs : 64u;
+                src = GPTQ ? (const void *)(L.g_scales + grp * L.Npad + 32 * cb0) : (const void *)(L.s_table + grp * 16);
+                dst = at + 64;
+            }
+        }
+    }
+    uint32_t total = bytes;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+    if (lane == 0) dw_bar_expect(bar, total);
+    __syncwarp();
+    if (lane == 0)
+        dw_tma(a_base + buf * DW_A_BYTES, map, 64 * s, m0, bar);
+    else if (bytes)
+        dw_bulk(dst, src, bytes, bar);
+}
+
+/* The block's work for the warps of warpgroup CT (16-column tile CT of each column block). */
+template <bool GPTQ, int CT>
+__device__ __forceinline__ void dw_run(const tsr_linear_dev &L, const CUtensorMap *map, int M, void *y, float beta,
+                                       int y_half, unsigned char *smem, uint32_t a_base, const uint2 *rec, int cb0)
+{
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, cbl = warp & 3;
+    const int m0 = blockIdx.x * DW_ROWS, cb = cb0 + cbl;
+    const int n_units = L.n_units, n_stages = (n_units + 1) / 2;
+    const bool owns = cb < L.Npad / 32;
+    const uint32_t w_base = a_base + DW_STAGES * DW_A_BYTES, p_base = w_base + DW_STAGES * DW_W_BYTES;
+    const uint32_t bars = p_base + DW_STAGES * 2 * DW_P_UNIT;
+    const uint32_t *w_ring = (const uint32_t *)(smem + DW_STAGES * DW_A_BYTES);
+    const unsigned char *p_ring = smem + DW_STAGES * (DW_A_BYTES + DW_W_BYTES);
+
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] = 0.0f;
+    uint32_t ax[2][4], ay[2][4]; /* A fragments of a stage's first and second unit */
+
+    /* unit u (ui of the stage in buffer buf): decode into a, then its two wgmma's */
+    auto unit = [&](int buf, int u, int ui, uint32_t (&a)[2][4]) {
+        if (owns) {
+            const unsigned char *pp = p_ring + (buf * 2 + ui) * DW_P_UNIT;
+            frag_scales sc;
+            frag_scales_decode(*(const uint4 *)(pp + 16 * cbl), GPTQ ? (const void *)(pp + 64 + 64 * cbl) : pp + 64,
+                               GPTQ, L.zero_add, lane >> 2, sc);
+            const uint32_t *slot = w_ring + ((buf * DW_CBS + cbl) * 2 + ui) * (DW_W_UNIT / 4);
+            if (GPTQ) {
+                dw_decode<4, true, CT>(slot, lane, sc, a);
+            } else {
+                frag_with_width((int)(rec[u].y >> 24), [&](auto wb) {
+                    constexpr int B = decltype(wb)::value;
+                    dw_decode<B, false, CT>(slot, lane, sc, a);
+                });
+            }
+        } else {
+#pragma unroll
+            for (int ks = 0; ks < 2; ks++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) a[ks][r] = 0u;
+        }
+        const uint32_t at = a_base + buf * DW_A_BYTES + ui * 64;
+        wg_arrive();
+        wg_mma_rs256k(acc, a[0], wg_desc(at, 0));
+        wg_mma_rs256k(acc, a[1], wg_desc(at + 32, 0));
+        wg_commit();
+        wg_wait<1>();
+    };
+
+    if (warp == 0)
+        for (int s = 0; s < DW_STAGES - 2; s++)
+            dw_issue<GPTQ>(L, map, rec, s, n_stages, m0, cb0, a_base, w_base, p_base, bars, lane);
+    for (int s = 0; s < n_stages; s++) {
+        __syncthreads(); /* every wgmma of stage s - 1's first unit and before has finished: stage s - 2's buffer is free */
+        if (warp == 0) dw_issue<GPTQ>(L, map, rec, s + DW_STAGES - 2, n_stages, m0, cb0, a_base, w_base, p_base, bars, lane);
+        const int buf = s % DW_STAGES, u0 = 2 * s;
+        dw_bar_wait(bars + 8 * buf, (uint32_t)(s / DW_STAGES) & 1u);
+        unit(buf, u0, 0, ax);
+        if (u0 + 1 < n_units) unit(buf, u0 + 1, 1, ay);
+    }
+    wg_wait<0>();
+    wg_keep(acc);
+    if (!owns) return;
+
+    /* accumulator element 4 j + i: column 32 cb + 16 CT + g + 8 (i / 2), row m0 + 8 j + 2 t4 + i % 2 */
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int n = 32 * cb + 16 * CT + g + 8 * (i >> 1);
+        if (n >= L.N) continue;
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            const int m = m0 + 8 * j + 2 * t4 + (i & 1);
+            if (m >= M) continue;
+            const size_t at = (size_t)m * L.N + n;
+            float v = acc[4 * j + i];
+            if (y_half) {
+                __half *yh = (__half *)y;
+                if (beta != 0.0f) v = fmaf(beta, __half2float(yh[at]), v);
+                yh[at] = __float2half_rn(v);
+            } else {
+                float *yf = (float *)y;
+                yf[at] = beta != 0.0f ? fmaf(beta, yf[at], v) : v;
+            }
+        }
+    }
+}
+#endif
+
+template <bool GPTQ>
+__global__ void __launch_bounds__(DW_THREADS, 1)
+    dq_wgmma_kernel(const __grid_constant__ dw_parts P, const __grid_constant__ CUtensorMap xmap, int M, float beta,
+                    int y_half)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char dw_smem[];
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(dw_smem), pad = (1024 - (raw & 1023)) & 1023;
+    unsigned char *smem = dw_smem + pad; /* [stage][A], [stage][column block][unit][words], [stage][unit][P],
+                                          * barriers, records */
+    const uint32_t a_base = raw + pad, bars = a_base + DW_STAGES * (DW_A_BYTES + DW_W_BYTES + 2 * DW_P_UNIT);
+    uint2 *rec = (uint2 *)(smem + DW_STAGES * (DW_A_BYTES + DW_W_BYTES + 2 * DW_P_UNIT + 8));
+    int p = 0;
+    while (p + 1 < P.n && (int)blockIdx.y >= P.tiles_end[p]) p++;
+    const tsr_linear_dev &L = P.L[p];
+    const int cb0 = ((int)blockIdx.y - (p ? P.tiles_end[p - 1] : 0)) * DW_CBS;
+    for (int u = threadIdx.x; u < L.n_units; u += DW_THREADS) rec[u] = L.units[u];
+    if (threadIdx.x == 0) {
+        for (int b = 0; b < DW_STAGES; b++) dw_bar_init(bars + 8 * b);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x < 128)
+        dw_run<GPTQ, 0>(L, &xmap, M, P.y[p], beta, y_half, smem, a_base, rec, cb0);
+    else
+        dw_run<GPTQ, 1>(L, &xmap, M, P.y[p], beta, y_half, smem, a_base, rec, cb0);
+#endif
+}
+
+/* cuTensorMapEncodeTiled, from the driver through the runtime (no link to libcuda); NULL where the driver lacks it. */
+typedef CUresult (*dw_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                 const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static dw_encode_fn dw_encoder(void)
+{
+    static dw_encode_fn fn;
+    static bool asked;
+    if (!asked) {
+        asked = true;
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (dw_encode_fn)p;
+        else
+            cudaGetLastError();
+    }
+    return fn;
+}
+
+/* Whether the kernel runs where it can: TSR_CUDA_DQ_WGMMA=1 or 0, else DW_DEFAULT (the dequantize pass and cuBLAS
+ * where it does not). */
+#define DW_DEFAULT 0
+static bool dw_enabled(void)
+{
+    static const bool on = getenv("TSR_CUDA_DQ_WGMMA") ? atoi(getenv("TSR_CUDA_DQ_WGMMA")) != 0 : DW_DEFAULT;
+    return on && tsr_cuda_wgmma_code() && dw_encoder() &&
+           dw_smem_bytes(DW_MAX_UNITS) <= (size_t)tsr_cuda_smem_block();
+}
+
+bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L)
+{
+    return L->kind == TSR_LINEAR_EXL2 && L->n_units <= DW_MAX_UNITS && dw_enabled();
+}
+
+template <bool GPTQ>
+static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int n_units, float beta, bool y_half)
+{
+    static bool configured = false;
+    if (!configured) {
+        tsr_cuda_allow_smem((const void *)dq_wgmma_kernel<GPTQ>, dw_smem_bytes(DW_MAX_UNITS),
+                            "the EXL2/GPTQ wgmma product");
+        configured = true;
+    }
+    const dim3 grid(tsr_div_up((size_t)M, DW_ROWS), (unsigned)parts.tiles_end[parts.n - 1]);
+    dq_wgmma_kernel<GPTQ>
+        <<<grid, DW_THREADS, dw_smem_bytes(n_units), tsr_cuda_stream()>>>(parts, map, M, beta, y_half);
+    TSR_CUDA_LAUNCHED();
+}
+
+int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, int M, void *const *y, float beta,
+                      bool y_half)
+{
+    if (M <= 0 || n < 1 || n > TSR_GEMV_MAX_PARTS) return 0;
+    dw_parts parts;
+    memset(&parts, 0, sizeof parts);
+    for (int i = 0; i < n; i++) {
+        if (!tsr_cuda_dq_wgmma_takes(L[i]) || L[i]->n_units != L[0]->n_units || L[i]->gptq != L[0]->gptq) return 0;
+        parts.L[i] = *L[i];
+        parts.y[i] = y[i];
+        parts.tiles_end[i] = (i ? parts.tiles_end[i - 1] : 0) + (int)tsr_div_up((size_t)L[i]->Npad / 32, DW_CBS);
+    }
+    parts.n = n;
+    /* xp as a 2D tensor of M rows of Kp halves, read in boxes of 256 rows × 64 halves in the 128-byte swizzle */
+    const cuuint64_t dims[2] = {(cuuint64_t)32 * L[0]->n_units, (cuuint64_t)M};
+    const cuuint64_t strides[1] = {(cuuint64_t)64 * L[0]->n_units};
+    const cuuint32_t box[2] = {64, DW_ROWS}, step[2] = {1, 1};
+    CUtensorMap map;
+    if (dw_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)xp, dims, strides, box, step,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return 0;
+    if (L[0]->gptq)
+        dw_launch<true>(parts, map, M, L[0]->n_units, beta, y_half);
+    else
+        dw_launch<false>(parts, map, M, L[0]->n_units, beta, y_half);
+    return 1;
+}
