@@ -21,7 +21,8 @@
  * before. The first version (cp.async copies by every thread, 128 rows × 256 columns, a thread decoding all 16
  * registers) reached a third of the tensor cores' rate: the copies' and decode's instructions, not the tensor cores,
  * set its pace (NOTES.md, stop 54). Output: y = product + beta · y, fp32 or fp16, columns past N and rows past M
- * left alone. */
+ * left alone. Off by default (TSR_CUDA_DQ_WGMMA=1 turns it on) until it is measured faster than the dequantize pass
+ * and cuBLAS. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/exl2_frag.cuh"

@@ -9,7 +9,9 @@
  * multiplied by cuBLAS (fp16 operands, fp32 accumulation), as ExLlamaV2 does above 50 rows; the o and down
  * projections add their product to the residual stream in cuBLAS's epilogue (beta 1). A layer's MLP on this path
  * (tsr_cuda_mlp_half, for ops.h mlp_add_norm) has cuBLAS write gate's and up's products as fp16 into the caller's
- * scratch, so that down's gated conversion reads half the bytes. kernels/cuda/NOTES.md has the figures.
+ * scratch, so that down's gated conversion reads half the bytes. With TSR_CUDA_DQ_WGMMA=1 on sm_90a the product runs
+ * instead in gemm_dq_wgmma.cu, which dequantizes in registers (no slab, no cuBLAS; q, k and v in one launch); off by
+ * default until it beats this path (NOTES.md, stop 54). kernels/cuda/NOTES.md has the figures.
  * Dense weights: a warp-per-column GEMV for M <= 8, cuBLAS (GemmEx, fp32 accumulation) above. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
