@@ -375,8 +375,8 @@ int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, i
     CUtensorMap map;
     if (dw_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)xp, dims, strides, box, step,
                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-        return 0;
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) /* a planning bug: the inputs are aligned */
+        tsr_cuda_fatal(__FILE__, __LINE__, "cuTensorMapEncodeTiled refused the activations of the wgmma product");
     if (L[0]->gptq)
         dw_launch<true>(parts, map, M, L[0]->n_units, beta, y_half);
     else
