@@ -30,7 +30,6 @@
 
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 #define FW_WGS     2 /* warpgroups per block */
 #define FW_THREADS (FW_WGS * 128)

@@ -38,27 +38,36 @@
 __host__ __device__ constexpr int frag_na(int b) { return b >= 4 ? 4 : 2; }
 __host__ __device__ constexpr int frag_nb(int b) { return b - frag_na(b); }
 
-/* The b words of one lane for (unit base word `base`, column block cb): a vector load of the first nA words, and
- * of the rest. Streamed once, so they bypass L1. */
-template <int B> __device__ __forceinline__ void frag_load(const uint32_t *fw, size_t base, int lane, uint32_t (&w)[B])
+/* One load of a lane's words: streamed from global memory past L1 (STREAM), or plain (a copy in shared memory). */
+template <bool STREAM, typename T> __device__ __forceinline__ T frag_ld(const T *p)
 {
-    const uint32_t *a = fw + base + (size_t)lane * frag_na(B);
+    if constexpr (STREAM)
+        return __ldcs(p);
+    else
+        return *p;
+}
+
+/* The b words of one lane of the (unit, column block) whose words start at p: a vector load of the first nA words,
+ * and of the rest. From global memory they are streamed once (STREAM), so they bypass L1. */
+template <int B, bool STREAM> __device__ __forceinline__ void frag_words(const uint32_t *p, int lane, uint32_t (&w)[B])
+{
+    const uint32_t *a = p + (size_t)lane * frag_na(B);
     if constexpr (frag_na(B) == 4) {
-        const uint4 v = __ldcs((const uint4 *)a);
+        const uint4 v = frag_ld<STREAM>((const uint4 *)a);
         w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
     } else {
-        const uint2 v = __ldcs((const uint2 *)a);
+        const uint2 v = frag_ld<STREAM>((const uint2 *)a);
         w[0] = v.x, w[1] = v.y;
     }
-    const uint32_t *b = fw + base + 32 * frag_na(B) + (size_t)lane * frag_nb(B);
+    const uint32_t *b = p + 32 * frag_na(B) + (size_t)lane * frag_nb(B);
     if constexpr (frag_nb(B) == 4) {
-        const uint4 v = __ldcs((const uint4 *)b);
+        const uint4 v = frag_ld<STREAM>((const uint4 *)b);
         w[4] = v.x, w[5] = v.y, w[6] = v.z, w[7] = v.w;
     } else if constexpr (frag_nb(B) == 2) {
-        const uint2 v = __ldcs((const uint2 *)b);
+        const uint2 v = frag_ld<STREAM>((const uint2 *)b);
         w[frag_na(B)] = v.x, w[frag_na(B) + 1] = v.y;
     } else if constexpr (frag_nb(B) == 1) {
-        w[frag_na(B)] = __ldcs(b);
+        w[frag_na(B)] = frag_ld<STREAM>(b);
     }
 }
 

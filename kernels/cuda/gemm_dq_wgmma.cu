@@ -95,35 +95,12 @@ __device__ __forceinline__ void dw_bulk(uint32_t dst, const void *src, uint32_t 
                  : "memory");
 }
 
-/* The b words of one lane of a (unit, column block) from its copy in shared memory (frag_load's order). */
-template <int B> __device__ __forceinline__ void dw_words(const uint32_t *slot, int lane, uint32_t (&w)[B])
-{
-    const uint32_t *a = slot + lane * frag_na(B);
-    if constexpr (frag_na(B) == 4) {
-        const uint4 v = *(const uint4 *)a;
-        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-    } else {
-        const uint2 v = *(const uint2 *)a;
-        w[0] = v.x, w[1] = v.y;
-    }
-    const uint32_t *b = slot + 32 * frag_na(B) + lane * frag_nb(B);
-    if constexpr (frag_nb(B) == 4) {
-        const uint4 v = *(const uint4 *)b;
-        w[4] = v.x, w[5] = v.y, w[6] = v.z, w[7] = v.w;
-    } else if constexpr (frag_nb(B) == 2) {
-        const uint2 v = *(const uint2 *)b;
-        w[frag_na(B)] = v.x, w[frag_na(B) + 1] = v.y;
-    } else if constexpr (frag_nb(B) == 1) {
-        w[frag_na(B)] = *b;
-    }
-}
-
 /* The lane's A fragments of 16-column tile CT of a unit, scaled: a[ks] for 16-row step ks. */
 template <int B, bool GPTQ, int CT>
 __device__ __forceinline__ void dw_decode(const uint32_t *slot, int lane, const frag_scales &sc, uint32_t (&a)[2][4])
 {
     uint32_t w[B];
-    dw_words<B>(slot, lane, w);
+    frag_words<B, false>(slot, lane, w); /* the words' copy in shared memory */
     frag_a<B, GPTQ, 2 * CT>(w, sc, a[0]);
     frag_a<B, GPTQ, 2 * CT + 1>(w, sc, a[1]);
     const __half2 h0 = __float2half2_rn(sc.s[2 * CT]), h1 = __float2half2_rn(sc.s[2 * CT + 1]);

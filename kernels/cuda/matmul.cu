@@ -168,7 +168,7 @@ __device__ __forceinline__ void frag_dequant_tile(const uint32_t *fw, size_t bas
                                                   __half (*tile)[34])
 {
     uint32_t w[B];
-    frag_load<B>(fw, base, lane, w);
+    frag_words<B, true>(fw + base, lane, w);
     frag_dequant_f<B, GPTQ, 0>(w, sc, lane, tile);
     frag_dequant_f<B, GPTQ, 1>(w, sc, lane, tile);
     frag_dequant_f<B, GPTQ, 2>(w, sc, lane, tile);
