@@ -33,10 +33,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DW_THREADS   256 /* two warpgroups */
+#define DW_THREADS   256 /* two warpgroups of consumers */
+#define DW_PRODUCER  128 /* v4: a third warpgroup, of which one warp issues the copies (TSR_CUDA_DW_PRODUCER=1); its
+                          * registers go to the consumers (setmaxnreg) */
 #define DW_ROWS      256 /* activation rows per block: the wgmma's N */
 #define DW_CBS       4   /* column blocks of 32 per block, one per warp of a warpgroup */
-#define DW_STAGES    4   /* stage buffers; copies run two stages ahead */
+#define DW_STAGES    4   /* stage buffers (TSR_CUDA_DW_STAGES=5: five); v3's copies run two stages ahead */
 #define DW_A_BYTES   (DW_ROWS * 128)          /* a stage's activations: 256 rows × 64 halves */
 #define DW_W_UNIT    (32 * 8 * 4)             /* one (unit, column block): up to 8 words per lane */
 #define DW_W_BYTES   (DW_CBS * 2 * DW_W_UNIT) /* a stage's words */
@@ -54,17 +56,22 @@ struct dw_parts {
 };
 
 /* Shared memory: per stage the activation tile (1024-byte aligned, +1 KB to align the start), words, parameters and
- * a barrier, then the unit records. */
-static size_t dw_smem_bytes(int n_units)
+ * two barriers (full: the copies landed; empty: the consumers are done with it), then the unit records. */
+#define DW_STAGE_BYTES (DW_A_BYTES + DW_W_BYTES + 2 * DW_P_UNIT)
+static size_t dw_smem_bytes(int n_units, int stages)
 {
-    return (size_t)DW_STAGES * (DW_A_BYTES + DW_W_BYTES + 2 * DW_P_UNIT + 8) + (size_t)n_units * sizeof(uint2) + 1024;
+    return (size_t)stages * (DW_STAGE_BYTES + 16) + (size_t)n_units * sizeof(uint2) + 1024;
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* The stage barriers, which count the bytes of the stage's copies. */
-__device__ __forceinline__ void dw_bar_init(uint32_t bar)
+__device__ __forceinline__ void dw_bar_init(uint32_t bar, uint32_t count)
 {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void dw_bar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void dw_bar_expect(uint32_t bar, uint32_t bytes)
 {
@@ -113,13 +120,13 @@ __device__ __forceinline__ void dw_decode(const uint32_t *slot, int lane, const 
 /* Warp 0 (after the block barrier that frees the buffer): stage s's copies, one per lane, and its barrier's count.
  * Lane 0 the activation tile; lanes 1-8 the words of (unit ui = k & 1, column block k >> 1), k = lane - 1; lanes 9-10
  * the units' scale codes, 11-12 their tables (GPTQ: scales). */
-template <bool GPTQ>
+template <bool GPTQ, int ST>
 __device__ __forceinline__ void dw_issue(const tsr_linear_dev &L, const CUtensorMap *map, const uint2 *rec, int s,
                                          int n_stages, int m0, int cb0, uint32_t a_base, uint32_t w_base,
                                          uint32_t p_base, uint32_t bars, int lane)
 {
     if (s >= n_stages) return;
-    const int buf = s % DW_STAGES, u0 = 2 * s, nu = min(2, L.n_units - u0), ncb = L.Npad / 32;
+    const int buf = s % ST, u0 = 2 * s, nu = min(2, L.n_units - u0), ncb = L.Npad / 32;
     const int cbs = min(DW_CBS, ncb - cb0);
     const uint32_t bar = bars + 8 * buf;
     uint32_t bytes = 0, dst = 0;
@@ -162,8 +169,25 @@ __device__ __forceinline__ void dw_issue(const tsr_linear_dev &L, const CUtensor
         dw_bulk(dst, src, bytes, bar);
 }
 
-/* The block's work for the warps of warpgroup CT (16-column tile CT of each column block). */
-template <bool GPTQ, int CT>
+/* v4's producer warp: each stage's copies as soon as the consumers have released its buffer (the empty barrier of
+ * stage s - ST completed), up to ST stages ahead of them. */
+template <bool GPTQ, int ST>
+__device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtensorMap *map, const uint2 *rec, int m0,
+                                           int cb0, uint32_t a_base)
+{
+    const int n_stages = (L.n_units + 1) / 2, lane = threadIdx.x & 31;
+    const uint32_t w_base = a_base + ST * DW_A_BYTES, p_base = w_base + ST * DW_W_BYTES;
+    const uint32_t bars = p_base + ST * 2 * DW_P_UNIT, empty = bars + 8 * ST;
+    for (int s = 0; s < n_stages; s++) {
+        if (s >= ST) dw_bar_wait(empty + 8 * (s % ST), (uint32_t)(s / ST - 1) & 1u);
+        dw_issue<GPTQ, ST>(L, map, rec, s, n_stages, m0, cb0, a_base, w_base, p_base, bars, lane);
+    }
+}
+
+/* The block's work for the warps of warpgroup CT (16-column tile CT of each column block). PROD: a producer warp
+ * issues the copies and each warp releases a stage on its empty barrier (v4); else warp 0 issues them after a block
+ * barrier per stage (v3). */
+template <bool GPTQ, int CT, int ST, bool PROD, bool DEC>
 __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, const CUtensorMap *map, int M, void *y, float beta,
                                        int y_half, unsigned char *smem, uint32_t a_base, const uint2 *rec, int cb0)
 {
@@ -171,10 +195,10 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, const CUtensorMa
     const int m0 = blockIdx.x * DW_ROWS, cb = cb0 + cbl;
     const int n_units = L.n_units, n_stages = (n_units + 1) / 2;
     const bool owns = cb < L.Npad / 32;
-    const uint32_t w_base = a_base + DW_STAGES * DW_A_BYTES, p_base = w_base + DW_STAGES * DW_W_BYTES;
-    const uint32_t bars = p_base + DW_STAGES * 2 * DW_P_UNIT;
-    const uint32_t *w_ring = (const uint32_t *)(smem + DW_STAGES * DW_A_BYTES);
-    const unsigned char *p_ring = smem + DW_STAGES * (DW_A_BYTES + DW_W_BYTES);
+    const uint32_t w_base = a_base + ST * DW_A_BYTES, p_base = w_base + ST * DW_W_BYTES;
+    const uint32_t bars = p_base + ST * 2 * DW_P_UNIT;
+    const uint32_t *w_ring = (const uint32_t *)(smem + ST * DW_A_BYTES);
+    const unsigned char *p_ring = smem + ST * (DW_A_BYTES + DW_W_BYTES);
 
     float acc[128];
 #pragma unroll
@@ -183,7 +207,12 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, const CUtensorMa
 
     /* unit u (ui of the stage in buffer buf): decode into a, then its two wgmma's */
     auto unit = [&](int buf, int u, int ui, uint32_t (&a)[2][4]) {
-        if (owns) {
+        if (!DEC) { /* the diagnostic without decode: ones (wrong results) */
+#pragma unroll
+            for (int ks = 0; ks < 2; ks++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) a[ks][r] = 0x3c003c00u;
+        } else if (owns) {
             const unsigned char *pp = p_ring + (buf * 2 + ui) * DW_P_UNIT;
             frag_scales sc;
             frag_scales_decode(*(const uint4 *)(pp + 16 * cbl), GPTQ ? (const void *)(pp + 64 + 64 * cbl) : pp + 64,
@@ -211,15 +240,22 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, const CUtensorMa
         wg_wait<1>();
     };
 
-    if (warp == 0)
-        for (int s = 0; s < DW_STAGES - 2; s++)
-            dw_issue<GPTQ>(L, map, rec, s, n_stages, m0, cb0, a_base, w_base, p_base, bars, lane);
+    if (!PROD && warp == 0)
+        for (int s = 0; s < ST - 2; s++)
+            dw_issue<GPTQ, ST>(L, map, rec, s, n_stages, m0, cb0, a_base, w_base, p_base, bars, lane);
     for (int s = 0; s < n_stages; s++) {
-        __syncthreads(); /* every wgmma of stage s - 1's first unit and before has finished: stage s - 2's buffer is free */
-        if (warp == 0) dw_issue<GPTQ>(L, map, rec, s + DW_STAGES - 2, n_stages, m0, cb0, a_base, w_base, p_base, bars, lane);
-        const int buf = s % DW_STAGES, u0 = 2 * s;
-        dw_bar_wait(bars + 8 * buf, (uint32_t)(s / DW_STAGES) & 1u);
+        if (!PROD) {
+            __syncthreads(); /* every wgmma of stage s - 1's first unit and before has finished: stage s - 2's buffer is free */
+            if (warp == 0)
+                dw_issue<GPTQ, ST>(L, map, rec, s + ST - 2, n_stages, m0, cb0, a_base, w_base, p_base, bars, lane);
+        }
+        const int buf = s % ST, u0 = 2 * s;
+        dw_bar_wait(bars + 8 * buf, (uint32_t)(s / ST) & 1u);
         unit(buf, u0, 0, ax);
+        if (PROD && s > 0) { /* unit(u0)'s wait left only its own pair in flight: stage s - 1 is read */
+            __syncwarp();
+            if (lane == 0) dw_bar_arrive(bars + 8 * (ST + (s - 1) % ST));
+        }
         if (u0 + 1 < n_units) unit(buf, u0 + 1, 1, ay);
     }
     wg_wait<0>();
@@ -251,8 +287,8 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, const CUtensorMa
 }
 #endif
 
-template <bool GPTQ>
-__global__ void __launch_bounds__(DW_THREADS, 1)
+template <bool GPTQ, int ST, bool PROD, bool DEC>
+__global__ void __launch_bounds__(DW_THREADS + (PROD ? DW_PRODUCER : 0), 1)
     dq_wgmma_kernel(const __grid_constant__ dw_parts P, const __grid_constant__ CUtensorMap xmap, int M, float beta,
                     int y_half)
 {
@@ -261,22 +297,31 @@ __global__ void __launch_bounds__(DW_THREADS, 1)
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(dw_smem), pad = (1024 - (raw & 1023)) & 1023;
     unsigned char *smem = dw_smem + pad; /* [stage][A], [stage][column block][unit][words], [stage][unit][P],
                                           * barriers, records */
-    const uint32_t a_base = raw + pad, bars = a_base + DW_STAGES * (DW_A_BYTES + DW_W_BYTES + 2 * DW_P_UNIT);
-    uint2 *rec = (uint2 *)(smem + DW_STAGES * (DW_A_BYTES + DW_W_BYTES + 2 * DW_P_UNIT + 8));
+    const uint32_t a_base = raw + pad, bars = a_base + ST * DW_STAGE_BYTES;
+    uint2 *rec = (uint2 *)(smem + ST * (DW_STAGE_BYTES + 16));
     int p = 0;
     while (p + 1 < P.n && (int)blockIdx.y >= P.tiles_end[p]) p++;
     const tsr_linear_dev &L = P.L[p];
     const int cb0 = ((int)blockIdx.y - (p ? P.tiles_end[p - 1] : 0)) * DW_CBS;
-    for (int u = threadIdx.x; u < L.n_units; u += DW_THREADS) rec[u] = L.units[u];
+    for (int u = threadIdx.x; u < L.n_units; u += blockDim.x) rec[u] = L.units[u];
     if (threadIdx.x == 0) {
-        for (int b = 0; b < DW_STAGES; b++) dw_bar_init(bars + 8 * b);
+        for (int b = 0; b < ST; b++) {
+            dw_bar_init(bars + 8 * b, 1);                       /* full: warp 0's or the producer's arrival */
+            dw_bar_init(bars + 8 * (ST + b), DW_THREADS / 32); /* empty: each consumer warp's */
+        }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
+    if (PROD && threadIdx.x >= DW_THREADS) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (threadIdx.x < DW_THREADS + 32) dw_produce<GPTQ, ST>(L, &xmap, rec, (int)blockIdx.x * DW_ROWS, cb0, a_base);
+        return;
+    }
+    if (PROD) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     if (threadIdx.x < 128)
-        dw_run<GPTQ, 0>(L, &xmap, M, P.y[p], beta, y_half, smem, a_base, rec, cb0);
+        dw_run<GPTQ, 0, ST, PROD, DEC>(L, &xmap, M, P.y[p], beta, y_half, smem, a_base, rec, cb0);
     else
-        dw_run<GPTQ, 1>(L, &xmap, M, P.y[p], beta, y_half, smem, a_base, rec, cb0);
+        dw_run<GPTQ, 1, ST, PROD, DEC>(L, &xmap, M, P.y[p], beta, y_half, smem, a_base, rec, cb0);
 #endif
 }
 
@@ -302,6 +347,22 @@ static dw_encode_fn dw_encoder(void)
     return fn;
 }
 
+/* The kernel's variant, from the environment: TSR_CUDA_DW_PRODUCER (0: v3, 1: v4, a producer warp), TSR_CUDA_DW_STAGES
+ * (4 or 5, v4 only) and TSR_CUDA_DW_NODECODE=1 (a diagnostic with wrong results: the weights' decode left out). */
+static int dw_env(const char *name, int dflt)
+{
+    const char *v = getenv(name);
+    return v ? atoi(v) : dflt;
+}
+static int dw_variant(void)
+{
+    static const int v = !dw_env("TSR_CUDA_DW_PRODUCER", 0) ? 0
+                         : dw_env("TSR_CUDA_DW_NODECODE", 0) ? 3
+                         : dw_env("TSR_CUDA_DW_STAGES", DW_STAGES) == 5 ? 2
+                                                                          : 1;
+    return v;
+}
+
 /* Whether the kernel runs where it can: TSR_CUDA_DQ_WGMMA=1 or 0, else DW_DEFAULT (the dequantize pass and cuBLAS
  * where it does not). */
 #define DW_DEFAULT 0
@@ -309,7 +370,7 @@ static bool dw_enabled(void)
 {
     static const bool on = getenv("TSR_CUDA_DQ_WGMMA") ? atoi(getenv("TSR_CUDA_DQ_WGMMA")) != 0 : DW_DEFAULT;
     return on && tsr_cuda_wgmma_code() && dw_encoder() &&
-           dw_smem_bytes(DW_MAX_UNITS) <= (size_t)tsr_cuda_smem_block();
+           dw_smem_bytes(DW_MAX_UNITS, dw_variant() == 2 ? 5 : 4) <= (size_t)tsr_cuda_smem_block();
 }
 
 bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L)
@@ -317,19 +378,31 @@ bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L)
     return L->kind == TSR_LINEAR_EXL2 && L->n_units <= DW_MAX_UNITS && dw_enabled();
 }
 
-template <bool GPTQ>
+template <bool GPTQ, int ST, bool PROD, bool DEC>
 static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int n_units, float beta, bool y_half)
 {
     static bool configured = false;
     if (!configured) {
-        tsr_cuda_allow_smem((const void *)dq_wgmma_kernel<GPTQ>, dw_smem_bytes(DW_MAX_UNITS),
+        tsr_cuda_allow_smem((const void *)dq_wgmma_kernel<GPTQ, ST, PROD, DEC>, dw_smem_bytes(DW_MAX_UNITS, ST),
                             "the EXL2/GPTQ wgmma product");
         configured = true;
     }
     const dim3 grid(tsr_div_up((size_t)M, DW_ROWS), (unsigned)parts.tiles_end[parts.n - 1]);
-    dq_wgmma_kernel<GPTQ>
-        <<<grid, DW_THREADS, dw_smem_bytes(n_units), tsr_cuda_stream()>>>(parts, map, M, beta, y_half);
+    dq_wgmma_kernel<GPTQ, ST, PROD, DEC><<<grid, DW_THREADS + (PROD ? DW_PRODUCER : 0), dw_smem_bytes(n_units, ST),
+                                           tsr_cuda_stream()>>>(parts, map, M, beta, y_half);
     TSR_CUDA_LAUNCHED();
+}
+
+template <bool GPTQ>
+static void dw_launch_variant(const dw_parts &parts, const CUtensorMap &map, int M, int n_units, float beta,
+                              bool y_half)
+{
+    switch (dw_variant()) {
+    case 0: dw_launch<GPTQ, 4, false, true>(parts, map, M, n_units, beta, y_half); break;
+    case 1: dw_launch<GPTQ, 4, true, true>(parts, map, M, n_units, beta, y_half); break;
+    case 2: dw_launch<GPTQ, 5, true, true>(parts, map, M, n_units, beta, y_half); break;
+    default: dw_launch<GPTQ, 4, true, false>(parts, map, M, n_units, beta, y_half); break;
+    }
 }
 
 int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, int M, void *const *y, float beta,
@@ -355,8 +428,8 @@ int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, i
                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) /* a planning bug: the inputs are aligned */
         tsr_cuda_fatal(__FILE__, __LINE__, "cuTensorMapEncodeTiled refused the activations of the wgmma product");
     if (L[0]->gptq)
-        dw_launch<true>(parts, map, M, L[0]->n_units, beta, y_half);
+        dw_launch_variant<true>(parts, map, M, L[0]->n_units, beta, y_half);
     else
-        dw_launch<false>(parts, map, M, L[0]->n_units, beta, y_half);
+        dw_launch_variant<false>(parts, map, M, L[0]->n_units, beta, y_half);
     return 1;
 }

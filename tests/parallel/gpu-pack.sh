@@ -8,8 +8,8 @@
 # logits_diff, none of the libraries only Open MPI's components load (about 5 MB instead of 6.7, leaving room in a
 # device call's 64 MiB for other builds to A/B against). TSR_GPUPACK_ALT="NAME=FILE ..." packs each tessera FILE
 # (another build, stripped here) as .parbin/alt/tessera-NAME, the BIN=NAME variants of scripts/device-*.sh; the
-# archive is then compressed with xz -9, whose 64 MiB window finds the builds' common code (another build adds
-# about 0.15 MB instead of 1.8 MB as a file of its own); TSR_GPUPACK_ALT_TESTS="NAME=FILE ..." does the same for
+# archive is compressed with xz -9, whose 64 MiB window finds the builds' common code (another build adds about
+# 0.15 MB instead of 1.8 MB as a file of its own); TSR_GPUPACK_ALT_TESTS="NAME=FILE ..." does the same for
 # another build's test_cuda (.parbin/alt/test_cuda-NAME: BIN=NAME in scripts/device-kvq.sh's test variants). TSR_GPUPACK_ARCHS
 # (default 90a) builds for other architectures: 80 makes the H200 JIT-compile sm_80 code, which runs the kernels
 # and paths of consumer cards (no bulk copies, no programmatic launch: backend.cu tsr_cuda_sm90).
@@ -87,6 +87,6 @@ if [ "${TSR_GPUPACK_SLIM:-0}" = 1 ]; then
     slim+=("--exclude=.parbin/lib/$f")
   done
 fi
-level=-6; [ -n "${TSR_GPUPACK_ALT:-}${TSR_GPUPACK_ALT_TESTS:-}" ] && level=-9
-tar -cf - ${slim[@]+"${slim[@]}"} .parbin | xz $level -T0 > .parpack/parbin.tar.xz
+# xz -9: its 64 MiB window finds the code that tessera, test_cuda and any other build have in common
+tar -cf - ${slim[@]+"${slim[@]}"} .parbin | xz -9 -T0 > .parpack/parbin.tar.xz
 du -sh .parpack
