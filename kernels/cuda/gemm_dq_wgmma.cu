@@ -187,7 +187,7 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
 /* The block's work for the warps of warpgroup CT (16-column tile CT of each column block). PROD: a producer warp
  * issues the copies and each warp releases a stage on its empty barrier (v4); else warp 0 issues them after a block
  * barrier per stage (v3). */
-template <bool GPTQ, int CT, int ST, bool PROD, bool DEC>
+template <bool GPTQ, int CT, int ST, bool PROD, bool DEC, int W>
 __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, const CUtensorMap *map, int M, void *y, float beta,
                                        int y_half, unsigned char *smem, uint32_t a_base, const uint2 *rec, int cb0)
 {
@@ -203,7 +203,8 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, const CUtensorMa
     float acc[128];
 #pragma unroll
     for (int i = 0; i < 128; i++) acc[i] = 0.0f;
-    uint32_t ax[2][4], ay[2][4]; /* A fragments of a stage's first and second unit */
+    /* A fragments of a stage's first and second unit; with W = 2, odd stages use the second pair */
+    uint32_t ax[2][4], ay[2][4], bx[2][4], by[2][4];
 
     /* unit u (ui of the stage in buffer buf): decode into a, then its two wgmma's */
     auto unit = [&](int buf, int u, int ui, uint32_t (&a)[2][4]) {
@@ -237,13 +238,18 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, const CUtensorMa
         wg_mma_rs256k(acc, a[0], wg_desc(at, 0));
         wg_mma_rs256k(acc, a[1], wg_desc(at + 32, 0));
         wg_commit();
-        wg_wait<1>();
+        wg_wait<W>();
     };
 
     if (!PROD && warp == 0)
         for (int s = 0; s < ST - 2; s++)
             dw_issue<GPTQ, ST>(L, map, rec, s, n_stages, m0, cb0, a_base, w_base, p_base, bars, lane);
-    for (int s = 0; s < n_stages; s++) {
+    /* the release of stage s's buffer to the producer: every wgmma that reads it has finished */
+    auto release = [&](int s) {
+        __syncwarp();
+        if (lane == 0) dw_bar_arrive(bars + 8 * (ST + s % ST));
+    };
+    auto stage = [&](int s, uint32_t (&x)[2][4], uint32_t (&y)[2][4]) {
         if (!PROD) {
             __syncthreads(); /* every wgmma of stage s - 1's first unit and before has finished: stage s - 2's buffer is free */
             if (warp == 0)
@@ -251,12 +257,21 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, const CUtensorMa
         }
         const int buf = s % ST, u0 = 2 * s;
         dw_bar_wait(bars + 8 * buf, (uint32_t)(s / ST) & 1u);
-        unit(buf, u0, 0, ax);
-        if (PROD && s > 0) { /* unit(u0)'s wait left only its own pair in flight: stage s - 1 is read */
-            __syncwarp();
-            if (lane == 0) dw_bar_arrive(bars + 8 * (ST + (s - 1) % ST));
+        unit(buf, u0, 0, x);
+        if (PROD && W == 1 && s > 0) release(s - 1); /* the wait left only unit u0's pair in flight */
+        if (u0 + 1 < n_units) {
+            unit(buf, u0 + 1, 1, y);
+            if (PROD && W == 2 && s > 0) release(s - 1); /* the wait left only this stage's pairs in flight */
         }
-        if (u0 + 1 < n_units) unit(buf, u0 + 1, 1, ay);
+    };
+    for (int s = 0; s < n_stages; s += 2) {
+        stage(s, ax, ay);
+        if (s + 1 < n_stages) {
+            if (W == 1)
+                stage(s + 1, ax, ay);
+            else
+                stage(s + 1, bx, by);
+        }
     }
     wg_wait<0>();
     wg_keep(acc);
@@ -287,7 +302,7 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, const CUtensorMa
 }
 #endif
 
-template <bool GPTQ, int ST, bool PROD, bool DEC>
+template <bool GPTQ, int ST, bool PROD, bool DEC, int W>
 __global__ void __launch_bounds__(DW_THREADS + (PROD ? DW_PRODUCER : 0), 1)
     dq_wgmma_kernel(const __grid_constant__ dw_parts P, const __grid_constant__ CUtensorMap xmap, int M, float beta,
                     int y_half)
@@ -319,9 +334,9 @@ __global__ void __launch_bounds__(DW_THREADS + (PROD ? DW_PRODUCER : 0), 1)
     }
     if (PROD) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     if (threadIdx.x < 128)
-        dw_run<GPTQ, 0, ST, PROD, DEC>(L, &xmap, M, P.y[p], beta, y_half, smem, a_base, rec, cb0);
+        dw_run<GPTQ, 0, ST, PROD, DEC, W>(L, &xmap, M, P.y[p], beta, y_half, smem, a_base, rec, cb0);
     else
-        dw_run<GPTQ, 1, ST, PROD, DEC>(L, &xmap, M, P.y[p], beta, y_half, smem, a_base, rec, cb0);
+        dw_run<GPTQ, 1, ST, PROD, DEC, W>(L, &xmap, M, P.y[p], beta, y_half, smem, a_base, rec, cb0);
 #endif
 }
 
@@ -348,7 +363,8 @@ static dw_encode_fn dw_encoder(void)
 }
 
 /* The kernel's variant, from the environment: TSR_CUDA_DW_PRODUCER (0: v3, 1: v4, a producer warp), TSR_CUDA_DW_STAGES
- * (4 or 5, v4 only) and TSR_CUDA_DW_NODECODE=1 (a diagnostic with wrong results: the weights' decode left out). */
+ * (4 or 5, v4 only), TSR_CUDA_DW_DEPTH (v4: 1 or 2 pairs of wgmma's left in flight after each) and
+ * TSR_CUDA_DW_NODECODE=1 (a diagnostic with wrong results: the weights' decode left out). */
 static int dw_env(const char *name, int dflt)
 {
     const char *v = getenv(name);
@@ -356,10 +372,11 @@ static int dw_env(const char *name, int dflt)
 }
 static int dw_variant(void)
 {
+    const bool five = dw_env("TSR_CUDA_DW_STAGES", DW_STAGES) == 5, deep = dw_env("TSR_CUDA_DW_DEPTH", 1) == 2;
     static const int v = !dw_env("TSR_CUDA_DW_PRODUCER", 0) ? 0
                          : dw_env("TSR_CUDA_DW_NODECODE", 0) ? 3
-                         : dw_env("TSR_CUDA_DW_STAGES", DW_STAGES) == 5 ? 2
-                                                                          : 1;
+                         : deep                               ? (five ? 5 : 4)
+                                                              : (five ? 2 : 1);
     return v;
 }
 
@@ -370,7 +387,7 @@ static bool dw_enabled(void)
 {
     static const bool on = getenv("TSR_CUDA_DQ_WGMMA") ? atoi(getenv("TSR_CUDA_DQ_WGMMA")) != 0 : DW_DEFAULT;
     return on && tsr_cuda_wgmma_code() && dw_encoder() &&
-           dw_smem_bytes(DW_MAX_UNITS, dw_variant() == 2 ? 5 : 4) <= (size_t)tsr_cuda_smem_block();
+           dw_smem_bytes(DW_MAX_UNITS, dw_variant() == 2 || dw_variant() == 5 ? 5 : 4) <= (size_t)tsr_cuda_smem_block();
 }
 
 bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L)
@@ -378,17 +395,17 @@ bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L)
     return L->kind == TSR_LINEAR_EXL2 && L->n_units <= DW_MAX_UNITS && dw_enabled();
 }
 
-template <bool GPTQ, int ST, bool PROD, bool DEC>
+template <bool GPTQ, int ST, bool PROD, bool DEC, int W = 1>
 static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int n_units, float beta, bool y_half)
 {
     static bool configured = false;
     if (!configured) {
-        tsr_cuda_allow_smem((const void *)dq_wgmma_kernel<GPTQ, ST, PROD, DEC>, dw_smem_bytes(DW_MAX_UNITS, ST),
+        tsr_cuda_allow_smem((const void *)dq_wgmma_kernel<GPTQ, ST, PROD, DEC, W>, dw_smem_bytes(DW_MAX_UNITS, ST),
                             "the EXL2/GPTQ wgmma product");
         configured = true;
     }
     const dim3 grid(tsr_div_up((size_t)M, DW_ROWS), (unsigned)parts.tiles_end[parts.n - 1]);
-    dq_wgmma_kernel<GPTQ, ST, PROD, DEC><<<grid, DW_THREADS + (PROD ? DW_PRODUCER : 0), dw_smem_bytes(n_units, ST),
+    dq_wgmma_kernel<GPTQ, ST, PROD, DEC, W><<<grid, DW_THREADS + (PROD ? DW_PRODUCER : 0), dw_smem_bytes(n_units, ST),
                                            tsr_cuda_stream()>>>(parts, map, M, beta, y_half);
     TSR_CUDA_LAUNCHED();
 }
@@ -401,6 +418,8 @@ static void dw_launch_variant(const dw_parts &parts, const CUtensorMap &map, int
     case 0: dw_launch<GPTQ, 4, false, true>(parts, map, M, n_units, beta, y_half); break;
     case 1: dw_launch<GPTQ, 4, true, true>(parts, map, M, n_units, beta, y_half); break;
     case 2: dw_launch<GPTQ, 5, true, true>(parts, map, M, n_units, beta, y_half); break;
+    case 4: dw_launch<GPTQ, 4, true, true, 2>(parts, map, M, n_units, beta, y_half); break;
+    case 5: dw_launch<GPTQ, 5, true, true, 2>(parts, map, M, n_units, beta, y_half); break;
     default: dw_launch<GPTQ, 4, true, false>(parts, map, M, n_units, beta, y_half); break;
     }
 }
