@@ -45,6 +45,10 @@
 #define DW_P_UNIT    320 /* a unit's group parameters: 4 × 16 bytes of codes, then the table (EXL2: 64 bytes) or the
                           * block's 128 GPTQ scales */
 #define DW_MAX_UNITS 1024 /* unit records kept in shared memory (K up to 32768) */
+#define DW5_STAGES   3
+#define DW5_AW_BYTES (128 * 128) /* a stage's decoded weights: 128 rows × 64 halves */
+#define DW5_THREADS  384         /* consumers (warpgroups 0-1), decoders (warps 8-10), the producer (warp 11) */
+#define DW5_DECODERS 3
 
 /* Up to three matrices of one input and unit order (q, k and v) in one launch: part p takes the column tiles from
  * tiles_end[p - 1] to tiles_end[p] of the grid's y. */
@@ -169,6 +173,34 @@ __device__ __forceinline__ void dw_issue(const tsr_linear_dev &L, const CUtensor
         dw_bulk(dst, src, bytes, bar);
 }
 
+/* A warp's part of the 64 × 256 accumulator: element 4 j + i is column col + g + 8 (i / 2), row m0 + 8 j + 2 t4 + i % 2
+ * (g = lane / 4, t4 = lane % 4); y = it + beta · y, columns past N and rows past M left alone. */
+__device__ __forceinline__ void dw_store(const float (&acc)[128], const tsr_linear_dev &L, int M, void *y, float beta,
+                                         int y_half, int m0, int col, int lane)
+{
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int n = col + g + 8 * (i >> 1);
+        if (n >= L.N) continue;
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            const int m = m0 + 8 * j + 2 * t4 + (i & 1);
+            if (m >= M) continue;
+            const size_t at = (size_t)m * L.N + n;
+            float v = acc[4 * j + i];
+            if (y_half) {
+                __half *yh = (__half *)y;
+                if (beta != 0.0f) v = fmaf(beta, __half2float(yh[at]), v);
+                yh[at] = __float2half_rn(v);
+            } else {
+                float *yf = (float *)y;
+                yf[at] = beta != 0.0f ? fmaf(beta, yf[at], v) : v;
+            }
+        }
+    }
+}
+
 /* v4's producer warp: each stage's copies as soon as the consumers have released its buffer (the empty barrier of
  * stage s - ST completed), up to ST stages ahead of them. */
 template <bool GPTQ, int ST>
@@ -277,28 +309,109 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, const CUtensorMa
     wg_keep(acc);
     if (!owns) return;
 
-    /* accumulator element 4 j + i: column 32 cb + 16 CT + g + 8 (i / 2), row m0 + 8 j + 2 t4 + i % 2 */
-    const int g = lane >> 2, t4 = lane & 3;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int n = 32 * cb + 16 * CT + g + 8 * (i >> 1);
-        if (n >= L.N) continue;
-#pragma unroll
-        for (int j = 0; j < 32; j++) {
-            const int m = m0 + 8 * j + 2 * t4 + (i & 1);
-            if (m >= M) continue;
-            const size_t at = (size_t)m * L.N + n;
-            float v = acc[4 * j + i];
-            if (y_half) {
-                __half *yh = (__half *)y;
-                if (beta != 0.0f) v = fmaf(beta, __half2float(yh[at]), v);
-                yh[at] = __float2half_rn(v);
-            } else {
-                float *yf = (float *)y;
-                yf[at] = beta != 0.0f ? fmaf(beta, yf[at], v) : v;
-            }
+    dw_store(acc, L, M, y, beta, y_half, m0, 32 * cb + 16 * CT, lane);
+}
+
+/* v5 (TSR_CUDA_DW_PRODUCER=2): the weights decoded by a warpgroup of their own into an fp16 tile in shared memory,
+ * and both operands of the consumers' wgmma's read from shared memory. A stage holds, besides v4's buffers, the A
+ * tile of its 64 K rows × 128 columns (K-major, 128-byte swizzle: A row 32 cbl + 16 ct + r is column 32 (cb0 + cbl)
+ * + 16 ct + r). Barriers per stage: full (the copies), decoded (the 3 decoder warps), empty (8 consumer + 3 decoder
+ * warps). (A fourth decoder warp and the producer in a warpgroup of their own would cap the consumers at 128
+ * registers, too few for the accumulator.) */
+
+/* Four 8 × 8 fp16 matrices from the mma A-fragment registers r[0..3] of a 16 × 16 tile at A rows r0.., K halves
+ * k0.. of a 128-byte-swizzled K-major tile at `tile` (lane l gives row l % 8 of matrix l / 8). */
+__device__ __forceinline__ void dw_stmatrix(uint32_t tile, int r0, int k0, int lane, const uint32_t (&r)[4])
+{
+    const int i = lane >> 3, row = r0 + (lane & 7) + 8 * (i & 1), chunk = (k0 >> 3) + (i >> 1);
+    const uint32_t at = tile + (uint32_t)(row * 128 + ((chunk ^ (row & 7)) << 4));
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(r[0]), "r"(r[1]),
+                 "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+
+/* Decoder warp d: pieces d, d + 3, ... of the 8 (unit ui = piece % 2, column block cb0 + piece / 2) of each stage,
+ * into the stage's A tile. */
+template <bool GPTQ>
+__device__ __forceinline__ void dw5_decode(const tsr_linear_dev &L, const unsigned char *smem, uint32_t a_base,
+                                           const uint2 *rec, int cb0, int d, int lane)
+{
+    constexpr int ST = DW5_STAGES;
+    const int n_units = L.n_units, n_stages = (n_units + 1) / 2, cbs = min(DW_CBS, L.Npad / 32 - cb0);
+    const uint32_t aw_base = a_base + ST * DW_A_BYTES, w_off = ST * (DW_A_BYTES + DW5_AW_BYTES);
+    const uint32_t bars = a_base + w_off + ST * (DW_W_BYTES + 2 * DW_P_UNIT);
+    const uint32_t *w_ring = (const uint32_t *)(smem + w_off);
+    const unsigned char *p_ring = smem + w_off + ST * DW_W_BYTES;
+    for (int s = 0; s < n_stages; s++) {
+        const int buf = s % ST, u0 = 2 * s;
+        dw_bar_wait(bars + 8 * buf, (uint32_t)(s / ST) & 1u);
+        for (int piece = d; piece < 2 * DW_CBS; piece += DW5_DECODERS) {
+            const int ui = piece & 1, cbl = piece >> 1;
+            if (u0 + ui >= n_units || cbl >= cbs) continue;
+            const unsigned char *pp = p_ring + (buf * 2 + ui) * DW_P_UNIT;
+            frag_scales sc;
+            frag_scales_decode(*(const uint4 *)(pp + 16 * cbl), GPTQ ? (const void *)(pp + 64 + 64 * cbl) : pp + 64,
+                               GPTQ, L.zero_add, lane >> 2, sc);
+            const uint32_t *slot = w_ring + ((buf * DW_CBS + cbl) * 2 + ui) * (DW_W_UNIT / 4);
+            const uint32_t tile = aw_base + buf * DW5_AW_BYTES;
+            auto put = [&](auto wb) {
+                constexpr int B = decltype(wb)::value;
+                uint32_t a[2][4];
+                dw_decode<B, GPTQ, 0>(slot, lane, sc, a);
+                dw_stmatrix(tile, 32 * cbl, 32 * ui, lane, a[0]);
+                dw_stmatrix(tile, 32 * cbl, 32 * ui + 16, lane, a[1]);
+                dw_decode<B, GPTQ, 1>(slot, lane, sc, a);
+                dw_stmatrix(tile, 32 * cbl + 16, 32 * ui, lane, a[0]);
+                dw_stmatrix(tile, 32 * cbl + 16, 32 * ui + 16, lane, a[1]);
+            };
+            if (GPTQ)
+                put(std::integral_constant<int, 4>{});
+            else
+                frag_with_width((int)(rec[u0 + ui].y >> 24), put);
+        }
+        wg_fence_smem(); /* the tile's generic-proxy writes, visible to the wgmma's reads */
+        __syncwarp();
+        if (lane == 0) {
+            dw_bar_arrive(bars + 8 * (ST + buf));     /* decoded */
+            dw_bar_arrive(bars + 8 * (2 * ST + buf)); /* empty: the words and parameters are read */
         }
     }
+}
+
+/* Consumer warpgroup wg: A rows 64 wg.. (column blocks cb0 + 2 wg, + 1) × the block's 256 activation rows. */
+__device__ __forceinline__ void dw5_consume(const tsr_linear_dev &L, int M, void *y, float beta, int y_half,
+                                            uint32_t a_base, int cb0, int wg)
+{
+    constexpr int ST = DW5_STAGES;
+    const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, m0 = blockIdx.x * DW_ROWS;
+    const int n_units = L.n_units, n_stages = (n_units + 1) / 2;
+    const uint32_t aw_base = a_base + ST * DW_A_BYTES;
+    const uint32_t bars = a_base + ST * (DW_A_BYTES + DW5_AW_BYTES + DW_W_BYTES + 2 * DW_P_UNIT);
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] = 0.0f;
+    for (int s = 0; s < n_stages; s++) {
+        const int buf = s % ST, ks = 2 * min(2, n_units - 2 * s);
+        dw_bar_wait(bars + 8 * (ST + buf), (uint32_t)(s / ST) & 1u);
+        const uint32_t at = a_base + buf * DW_A_BYTES, aw = aw_base + buf * DW5_AW_BYTES + wg * 64 * 128;
+        wg_arrive();
+        wg_mma_ss256k(acc, wg_desc(aw, 0), wg_desc(at, 0));
+        wg_mma_ss256k(acc, wg_desc(aw + 32, 0), wg_desc(at + 32, 0));
+        if (ks == 4) {
+            wg_mma_ss256k(acc, wg_desc(aw + 64, 0), wg_desc(at + 64, 0));
+            wg_mma_ss256k(acc, wg_desc(aw + 96, 0), wg_desc(at + 96, 0));
+        }
+        wg_commit();
+        wg_wait<1>();
+        if (s > 0) { /* only stage s's wgmma's are in flight: stage s - 1 is read */
+            __syncwarp();
+            if (lane == 0) dw_bar_arrive(bars + 8 * (2 * ST + (s - 1) % ST));
+        }
+    }
+    wg_wait<0>();
+    wg_keep(acc);
+    const int cb = cb0 + 2 * wg + (warp >> 1);
+    if (cb < L.Npad / 32) dw_store(acc, L, M, y, beta, y_half, m0, 32 * cb + 16 * (warp & 1), lane);
 }
 #endif
 
@@ -340,6 +453,57 @@ __global__ void __launch_bounds__(DW_THREADS + (PROD ? DW_PRODUCER : 0), 1)
 #endif
 }
 
+/* v5's kernel: shared memory [stage][activations], [stage][A tile], [stage][column block][unit][words],
+ * [stage][unit][P], barriers (full, decoded, empty), records. */
+static size_t dw5_smem_bytes(int n_units)
+{
+    return (size_t)DW5_STAGES * (DW_A_BYTES + DW5_AW_BYTES + DW_W_BYTES + 2 * DW_P_UNIT + 24) +
+           (size_t)n_units * sizeof(uint2) + 1024;
+}
+
+template <bool GPTQ>
+__global__ void __launch_bounds__(DW5_THREADS, 1)
+    dq_wgmma5_kernel(const __grid_constant__ dw_parts P, const __grid_constant__ CUtensorMap xmap, int M, float beta,
+                     int y_half)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int ST = DW5_STAGES;
+    extern __shared__ __align__(1024) unsigned char dw_smem[];
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(dw_smem), pad = (1024 - (raw & 1023)) & 1023;
+    unsigned char *smem = dw_smem + pad;
+    const uint32_t a_base = raw + pad, stage_bytes = DW_A_BYTES + DW5_AW_BYTES + DW_W_BYTES + 2 * DW_P_UNIT;
+    const uint32_t bars = a_base + ST * stage_bytes;
+    uint2 *rec = (uint2 *)(smem + ST * (stage_bytes + 24));
+    int p = 0;
+    while (p + 1 < P.n && (int)blockIdx.y >= P.tiles_end[p]) p++;
+    const tsr_linear_dev &L = P.L[p];
+    const int cb0 = ((int)blockIdx.y - (p ? P.tiles_end[p - 1] : 0)) * DW_CBS, warp = threadIdx.x >> 5;
+    for (int u = threadIdx.x; u < L.n_units; u += blockDim.x) rec[u] = L.units[u];
+    if (threadIdx.x == 0) {
+        for (int b = 0; b < ST; b++) {
+            dw_bar_init(bars + 8 * b, 1);                 /* full: the producer's arrival and the copies' bytes */
+            dw_bar_init(bars + 8 * (ST + b), DW5_DECODERS);         /* decoded: the decoder warps */
+            dw_bar_init(bars + 8 * (2 * ST + b), 8 + DW5_DECODERS); /* empty: the consumer and decoder warps */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (warp == 8 + DW5_DECODERS) { /* the producer: stage s once its buffer's stage s - ST is released */
+        const int n_stages = (L.n_units + 1) / 2, lane = threadIdx.x & 31;
+        const uint32_t w_base = a_base + ST * (DW_A_BYTES + DW5_AW_BYTES), p_base = w_base + ST * DW_W_BYTES;
+        for (int s = 0; s < n_stages; s++) {
+            if (s >= ST) dw_bar_wait(bars + 8 * (2 * ST + s % ST), (uint32_t)(s / ST - 1) & 1u);
+            dw_issue<GPTQ, ST>(L, &xmap, rec, s, n_stages, (int)blockIdx.x * DW_ROWS, cb0, a_base, w_base, p_base, bars,
+                               lane);
+        }
+    } else if (warp >= 8) {
+        dw5_decode<GPTQ>(L, smem, a_base, rec, cb0, warp - 8, threadIdx.x & 31);
+    } else {
+        dw5_consume(L, M, P.y[p], beta, y_half, a_base, cb0, warp >> 2);
+    }
+#endif
+}
+
 /* cuTensorMapEncodeTiled, from the driver through the runtime (no link to libcuda); NULL where the driver lacks it. */
 typedef CUresult (*dw_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
                                  const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
@@ -362,7 +526,8 @@ static dw_encode_fn dw_encoder(void)
     return fn;
 }
 
-/* The kernel's variant, from the environment: TSR_CUDA_DW_PRODUCER (0: v3, 1: v4, a producer warp), TSR_CUDA_DW_STAGES
+/* The kernel's variant, from the environment: TSR_CUDA_DW_PRODUCER (0: v3, 1: v4, a producer warp; 2: v5,
+ * a decoding warpgroup), TSR_CUDA_DW_STAGES
  * (4 or 5, v4 only), TSR_CUDA_DW_DEPTH (v4: 1 or 2 pairs of wgmma's left in flight after each) and
  * TSR_CUDA_DW_NODECODE=1 (a diagnostic with wrong results: the weights' decode left out). */
 static int dw_env(const char *name, int dflt)
@@ -373,7 +538,8 @@ static int dw_env(const char *name, int dflt)
 static int dw_variant(void)
 {
     const bool five = dw_env("TSR_CUDA_DW_STAGES", DW_STAGES) == 5, deep = dw_env("TSR_CUDA_DW_DEPTH", 1) == 2;
-    static const int v = !dw_env("TSR_CUDA_DW_PRODUCER", 0) ? 0
+    static const int v = dw_env("TSR_CUDA_DW_PRODUCER", 0) == 2 ? 6
+                         : !dw_env("TSR_CUDA_DW_PRODUCER", 0) ? 0
                          : dw_env("TSR_CUDA_DW_NODECODE", 0) ? 3
                          : deep                               ? (five ? 5 : 4)
                                                               : (five ? 2 : 1);
@@ -411,10 +577,26 @@ static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int 
 }
 
 template <bool GPTQ>
+static void dw5_launch(const dw_parts &parts, const CUtensorMap &map, int M, int n_units, float beta, bool y_half)
+{
+    static bool configured = false;
+    if (!configured) {
+        tsr_cuda_allow_smem((const void *)dq_wgmma5_kernel<GPTQ>, dw5_smem_bytes(DW_MAX_UNITS),
+                            "the EXL2/GPTQ wgmma product");
+        configured = true;
+    }
+    const dim3 grid(tsr_div_up((size_t)M, DW_ROWS), (unsigned)parts.tiles_end[parts.n - 1]);
+    dq_wgmma5_kernel<GPTQ>
+        <<<grid, DW5_THREADS, dw5_smem_bytes(n_units), tsr_cuda_stream()>>>(parts, map, M, beta, y_half);
+    TSR_CUDA_LAUNCHED();
+}
+
+template <bool GPTQ>
 static void dw_launch_variant(const dw_parts &parts, const CUtensorMap &map, int M, int n_units, float beta,
                               bool y_half)
 {
     switch (dw_variant()) {
+    case 6: dw5_launch<GPTQ>(parts, map, M, n_units, beta, y_half); break;
     case 0: dw_launch<GPTQ, 4, false, true>(parts, map, M, n_units, beta, y_half); break;
     case 1: dw_launch<GPTQ, 4, true, true>(parts, map, M, n_units, beta, y_half); break;
     case 2: dw_launch<GPTQ, 5, true, true>(parts, map, M, n_units, beta, y_half); break;
