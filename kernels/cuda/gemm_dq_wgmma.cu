@@ -538,8 +538,8 @@ static int dw_env(const char *name, int dflt)
 static int dw_variant(void)
 {
     const bool five = dw_env("TSR_CUDA_DW_STAGES", DW_STAGES) == 5, deep = dw_env("TSR_CUDA_DW_DEPTH", 1) == 2;
-    static const int v = dw_env("TSR_CUDA_DW_PRODUCER", 0) == 2 ? 6
-                         : !dw_env("TSR_CUDA_DW_PRODUCER", 0) ? 0
+    static const int v = dw_env("TSR_CUDA_DW_PRODUCER", 1) == 2 ? 6
+                         : !dw_env("TSR_CUDA_DW_PRODUCER", 1) ? 0
                          : dw_env("TSR_CUDA_DW_NODECODE", 0) ? 3
                          : deep                               ? (five ? 5 : 4)
                                                               : (five ? 2 : 1);
