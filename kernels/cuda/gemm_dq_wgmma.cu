@@ -98,6 +98,28 @@ __device__ __forceinline__ void dw_tma(uint32_t dst, const CUtensorMap *map, int
                  "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
 }
+/* The same box, half of it (128 rows from c1) written at dst in both CTAs of a cluster of two and counted by the
+ * barrier at bar's offset in each (v6). */
+__device__ __forceinline__ void dw_tma_pair(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
+                 "[%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar), "h"((unsigned short)3)
+                 : "memory");
+}
+/* An arrival on the barrier at bar's offset in the other CTA of the cluster of two. */
+__device__ __forceinline__ void dw_bar_arrive_peer(uint32_t bar)
+{
+    uint32_t rank, far;
+    asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(far) : "r"(bar), "r"(rank ^ 1u));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(far) : "memory");
+}
+/* Every thread of both CTAs of the cluster. */
+__device__ __forceinline__ void dw_cluster_sync(void)
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
 /* bytes (a multiple of 16) from global src to shared dst, counted by bar */
 __device__ __forceinline__ void dw_bulk(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
 {
@@ -124,14 +146,14 @@ __device__ __forceinline__ void dw_decode(const uint32_t *slot, int lane, const 
 /* Warp 0 (after the block barrier that frees the buffer): stage s's copies, one per lane, and its barrier's count.
  * Lane 0 the activation tile; lanes 1-8 the words of (unit ui = k & 1, column block k >> 1), k = lane - 1; lanes 9-10
  * the units' scale codes, 11-12 their tables (GPTQ: scales). */
-template <bool GPTQ, int ST>
+template <bool GPTQ, int ST, bool MC = false>
 __device__ __forceinline__ void dw_issue(const tsr_linear_dev &L, const CUtensorMap *map, const uint2 *rec, int s,
                                          int n_stages, int m0, int cb0, uint32_t a_base, uint32_t w_base,
                                          uint32_t p_base, uint32_t bars, int lane)
 {
     if (s >= n_stages) return;
     const int buf = s % ST, u0 = 2 * s, nu = min(2, L.n_units - u0), ncb = L.Npad / 32;
-    const int cbs = min(DW_CBS, ncb - cb0);
+    const int cbs = min(DW_CBS, ncb - cb0); /* v6: 0 or less in a cluster's padding CTA */
     const uint32_t bar = bars + 8 * buf;
     uint32_t bytes = 0, dst = 0;
     const void *src = NULL;
@@ -148,7 +170,7 @@ __device__ __forceinline__ void dw_issue(const tsr_linear_dev &L, const CUtensor
         }
     } else if (lane <= 12) {
         const int ui = (lane - 9) & 1;
-        if (ui < nu) {
+        if (ui < nu && cbs > 0) {
             const size_t grp = rec[u0 + ui].y & 0xffffffu;
             const uint32_t at = p_base + (uint32_t)((buf * 2 + ui) * DW_P_UNIT);
             if (lane <= 10) {
@@ -167,9 +189,14 @@ __device__ __forceinline__ void dw_issue(const tsr_linear_dev &L, const CUtensor
     for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
     if (lane == 0) dw_bar_expect(bar, total);
     __syncwarp();
-    if (lane == 0)
+    if (lane == 0 && MC) {
+        uint32_t rank;
+        asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+        dw_tma_pair(a_base + buf * DW_A_BYTES + rank * (DW_A_BYTES / 2), map, 64 * s, m0 + (int)rank * (DW_ROWS / 2),
+                    bar);
+    } else if (lane == 0) {
         dw_tma(a_base + buf * DW_A_BYTES, map, 64 * s, m0, bar);
-    else if (bytes)
+    } else if (bytes)
         dw_bulk(dst, src, bytes, bar);
 }
 
@@ -203,7 +230,7 @@ __device__ __forceinline__ void dw_store(const float (&acc)[128], const tsr_line
 
 /* v4's producer warp: each stage's copies as soon as the consumers have released its buffer (the empty barrier of
  * stage s - ST completed), up to ST stages ahead of them. */
-template <bool GPTQ, int ST>
+template <bool GPTQ, int ST, bool MC>
 __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtensorMap *map, const uint2 *rec, int m0,
                                            int cb0, uint32_t a_base)
 {
@@ -212,14 +239,14 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
     const uint32_t bars = p_base + ST * 2 * DW_P_UNIT, empty = bars + 8 * ST;
     for (int s = 0; s < n_stages; s++) {
         if (s >= ST) dw_bar_wait(empty + 8 * (s % ST), (uint32_t)(s / ST - 1) & 1u);
-        dw_issue<GPTQ, ST>(L, map, rec, s, n_stages, m0, cb0, a_base, w_base, p_base, bars, lane);
+        dw_issue<GPTQ, ST, MC>(L, map, rec, s, n_stages, m0, cb0, a_base, w_base, p_base, bars, lane);
     }
 }
 
 /* The block's work for the warps of warpgroup CT (16-column tile CT of each column block). PROD: a producer warp
  * issues the copies and each warp releases a stage on its empty barrier (v4); else warp 0 issues them after a block
  * barrier per stage (v3). */
-template <bool GPTQ, int CT, int ST, bool PROD, bool DEC, int W>
+template <bool GPTQ, int CT, int ST, bool PROD, bool DEC, int W, bool MC>
 __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, const CUtensorMap *map, int M, void *y, float beta,
                                        int y_half, unsigned char *smem, uint32_t a_base, const uint2 *rec, int cb0)
 {
@@ -280,6 +307,7 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, const CUtensorMa
     auto release = [&](int s) {
         __syncwarp();
         if (lane == 0) dw_bar_arrive(bars + 8 * (ST + s % ST));
+        if (MC && lane == 0) dw_bar_arrive_peer(bars + 8 * (ST + s % ST)); /* the peer's copies write here too */
     };
     auto stage = [&](int s, uint32_t (&x)[2][4], uint32_t (&y)[2][4]) {
         if (!PROD) {
@@ -415,7 +443,7 @@ __device__ __forceinline__ void dw5_consume(const tsr_linear_dev &L, int M, void
 }
 #endif
 
-template <bool GPTQ, int ST, bool PROD, bool DEC, int W>
+template <bool GPTQ, int ST, bool PROD, bool DEC, int W, bool MC>
 __global__ void __launch_bounds__(DW_THREADS + (PROD ? DW_PRODUCER : 0), 1)
     dq_wgmma_kernel(const __grid_constant__ dw_parts P, const __grid_constant__ CUtensorMap xmap, int M, float beta,
                     int y_half)
@@ -435,21 +463,27 @@ __global__ void __launch_bounds__(DW_THREADS + (PROD ? DW_PRODUCER : 0), 1)
     if (threadIdx.x == 0) {
         for (int b = 0; b < ST; b++) {
             dw_bar_init(bars + 8 * b, 1);                       /* full: warp 0's or the producer's arrival */
-            dw_bar_init(bars + 8 * (ST + b), DW_THREADS / 32); /* empty: each consumer warp's */
+            dw_bar_init(bars + 8 * (ST + b), (MC ? 2 : 1) * DW_THREADS / 32); /* empty: each consumer warp's */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
+    if (MC)
+        dw_cluster_sync(); /* the peer's barriers are ready before its copies or arrivals reach them */
+    else
+        __syncthreads();
     if (PROD && threadIdx.x >= DW_THREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (threadIdx.x < DW_THREADS + 32) dw_produce<GPTQ, ST>(L, &xmap, rec, (int)blockIdx.x * DW_ROWS, cb0, a_base);
+        if (threadIdx.x < DW_THREADS + 32)
+            dw_produce<GPTQ, ST, MC>(L, &xmap, rec, (int)blockIdx.x * DW_ROWS, cb0, a_base);
+        if (MC) dw_cluster_sync(); /* no CTA leaves while the other may still arrive on its barriers */
         return;
     }
     if (PROD) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     if (threadIdx.x < 128)
-        dw_run<GPTQ, 0, ST, PROD, DEC, W>(L, &xmap, M, P.y[p], beta, y_half, smem, a_base, rec, cb0);
+        dw_run<GPTQ, 0, ST, PROD, DEC, W, MC>(L, &xmap, M, P.y[p], beta, y_half, smem, a_base, rec, cb0);
     else
-        dw_run<GPTQ, 1, ST, PROD, DEC, W>(L, &xmap, M, P.y[p], beta, y_half, smem, a_base, rec, cb0);
+        dw_run<GPTQ, 1, ST, PROD, DEC, W, MC>(L, &xmap, M, P.y[p], beta, y_half, smem, a_base, rec, cb0);
+    if (MC) dw_cluster_sync();
 #endif
 }
 
@@ -541,6 +575,7 @@ static int dw_variant(void)
     static const int v = dw_env("TSR_CUDA_DW_PRODUCER", 1) == 2 ? 6
                          : !dw_env("TSR_CUDA_DW_PRODUCER", 1) ? 0
                          : dw_env("TSR_CUDA_DW_NODECODE", 0) ? 3
+                         : dw_env("TSR_CUDA_DW_MULTICAST", 0) ? 7
                          : deep                               ? (five ? 5 : 4)
                                                               : (five ? 2 : 1);
     return v;
@@ -561,18 +596,27 @@ bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L)
     return L->kind == TSR_LINEAR_EXL2 && L->n_units <= DW_MAX_UNITS && dw_enabled();
 }
 
-template <bool GPTQ, int ST, bool PROD, bool DEC, int W = 1>
+template <bool GPTQ, int ST, bool PROD, bool DEC, int W = 1, bool MC = false>
 static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int n_units, float beta, bool y_half)
 {
+    void (*kernel)(dw_parts, CUtensorMap, int, float, int) = dq_wgmma_kernel<GPTQ, ST, PROD, DEC, W, MC>;
     static bool configured = false;
     if (!configured) {
-        tsr_cuda_allow_smem((const void *)dq_wgmma_kernel<GPTQ, ST, PROD, DEC, W>, dw_smem_bytes(DW_MAX_UNITS, ST),
-                            "the EXL2/GPTQ wgmma product");
+        tsr_cuda_allow_smem((const void *)kernel, dw_smem_bytes(DW_MAX_UNITS, ST), "the EXL2/GPTQ wgmma product");
         configured = true;
     }
-    const dim3 grid(tsr_div_up((size_t)M, DW_ROWS), (unsigned)parts.tiles_end[parts.n - 1]);
-    dq_wgmma_kernel<GPTQ, ST, PROD, DEC, W><<<grid, DW_THREADS + (PROD ? DW_PRODUCER : 0), dw_smem_bytes(n_units, ST),
-                                           tsr_cuda_stream()>>>(parts, map, M, beta, y_half);
+    const unsigned tiles = (unsigned)parts.tiles_end[parts.n - 1];
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)tsr_div_up((size_t)M, DW_ROWS), MC ? (tiles + 1) & ~1u : tiles);
+    cfg.blockDim = dim3(DW_THREADS + (PROD ? DW_PRODUCER : 0));
+    cfg.dynamicSmemBytes = dw_smem_bytes(n_units, ST);
+    cfg.stream = tsr_cuda_stream();
+    cudaLaunchAttribute pair; /* v6: neighbouring column tiles share their activation tiles */
+    pair.id = cudaLaunchAttributeClusterDimension;
+    pair.val.clusterDim.x = 1, pair.val.clusterDim.y = 2, pair.val.clusterDim.z = 1;
+    cfg.attrs = &pair;
+    cfg.numAttrs = MC ? 1 : 0;
+    TSR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, parts, map, M, beta, (int)y_half));
     TSR_CUDA_LAUNCHED();
 }
 
@@ -601,6 +645,7 @@ static void dw_launch_variant(const dw_parts &parts, const CUtensorMap &map, int
     case 1: dw_launch<GPTQ, 4, true, true>(parts, map, M, n_units, beta, y_half); break;
     case 2: dw_launch<GPTQ, 5, true, true>(parts, map, M, n_units, beta, y_half); break;
     case 4: dw_launch<GPTQ, 4, true, true, 2>(parts, map, M, n_units, beta, y_half); break;
+    case 7: dw_launch<GPTQ, 4, true, true, 1, true>(parts, map, M, n_units, beta, y_half); break;
     case 5: dw_launch<GPTQ, 5, true, true, 2>(parts, map, M, n_units, beta, y_half); break;
     default: dw_launch<GPTQ, 4, true, false>(parts, map, M, n_units, beta, y_half); break;
     }
@@ -622,7 +667,7 @@ int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, i
     /* xp as a 2D tensor of M rows of Kp halves, read in boxes of 256 rows × 64 halves in the 128-byte swizzle */
     const cuuint64_t dims[2] = {(cuuint64_t)32 * L[0]->n_units, (cuuint64_t)M};
     const cuuint64_t strides[1] = {(cuuint64_t)64 * L[0]->n_units};
-    const cuuint32_t box[2] = {64, DW_ROWS}, step[2] = {1, 1};
+    const cuuint32_t box[2] = {64, dw_variant() == 7 ? DW_ROWS / 2u : DW_ROWS}, step[2] = {1, 1};
     CUtensorMap map;
     if (dw_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)xp, dims, strides, box, step,
                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
