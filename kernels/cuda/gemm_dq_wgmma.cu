@@ -15,14 +15,20 @@
  * and decodes 8 of the 16 registers of its words per unit. K advances in stages of two units (64 rows); each stage's
  * activation tile (one tensor copy into the 128-byte swizzle, wgmma.cuh), the units' words of the block's column
  * blocks and their group parameters (scale codes, and the EXL2 scale table or GPTQ's scales) arrive by bulk copies
- * that warp 0's lanes issue two stages ahead, all counted by the stage's barrier. Per unit a warpgroup decodes its A
- * fragments into one of two register sets (the other may still be read by the wgmma's in flight), issues two wgmma's
- * and waits until at most that pair is in flight, so each unit's decode overlaps the tensor cores' work on the one
- * before. The first version (cp.async copies by every thread, 128 rows × 256 columns, a thread decoding all 16
- * registers) reached a third of the tensor cores' rate: the copies' and decode's instructions, not the tensor cores,
- * set its pace (NOTES.md, stop 54). Output: y = product + beta · y, fp32 or fp16, columns past N and rows past M
- * left alone. Off by default (TSR_CUDA_DQ_WGMMA=1 turns it on) until it is measured faster than the dequantize pass
- * and cuBLAS. */
+ * counted by the stage's full barrier. Per unit a warpgroup decodes its A fragments into one of two register sets
+ * (the other may still be read by the wgmma's in flight), issues two wgmma's and waits until at most that pair is in
+ * flight, so each unit's decode overlaps the tensor cores' work on the one before.
+ *
+ * Variants (TSR_CUDA_DW_*, dw_variant; NOTES.md, stops 54-55): v4, the one TSR_CUDA_DQ_WGMMA=1 runs, has a third
+ * warpgroup whose first warp issues every copy as soon as the consumers release a stage on its empty barrier (its
+ * registers go to the consumers by setmaxnreg); v3 (TSR_CUDA_DW_PRODUCER=0) has warp 0 issue them after a block
+ * barrier per stage (a fifth slower); v6 (TSR_CUDA_DW_MULTICAST=1) runs v4 in clusters of two CTAs over
+ * neighbouring column tiles that share each activation tile, each CTA loading half of it into both by a multicast
+ * copy, because v4 measured waiting on its copies (the L2 traffic of the activations), not on its decode (7 %); v5
+ * (TSR_CUDA_DW_PRODUCER=2) decodes in warps of their own into an fp16 tile in shared memory (slower). Output: y =
+ * product + beta · y, fp32 or fp16, columns past N and rows past M left alone. Off by default (TSR_CUDA_DQ_WGMMA=1
+ * turns it on) until it is measured faster than the dequantize pass and cuBLAS: v4 reached 26.9k tokens/s of an 8B
+ * 2048-token prefill on the H100 against the cuBLAS path's 35.6k. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/exl2_frag.cuh"
