@@ -24,8 +24,9 @@
  * registers go to the consumers by setmaxnreg); v3 (TSR_CUDA_DW_PRODUCER=0) has warp 0 issue them after a block
  * barrier per stage (a fifth slower); v6 (TSR_CUDA_DW_MULTICAST=1) runs v4 in clusters of two CTAs over
  * neighbouring column tiles that share each activation tile, each CTA loading half of it into both by a multicast
- * copy, because v4 measured waiting on its copies (the L2 traffic of the activations), not on its decode (7 %); v5
- * (TSR_CUDA_DW_PRODUCER=2) decodes in warps of their own into an fp16 tile in shared memory (slower). Output: y =
+ * copy (v4 measured waiting on its copies, not on its decode, which costs 7 %; v6 halves the L2 reads and is still
+ * 7 % slower than v4); v5 (TSR_CUDA_DW_PRODUCER=2) decodes in warps of their own into an fp16 tile in shared
+ * memory (slower). Output: y =
  * product + beta · y, fp32 or fp16, columns past N and rows past M left alone. Off by default (TSR_CUDA_DQ_WGMMA=1
  * turns it on) until it is measured faster than the dequantize pass and cuBLAS: v4 reached 26.9k tokens/s of an 8B
  * 2048-token prefill on the H100 against the cuBLAS path's 35.6k. */
@@ -119,7 +120,7 @@ __device__ __forceinline__ void dw_bar_arrive_peer(uint32_t bar)
     uint32_t rank, far;
     asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
     asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(far) : "r"(bar), "r"(rank ^ 1u));
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(far) : "memory");
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(far) : "memory");
 }
 /* Every thread of both CTAs of the cluster. */
 __device__ __forceinline__ void dw_cluster_sync(void)
