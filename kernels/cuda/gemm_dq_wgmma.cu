@@ -347,7 +347,7 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, const CUtensorMa
     dw_store(acc, L, M, y, beta, y_half, m0, 32 * cb + 16 * CT, lane);
 }
 
-/* v5 (TSR_CUDA_DW_PRODUCER=2): the weights decoded by a warpgroup of their own into an fp16 tile in shared memory,
+/* v5 (TSR_CUDA_DW_PRODUCER=2): the weights decoded by three warps of their own into an fp16 tile in shared memory,
  * and both operands of the consumers' wgmma's read from shared memory. A stage holds, besides v4's buffers, the A
  * tile of its 64 K rows × 128 columns (K-major, 128-byte swizzle: A row 32 cbl + 16 ct + r is column 32 (cb0 + cbl)
  * + 16 ct + r). Barriers per stage: full (the copies), decoded (the 3 decoder warps), empty (8 consumer + 3 decoder
