@@ -15,7 +15,8 @@ nvidia-smi -L
 for v in ${TSR_DW_TESTS:-v3:TSR_CUDA_DW_PRODUCER=0 v4:TSR_CUDA_DW_PRODUCER=1}; do
   name=${v%%:*}; envs=${v#*:}
   env TSR_CUDA_DQ_WGMMA=1 ${envs//,/ } timeout 100 "$P/bin/test_cuda" > "$out/test_cuda-$name.log" 2>&1
-  echo "test_cuda ($name: $envs) exit $?"; grep -E "FAILED|ERROR|M=300 \(GEMM\)|greedy" "$out/test_cuda-$name.log" | head -8
+  echo "test_cuda ($name: $envs) exit $?"
+  grep -E "FAILED|ERROR|M=300 \(GEMM\)|greedy" "$out/test_cuda-$name.log" | head -8
 done
 variants=${TSR_DW_VARIANTS:-v4:TSR_CUDA_DW_PRODUCER=1}
 pv="cublas:"
@@ -35,7 +36,7 @@ if [ -n "${TSR_DW_NCU:-}" ] && command -v ncu > /dev/null; then # the third laun
     -o "$out/dw" "$bin" bench --model $m8 --device cuda --batch 1 --prompt-len 2048 --gen 1 --max-tokens 2048 \
     > "$out/ncu-run.txt" 2>&1
   ncu -i "$out/dw.ncu-rep" --page details > "$out/ncu-details.txt" 2>&1
-  grep -E "Duration|Grid Size|Block Size|Throughput|Registers Per|Stall|Warp Cycles Per|Issued Ipc|Eligible|No Eligible" \
+  grep -E "Duration|Grid Size|Block Size|Throughput|Registers Per|Stall|Warp Cycles Per|Issued Ipc|Eligible" \
     "$out/ncu-details.txt" | head -40
   ncu -i "$out/dw.ncu-rep" --page source --csv --print-source sass > "$out/ncu-sass.csv" 2>&1
   rm -f "$out/dw.ncu-rep"

@@ -109,8 +109,8 @@ __device__ __forceinline__ void dw_tma(uint32_t dst, const CUtensorMap *map, int
  * barrier at bar's offset in each (v6). */
 __device__ __forceinline__ void dw_tma_pair(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar)
 {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
-                 "[%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
                  "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar), "h"((unsigned short)3)
                  : "memory");
 }
@@ -318,7 +318,8 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, const CUtensorMa
     };
     auto stage = [&](int s, uint32_t (&x)[2][4], uint32_t (&y)[2][4]) {
         if (!PROD) {
-            __syncthreads(); /* every wgmma of stage s - 1's first unit and before has finished: stage s - 2's buffer is free */
+            /* every wgmma of stage s - 1's first unit and before has finished: stage s - 2's buffer is free */
+            __syncthreads();
             if (warp == 0)
                 dw_issue<GPTQ, ST>(L, map, rec, s + ST - 2, n_stages, m0, cb0, a_base, w_base, p_base, bars, lane);
         }
