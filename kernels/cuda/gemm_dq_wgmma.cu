@@ -26,10 +26,9 @@
  * neighbouring column tiles that share each activation tile, each CTA loading half of it into both by a multicast
  * copy (v4 measured waiting on its copies, not on its decode, which costs 7 %; v6 halves the L2 reads and is still
  * 7 % slower than v4); v5 (TSR_CUDA_DW_PRODUCER=2) decodes in warps of their own into an fp16 tile in shared
- * memory (slower). Output: y =
- * product + beta · y, fp32 or fp16, columns past N and rows past M left alone. Off by default (TSR_CUDA_DQ_WGMMA=1
- * turns it on) until it is measured faster than the dequantize pass and cuBLAS: v4 reached 26.9k tokens/s of an 8B
- * 2048-token prefill on the H100 against the cuBLAS path's 35.6k. */
+ * memory (slower). Output: y = product + beta · y, fp32 or fp16, columns past N and rows past M left alone. Off
+ * by default (TSR_CUDA_DQ_WGMMA=1 turns it on) until it is measured faster than the dequantize pass and cuBLAS: v4
+ * reached 26.9k tokens/s of an 8B 2048-token prefill on the H100 against the cuBLAS path's 35.6k. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/exl2_frag.cuh"
@@ -577,15 +576,16 @@ static int dw_env(const char *name, int dflt)
     const char *v = getenv(name);
     return v ? atoi(v) : dflt;
 }
-static int dw_variant(void)
+enum dw_kind { DW_V3, DW_V4, DW_V4_STAGES5, DW_V4_NODECODE, DW_V4_DEPTH2, DW_V4_STAGES5_DEPTH2, DW_V5, DW_V6 };
+static dw_kind dw_variant(void)
 {
     const bool five = dw_env("TSR_CUDA_DW_STAGES", DW_STAGES) == 5, deep = dw_env("TSR_CUDA_DW_DEPTH", 1) == 2;
-    static const int v = dw_env("TSR_CUDA_DW_PRODUCER", 1) == 2 ? 6
-                         : !dw_env("TSR_CUDA_DW_PRODUCER", 1) ? 0
-                         : dw_env("TSR_CUDA_DW_NODECODE", 0) ? 3
-                         : dw_env("TSR_CUDA_DW_MULTICAST", 0) ? 7
-                         : deep                               ? (five ? 5 : 4)
-                                                              : (five ? 2 : 1);
+    static const dw_kind v = dw_env("TSR_CUDA_DW_PRODUCER", 1) == 2 ? DW_V5
+                             : !dw_env("TSR_CUDA_DW_PRODUCER", 1) ? DW_V3
+                             : dw_env("TSR_CUDA_DW_NODECODE", 0)  ? DW_V4_NODECODE
+                             : dw_env("TSR_CUDA_DW_MULTICAST", 0) ? DW_V6
+                             : deep                               ? (five ? DW_V4_STAGES5_DEPTH2 : DW_V4_DEPTH2)
+                                                                  : (five ? DW_V4_STAGES5 : DW_V4);
     return v;
 }
 
@@ -595,8 +595,10 @@ static int dw_variant(void)
 static bool dw_enabled(void)
 {
     static const bool on = getenv("TSR_CUDA_DQ_WGMMA") ? atoi(getenv("TSR_CUDA_DQ_WGMMA")) != 0 : DW_DEFAULT;
-    return on && tsr_cuda_wgmma_code() && dw_encoder() &&
-           dw_smem_bytes(DW_MAX_UNITS, dw_variant() == 2 || dw_variant() == 5 ? 5 : 4) <= (size_t)tsr_cuda_smem_block();
+    const dw_kind v = dw_variant();
+    const size_t most = v == DW_V5 ? dw5_smem_bytes(DW_MAX_UNITS)
+                                   : dw_smem_bytes(DW_MAX_UNITS, v == DW_V4_STAGES5 || v == DW_V4_STAGES5_DEPTH2 ? 5 : 4);
+    return on && tsr_cuda_wgmma_code() && dw_encoder() && most <= (size_t)tsr_cuda_smem_block();
 }
 
 bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L)
@@ -648,14 +650,14 @@ static void dw_launch_variant(const dw_parts &parts, const CUtensorMap &map, int
                               bool y_half)
 {
     switch (dw_variant()) {
-    case 6: dw5_launch<GPTQ>(parts, map, M, n_units, beta, y_half); break;
-    case 0: dw_launch<GPTQ, 4, false, true>(parts, map, M, n_units, beta, y_half); break;
-    case 1: dw_launch<GPTQ, 4, true, true>(parts, map, M, n_units, beta, y_half); break;
-    case 2: dw_launch<GPTQ, 5, true, true>(parts, map, M, n_units, beta, y_half); break;
-    case 4: dw_launch<GPTQ, 4, true, true, 2>(parts, map, M, n_units, beta, y_half); break;
-    case 7: dw_launch<GPTQ, 4, true, true, 1, true>(parts, map, M, n_units, beta, y_half); break;
-    case 5: dw_launch<GPTQ, 5, true, true, 2>(parts, map, M, n_units, beta, y_half); break;
-    default: dw_launch<GPTQ, 4, true, false>(parts, map, M, n_units, beta, y_half); break;
+    case DW_V3: dw_launch<GPTQ, 4, false, true>(parts, map, M, n_units, beta, y_half); break;
+    case DW_V4: dw_launch<GPTQ, 4, true, true>(parts, map, M, n_units, beta, y_half); break;
+    case DW_V4_STAGES5: dw_launch<GPTQ, 5, true, true>(parts, map, M, n_units, beta, y_half); break;
+    case DW_V4_NODECODE: dw_launch<GPTQ, 4, true, false>(parts, map, M, n_units, beta, y_half); break;
+    case DW_V4_DEPTH2: dw_launch<GPTQ, 4, true, true, 2>(parts, map, M, n_units, beta, y_half); break;
+    case DW_V4_STAGES5_DEPTH2: dw_launch<GPTQ, 5, true, true, 2>(parts, map, M, n_units, beta, y_half); break;
+    case DW_V5: dw5_launch<GPTQ>(parts, map, M, n_units, beta, y_half); break;
+    case DW_V6: dw_launch<GPTQ, 4, true, true, 1, true>(parts, map, M, n_units, beta, y_half); break;
     }
 }
 
@@ -675,7 +677,7 @@ int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, i
     /* xp as a 2D tensor of M rows of Kp halves, read in boxes of 256 rows × 64 halves in the 128-byte swizzle */
     const cuuint64_t dims[2] = {(cuuint64_t)32 * L[0]->n_units, (cuuint64_t)M};
     const cuuint64_t strides[1] = {(cuuint64_t)64 * L[0]->n_units};
-    const cuuint32_t box[2] = {64, dw_variant() == 7 ? DW_ROWS / 2u : DW_ROWS}, step[2] = {1, 1};
+    const cuuint32_t box[2] = {64, dw_variant() == DW_V6 ? DW_ROWS / 2u : DW_ROWS}, step[2] = {1, 1};
     CUtensorMap map;
     if (dw_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)xp, dims, strides, box, step,
                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
