@@ -2,7 +2,8 @@
 # One device call for the wgmma product that dequantizes in registers (kernels/cuda/gemm_dq_wgmma.cu): test_cuda with
 # it on under each variant of TSR_DW_TESTS ("name:ENV=V,..."), then the 8B-geometry EXL2 4.0 bpw prefill of 2048
 # tokens in one chunk (scripts/device-prefill.sh) under each variant of TSR_DW_VARIANTS and the cuBLAS path, the
-# per-matrix times of each (TSR_CUDA_DQ_TIMES=1), and with TSR_DW_NCU="ENV=V,..." one launch of the kernel under ncu
+# per-matrix times of each (TSR_CUDA_DQ_TIMES=1) and of each of TSR_DW_TIMES (variants timed only: the diagnostics,
+# TSR_CUDA_DW_DIAG, whose results are wrong), and with TSR_DW_NCU="ENV=V,..." one launch of the kernel under ncu
 # (warp states, scheduler, source counters; OUT/ncu-*.txt). Pack first with TSR_GPUPACK_SLIM=1
 # tests/parallel/gpu-pack.sh and carry `.parpack`. About a minute, two with ncu.
 set -uo pipefail
@@ -12,18 +13,18 @@ mkdir -p "$out"
 . tests/parallel/gpu-env.sh > /dev/null
 export TSR_FIXTURES=$PWD/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$PWD/models
 nvidia-smi -L
-for v in ${TSR_DW_TESTS:-v3:TSR_CUDA_DW_PRODUCER=0 v4:TSR_CUDA_DW_PRODUCER=1}; do
+for v in ${TSR_DW_TESTS:-v4:TSR_CUDA_DW_BOX=256}; do
   name=${v%%:*}; envs=${v#*:}
   env TSR_CUDA_DQ_WGMMA=1 ${envs//,/ } timeout 100 "$P/bin/test_cuda" > "$out/test_cuda-$name.log" 2>&1
   echo "test_cuda ($name: $envs) exit $?"
   grep -E "FAILED|ERROR|M=300 \(GEMM\)|greedy" "$out/test_cuda-$name.log" | head -8
 done
-variants=${TSR_DW_VARIANTS:-v4:TSR_CUDA_DW_PRODUCER=1}
+variants=${TSR_DW_VARIANTS:-v4:TSR_CUDA_DW_BOX=256}
 pv="cublas:"
 for v in $variants; do pv="$pv ${v%%:*}:TSR_CUDA_DQ_WGMMA=1,${v#*:}"; done
 TSR_PREFILL_TESTS=0 TSR_PREFILL_PROFILE=0 TSR_PREFILL_VARIANTS="$pv" bash scripts/device-prefill.sh 2>&1 | tail -n +2
 m8=/tmp/llama8b-4.0
-for v in $variants; do
+for v in $variants ${TSR_DW_TIMES:-}; do
   envs=${v#*:}
   echo "--- per matrix, ${v%%:*} ($envs)"
   env TSR_CUDA_DQ_WGMMA=1 ${envs//,/ } TSR_CUDA_DQ_TIMES=1 timeout 60 "$bin" bench --model $m8 --device cuda --batch 1 \

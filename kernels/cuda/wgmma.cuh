@@ -190,16 +190,6 @@ __device__ __forceinline__ void wg_mma_rs256k(float (&d)[128], const uint32_t (&
                  : WG_D128(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
-
-/* D (64 × 256) += A · B, A and B K-major in shared memory (gemm_dq_wgmma.cu's decoded weights and activations). */
-__device__ __forceinline__ void wg_mma_ss256k(float (&d)[128], uint64_t a, uint64_t b)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {" WG_D128_TEXT "}, %128, %129, "
-                 "p, 1, 1, 0, 0;\n}\n"
-                 : WG_D128(d)
-                 : "l"(a), "l"(b));
-}
 #endif
 
 #endif
