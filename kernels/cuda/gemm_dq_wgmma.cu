@@ -42,15 +42,11 @@
                           * (setmaxnreg) */
 #define DW_ROWS      256 /* activation rows per block: the wgmma's N */
 #define DW_CBS       4   /* column blocks of 32 per block, one per warp of a warpgroup */
-#define DW_AST       4   /* activation tiles in flight (5 measured slower, stop 55) */
-#define DW_WST       8   /* stages of words in flight: their small copies take longer to land than a tile (stop 56) */
 #define DW_A_BYTES   (DW_ROWS * 128)          /* a stage's activations: 256 rows × 64 halves */
 #define DW_W_UNIT    (32 * 8 * 4)             /* one (unit, column block): up to 8 words per lane */
 #define DW_W_BYTES   (DW_CBS * 2 * DW_W_UNIT) /* a stage's words: per unit, its 4 column blocks as in memory */
 #define DW_P_UNIT    320 /* a group's parameters: 4 × 16 bytes of codes, then the table (EXL2: 64 bytes) or the
                           * block's 128 GPTQ scales */
-#define DW_P_SLOTS   (2 * DW_WST) /* parameter slots, one per group, taken in turn as groups start: 2 DW_WST groups
-                                   * span at least DW_WST stages, so a slot is refilled only after its stage's release */
 #define DW_MAX_UNITS 1024 /* unit records kept in shared memory (K up to 32768) */
 
 /* Diagnostics (TSR_CUDA_DW_DIAG; wrong results, for timing only): the kernel without its decode (ones for weights);
@@ -70,18 +66,23 @@ struct dw_parts {
     int n;
 };
 
-/* Shared memory, 1024-byte aligned (+1 KB to align the start): the activation tiles, the words' stages, the group
- * parameters' slots, the barriers (per activation tile a full one: its copy landed; per words' stage a full one:
- * its words and parameters landed, and an empty one: the consumers are done with stage s, its tile and its words),
- * then the unit records. */
-#define DW_W_OFF   (DW_AST * DW_A_BYTES)
-#define DW_P_OFF   (DW_W_OFF + DW_WST * DW_W_BYTES)
-#define DW_BAR_OFF (DW_P_OFF + DW_P_SLOTS * DW_P_UNIT)
-#define DW_REC_OFF (DW_BAR_OFF + 8 * (DW_AST + 2 * DW_WST))
-static size_t dw_smem_bytes(int n_units)
-{
-    return DW_REC_OFF + (size_t)n_units * sizeof(uint2) + 1024;
-}
+/* The rings: AST activation tiles in flight and WST stages of words, which run WST - AST stages ahead of the tiles
+ * (their small copies take longer to land than a tile; 4 × 8 is the best measured, stop 56, against 5 × 5, 4 × 4,
+ * 4 × 10 and 3 × 12); 2 WST parameter
+ * slots, one per group, taken in turn as groups start (2 WST groups span at least WST stages, so a slot is refilled
+ * only after the release of the last stage that read it). Shared memory, 1024-byte aligned (+1 KB to align the
+ * start): the activation tiles, the words' stages, the parameters' slots, the barriers (per tile a full one: its
+ * copy landed; per words' stage a full one: its words and parameters landed, and an empty one: the consumers are
+ * done with stage s, its tile and its words), then the unit records. */
+template <int AST, int WST>
+struct dw_ring {
+    static_assert(WST >= AST, "the words run ahead of the tiles");
+    static constexpr int ast = AST, wst = WST, p_slots = 2 * WST;
+    static constexpr int w_off = AST * DW_A_BYTES, p_off = w_off + WST * DW_W_BYTES;
+    static constexpr int bar_off = p_off + p_slots * DW_P_UNIT, rec_off = bar_off + 8 * (AST + 2 * WST);
+    static size_t smem_bytes(int n_units) { return rec_off + (size_t)n_units * sizeof(uint2) + 1024; }
+};
+typedef dw_ring<4, 8> dw_ring_default;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* The barriers: full ones count the bytes of their copies and the producer's arrival; empty ones the 8 consumer
@@ -123,15 +124,16 @@ __device__ __forceinline__ void dw_bulk(uint32_t dst, const void *src, uint32_t 
                  : "memory");
 }
 
-/* The lane's A fragments of 16-column tile CT of a unit, scaled: a[ks] for 16-row step ks. */
+/* The lane's A fragments of 16-column tile CT of a unit, scaled by its two columns' scales h0, h1 (sc.s[2 CT],
+ * sc.s[2 CT + 1] as fp16): a[ks] for 16-row step ks. */
 template <int B, bool GPTQ, int CT>
-__device__ __forceinline__ void dw_decode(const uint32_t *slot, int lane, const frag_scales &sc, uint32_t (&a)[2][4])
+__device__ __forceinline__ void dw_decode(const uint32_t *slot, int lane, const frag_scales &sc, __half2 h0, __half2 h1,
+                                          uint32_t (&a)[2][4])
 {
     uint32_t w[B];
     frag_words<B, false>(slot, lane, w); /* the words' copy in shared memory */
     frag_a<B, GPTQ, 2 * CT>(w, sc, a[0]);
     frag_a<B, GPTQ, 2 * CT + 1>(w, sc, a[1]);
-    const __half2 h0 = __float2half2_rn(sc.s[2 * CT]), h1 = __float2half2_rn(sc.s[2 * CT + 1]);
 #pragma unroll
     for (int ks = 0; ks < 2; ks++)
 #pragma unroll
@@ -216,37 +218,37 @@ __device__ __forceinline__ void dw_store(const float (&acc)[128], const tsr_line
     }
 }
 
-/* The producer warp: stage s's activation tile and the words and parameters of stage s + DW_WST - DW_AST, as soon as
- * the consumers have released stage s - DW_AST (whose tile buffer the one and whose words' buffer the other reuses).
- * The words thus run DW_WST - DW_AST stages ahead of the tiles. */
-template <bool GPTQ, int DG>
+/* The producer warp: stage s's activation tile and the words and parameters of stage s + WST - AST, as soon as
+ * the consumers have released stage s - AST (whose tile buffer the one and whose words' buffer the other reuses).
+ * The words thus run WST - AST stages ahead of the tiles. */
+template <bool GPTQ, int DG, class R>
 __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtensorMap *map, const uint2 *rec, int m0,
                                            int cb0, uint32_t a_base)
 {
-    constexpr int AHEAD = DW_WST - DW_AST;
-    const int n_stages = (L.n_units + 1) / 2, n_copied = DG_RECOPY(DG) ? min(DW_AST, n_stages) : n_stages;
+    constexpr int AHEAD = R::wst - R::ast;
+    const int n_stages = (L.n_units + 1) / 2, n_copied = DG_RECOPY(DG) ? min(R::ast, n_stages) : n_stages;
     const int lane = threadIdx.x & 31;
-    const uint32_t bars = a_base + DW_BAR_OFF, full_w = bars + 8 * DW_AST, empty = full_w + 8 * DW_WST;
+    const uint32_t bars = a_base + R::bar_off, full_w = bars + 8 * R::ast, empty = full_w + 8 * R::wst;
     int groups = 0; /* groups started before the stage whose words are issued next */
     auto words = [&](int t) {
         const int u0 = 2 * t;
         const bool n0 = dw_new_group(rec, u0), n1 = u0 + 1 < L.n_units && dw_new_group(rec, u0 + 1);
-        const int start0 = n0 ? groups % DW_P_SLOTS + 1 : 0, start1 = n1 ? (groups + n0) % DW_P_SLOTS + 1 : 0;
+        const int start0 = n0 ? groups % R::p_slots + 1 : 0, start1 = n1 ? (groups + n0) % R::p_slots + 1 : 0;
         groups += n0 + n1;
         if (DG == DG_COPY_ACT) {
-            if (lane == 0) dw_bar_arrive(full_w + 8 * (t % DW_WST));
+            if (lane == 0) dw_bar_arrive(full_w + 8 * (t % R::wst));
             return;
         }
-        dw_issue_words<GPTQ>(L, rec, t, start0, start1, cb0, a_base + DW_W_OFF + (t % DW_WST) * DW_W_BYTES,
-                             a_base + DW_P_OFF, full_w + 8 * (t % DW_WST), lane);
+        dw_issue_words<GPTQ>(L, rec, t, start0, start1, cb0, a_base + R::w_off + (t % R::wst) * DW_W_BYTES,
+                             a_base + R::p_off, full_w + 8 * (t % R::wst), lane);
     };
     for (int t = 0; t < min(AHEAD, n_copied); t++) words(t);
     for (int s = 0; s < n_copied; s++) {
-        if (s >= DW_AST) dw_bar_wait(empty + 8 * ((s - DW_AST) % DW_WST), (uint32_t)((s - DW_AST) / DW_WST) & 1u);
+        if (s >= R::ast) dw_bar_wait(empty + 8 * ((s - R::ast) % R::wst), (uint32_t)((s - R::ast) / R::wst) & 1u);
         if (lane == 0) {
-            const uint32_t bar = bars + 8 * (s % DW_AST);
+            const uint32_t bar = bars + 8 * (s % R::ast);
             dw_bar_expect(bar, DG == DG_COPY_WORDS ? 0u : (uint32_t)DW_A_BYTES);
-            if (DG != DG_COPY_WORDS) dw_tma(a_base + (s % DW_AST) * DW_A_BYTES, map, 64 * s, m0, bar);
+            if (DG != DG_COPY_WORDS) dw_tma(a_base + (s % R::ast) * DW_A_BYTES, map, 64 * s, m0, bar);
         }
         if (s + AHEAD < n_copied) words(s + AHEAD);
     }
@@ -254,8 +256,9 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
 
 /* The block's work for the warps of warpgroup CT (16-column tile CT of each column block): per stage, wait for its
  * tile and words, decode and multiply its two units, and release the stage before (whose wgmma's have finished) to
- * the producer on its empty barrier. DG: a diagnostic (dw_diag) in place of the full work. */
-template <bool GPTQ, int CT, int DG>
+ * the producer on its empty barrier (two pairs left in flight, with four register sets, measured the same, stop 56).
+ * DG: a diagnostic (dw_diag) in place of the full work. */
+template <bool GPTQ, int CT, int DG, class R>
 __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, float beta, int y_half,
                                        unsigned char *smem, uint32_t a_base, const uint2 *rec, int m0, int cb0)
 {
@@ -263,9 +266,9 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
     const int cb = cb0 + cbl;
     const int n_units = L.n_units, n_stages = (n_units + 1) / 2;
     const bool owns = cb < L.Npad / 32;
-    const uint32_t bars = a_base + DW_BAR_OFF, full_w = bars + 8 * DW_AST, empty = full_w + 8 * DW_WST;
-    const uint32_t *w_ring = (const uint32_t *)(smem + DW_W_OFF);
-    const unsigned char *p_ring = smem + DW_P_OFF;
+    const uint32_t bars = a_base + R::bar_off, full_w = bars + 8 * R::ast, empty = full_w + 8 * R::wst;
+    const uint32_t *w_ring = (const uint32_t *)(smem + R::w_off);
+    const unsigned char *p_ring = smem + R::p_off;
     int groups = 0; /* groups started up to the unit being decoded */
 
     float acc[128];
@@ -273,9 +276,11 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
     for (int i = 0; i < 128; i++) acc[i] = 0.0f;
     uint32_t ax[2][4], ay[2][4]; /* A fragments of a stage's first and second unit */
 
+    frag_scales sc;  /* the group's parameters, decoded where it starts (fresh) */
+    __half2 h0, h1; /* and the scales of the warp's two columns */
     /* unit u (ui of stage s): decode into a, then its two wgmma's */
-    auto unit = [&](int s, int u, int ui, uint32_t (&a)[2][4]) {
-        const uint32_t *slot = w_ring + ((s % DW_WST) * 2 + ui) * DW_CBS * (DW_W_UNIT / 4);
+    auto unit = [&](int s, int u, int ui, bool fresh, uint32_t (&a)[2][4]) {
+        const uint32_t *slot = w_ring + ((s % R::wst) * 2 + ui) * DW_CBS * (DW_W_UNIT / 4);
         if (DG == DG_NODECODE) { /* ones (wrong results) */
 #pragma unroll
             for (int ks = 0; ks < 2; ks++)
@@ -290,16 +295,19 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
                     for (int r = 0; r < 4; r++) a[ks][r] = slot[cbl * 32 * B + (4 * ks + r) * 32 + lane];
             });
         } else if (owns) {
-            const unsigned char *pp = p_ring + (groups - 1) % DW_P_SLOTS * DW_P_UNIT;
-            frag_scales sc;
-            frag_scales_decode(*(const uint4 *)(pp + 16 * cbl), GPTQ ? (const void *)(pp + 64 + 64 * cbl) : pp + 64,
-                               GPTQ, L.zero_add, lane >> 2, sc);
+            if (fresh) {
+                const unsigned char *pp = p_ring + (groups - 1) % R::p_slots * DW_P_UNIT;
+                frag_scales_decode(*(const uint4 *)(pp + 16 * cbl),
+                                   GPTQ ? (const void *)(pp + 64 + 64 * cbl) : pp + 64, GPTQ, L.zero_add, lane >> 2,
+                                   sc);
+                h0 = __float2half2_rn(sc.s[2 * CT]), h1 = __float2half2_rn(sc.s[2 * CT + 1]);
+            }
             if (GPTQ) {
-                dw_decode<4, true, CT>(slot + cbl * 32 * 4, lane, sc, a);
+                dw_decode<4, true, CT>(slot + cbl * 32 * 4, lane, sc, h0, h1, a);
             } else {
                 frag_with_width((int)(rec[u].y >> 24), [&](auto wb) {
                     constexpr int B = decltype(wb)::value;
-                    dw_decode<B, false, CT>(slot + cbl * 32 * B, lane, sc, a);
+                    dw_decode<B, false, CT>(slot + cbl * 32 * B, lane, sc, h0, h1, a);
                 });
             }
         } else {
@@ -308,7 +316,7 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
 #pragma unroll
                 for (int r = 0; r < 4; r++) a[ks][r] = 0u;
         }
-        const uint32_t at = a_base + (s % DW_AST) * DW_A_BYTES + ui * 64;
+        const uint32_t at = a_base + (s % R::ast) * DW_A_BYTES + ui * 64;
         wg_arrive();
         wg_mma_rs256k(acc, a[0], wg_desc(at, 0));
         wg_mma_rs256k(acc, a[1], wg_desc(at + 32, 0));
@@ -319,24 +327,26 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
     /* the release of stage s's buffers to the producer: every wgmma that reads them has finished */
     auto release = [&](int s) {
         __syncwarp();
-        if (lane == 0) dw_bar_arrive(empty + 8 * (s % DW_WST));
+        if (lane == 0) dw_bar_arrive(empty + 8 * (s % R::wst));
     };
     for (int s = 0; s < n_stages; s++) {
         const int u0 = 2 * s;
-        if (!DG_RECOPY(DG) || s < DW_AST) {
-            dw_bar_wait(bars + 8 * (s % DW_AST), (uint32_t)(s / DW_AST) & 1u);
-            dw_bar_wait(full_w + 8 * (s % DW_WST), (uint32_t)(s / DW_WST) & 1u);
+        if (!DG_RECOPY(DG) || s < R::ast) {
+            dw_bar_wait(bars + 8 * (s % R::ast), (uint32_t)(s / R::ast) & 1u);
+            dw_bar_wait(full_w + 8 * (s % R::wst), (uint32_t)(s / R::wst) & 1u);
         }
         if (DG_COPY_ONLY(DG)) {
             release(s);
             continue;
         }
-        groups += dw_new_group(rec, u0);
-        unit(s, u0, 0, ax);
+        const bool fresh0 = dw_new_group(rec, u0);
+        groups += fresh0;
+        unit(s, u0, 0, fresh0, ax);
         if (!DG_RECOPY(DG) && s > 0) release(s - 1); /* the wait left only unit u0's pair in flight */
         if (u0 + 1 < n_units) {
-            groups += dw_new_group(rec, u0 + 1);
-            unit(s, u0 + 1, 1, ay);
+            const bool fresh1 = dw_new_group(rec, u0 + 1);
+            groups += fresh1;
+            unit(s, u0 + 1, 1, fresh1, ay);
         }
     }
     wg_wait<0>();
@@ -347,7 +357,7 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
 }
 #endif
 
-template <bool GPTQ, int DG>
+template <bool GPTQ, int DG, class R>
 __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     dq_wgmma_kernel(const __grid_constant__ dw_parts P, const __grid_constant__ CUtensorMap xmap, int M, float beta,
                     int y_half)
@@ -356,8 +366,8 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     extern __shared__ __align__(1024) unsigned char dw_smem[];
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(dw_smem), pad = (1024 - (raw & 1023)) & 1023;
     unsigned char *smem = dw_smem + pad;
-    const uint32_t a_base = raw + pad, bars = a_base + DW_BAR_OFF;
-    uint2 *rec = (uint2 *)(smem + DW_REC_OFF);
+    const uint32_t a_base = raw + pad, bars = a_base + R::bar_off;
+    uint2 *rec = (uint2 *)(smem + R::rec_off);
     const int tile = (int)blockIdx.y, m0 = (int)blockIdx.x * DW_ROWS;
     int p = 0;
     while (p + 1 < P.n && tile >= P.tiles_end[p]) p++;
@@ -365,22 +375,22 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     const int cb0 = (tile - (p ? P.tiles_end[p - 1] : 0)) * DW_CBS;
     for (int u = threadIdx.x; u < L.n_units; u += blockDim.x) rec[u] = L.units[u];
     if (threadIdx.x == 0) {
-        for (int b = 0; b < DW_AST + DW_WST; b++) dw_bar_init(bars + 8 * b, 1); /* full: the producer's arrival */
-        for (int b = 0; b < DW_WST; b++)
-            dw_bar_init(bars + 8 * (DW_AST + DW_WST + b), DW_THREADS / 32); /* empty: each consumer warp's */
+        for (int b = 0; b < R::ast + R::wst; b++) dw_bar_init(bars + 8 * b, 1); /* full: the producer's arrival */
+        for (int b = 0; b < R::wst; b++)
+            dw_bar_init(bars + 8 * (R::ast + R::wst + b), DW_THREADS / 32); /* empty: each consumer warp's */
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     if (threadIdx.x >= DW_THREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (threadIdx.x < DW_THREADS + 32) dw_produce<GPTQ, DG>(L, &xmap, rec, m0, cb0, a_base);
+        if (threadIdx.x < DW_THREADS + 32) dw_produce<GPTQ, DG, R>(L, &xmap, rec, m0, cb0, a_base);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     if (threadIdx.x < 128)
-        dw_run<GPTQ, 0, DG>(L, M, P.y[p], beta, y_half, smem, a_base, rec, m0, cb0);
+        dw_run<GPTQ, 0, DG, R>(L, M, P.y[p], beta, y_half, smem, a_base, rec, m0, cb0);
     else
-        dw_run<GPTQ, 1, DG>(L, M, P.y[p], beta, y_half, smem, a_base, rec, m0, cb0);
+        dw_run<GPTQ, 1, DG, R>(L, M, P.y[p], beta, y_half, smem, a_base, rec, m0, cb0);
 #endif
 }
 
@@ -428,7 +438,8 @@ static dw_diag dw_diag_asked(void)
 static bool dw_enabled(void)
 {
     static const bool on = getenv("TSR_CUDA_DQ_WGMMA") ? atoi(getenv("TSR_CUDA_DQ_WGMMA")) != 0 : DW_DEFAULT;
-    return on && tsr_cuda_wgmma_code() && dw_encoder() && dw_smem_bytes(DW_MAX_UNITS) <= (size_t)tsr_cuda_smem_block();
+    return on && tsr_cuda_wgmma_code() && dw_encoder() &&
+           dw_ring_default::smem_bytes(DW_MAX_UNITS) <= (size_t)tsr_cuda_smem_block();
 }
 
 bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L)
@@ -436,17 +447,17 @@ bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L)
     return L->kind == TSR_LINEAR_EXL2 && L->n_units <= DW_MAX_UNITS && dw_enabled();
 }
 
-template <bool GPTQ, int DG = DG_NONE>
+template <bool GPTQ, int DG = DG_NONE, class R = dw_ring_default>
 static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int n_units, float beta, bool y_half)
 {
-    void (*kernel)(dw_parts, CUtensorMap, int, float, int) = dq_wgmma_kernel<GPTQ, DG>;
+    void (*kernel)(dw_parts, CUtensorMap, int, float, int) = dq_wgmma_kernel<GPTQ, DG, R>;
     static bool configured = false;
     if (!configured) {
-        tsr_cuda_allow_smem((const void *)kernel, dw_smem_bytes(DW_MAX_UNITS), "the EXL2/GPTQ wgmma product");
+        tsr_cuda_allow_smem((const void *)kernel, R::smem_bytes(DW_MAX_UNITS), "the EXL2/GPTQ wgmma product");
         configured = true;
     }
     const dim3 grid((unsigned)tsr_div_up((size_t)M, DW_ROWS), (unsigned)parts.tiles_end[parts.n - 1]);
-    kernel<<<grid, DW_THREADS + DW_PRODUCER, dw_smem_bytes(n_units), tsr_cuda_stream()>>>(parts, map, M, beta,
+    kernel<<<grid, DW_THREADS + DW_PRODUCER, R::smem_bytes(n_units), tsr_cuda_stream()>>>(parts, map, M, beta,
                                                                                           (int)y_half);
     TSR_CUDA_LAUNCHED();
 }
