@@ -264,12 +264,13 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
 {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, cbl = warp & 3;
     const int cb = cb0 + cbl;
-    const int n_units = L.n_units, n_stages = (n_units + 1) / 2;
+    const unsigned n_units = (unsigned)L.n_units, n_stages = (n_units + 1) / 2; /* unsigned: cheap % and / */
     const bool owns = cb < L.Npad / 32;
     const uint32_t bars = a_base + R::bar_off, full_w = bars + 8 * R::ast, empty = full_w + 8 * R::wst;
     const uint32_t *w_ring = (const uint32_t *)(smem + R::w_off);
     const unsigned char *p_ring = smem + R::p_off;
-    int groups = 0; /* groups started up to the unit being decoded */
+    const uint64_t d0 = wg_desc(a_base, 0); /* the first tile's descriptor; others add their offset / 16 */
+    unsigned groups = 0, grp = ~0u;         /* groups started up to the unit being decoded, and its group */
 
     float acc[128];
 #pragma unroll
@@ -279,7 +280,7 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
     frag_scales sc;  /* the group's parameters, decoded where it starts (fresh) */
     __half2 h0, h1; /* and the scales of the warp's two columns */
     /* unit u (ui of stage s): decode into a, then its two wgmma's */
-    auto unit = [&](int s, int u, int ui, bool fresh, uint32_t (&a)[2][4]) {
+    auto unit = [&](unsigned s, unsigned u, unsigned ui, bool fresh, uint32_t (&a)[2][4]) {
         const uint32_t *slot = w_ring + ((s % R::wst) * 2 + ui) * DW_CBS * (DW_W_UNIT / 4);
         if (DG == DG_NODECODE) { /* ones (wrong results) */
 #pragma unroll
@@ -294,7 +295,8 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
 #pragma unroll
                     for (int r = 0; r < 4; r++) a[ks][r] = slot[cbl * 32 * B + (4 * ks + r) * 32 + lane];
             });
-        } else if (owns) {
+        } else if (owns) { /* (a warp past the matrix's columns multiplies what its registers hold: its A rows feed
+                            * only its own rows of the product, which it does not store) */
             if (fresh) {
                 const unsigned char *pp = p_ring + (groups - 1) % R::p_slots * DW_P_UNIT;
                 frag_scales_decode(*(const uint4 *)(pp + 16 * cbl),
@@ -310,27 +312,30 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
                     dw_decode<B, false, CT>(slot + cbl * 32 * B, lane, sc, h0, h1, a);
                 });
             }
-        } else {
-#pragma unroll
-            for (int ks = 0; ks < 2; ks++)
-#pragma unroll
-                for (int r = 0; r < 4; r++) a[ks][r] = 0u;
         }
-        const uint32_t at = a_base + (s % R::ast) * DW_A_BYTES + ui * 64;
+        const uint64_t d = (d0 & ~0xffffffffull) | (uint32_t)(d0 + (((s % R::ast) * DW_A_BYTES + ui * 64) >> 4));
         wg_arrive();
-        wg_mma_rs256k(acc, a[0], wg_desc(at, 0));
-        wg_mma_rs256k(acc, a[1], wg_desc(at + 32, 0));
+        wg_mma_rs256k(acc, a[0], d);
+        wg_mma_rs256k(acc, a[1], d + 2);
         wg_commit();
         wg_wait<1>();
     };
 
     /* the release of stage s's buffers to the producer: every wgmma that reads them has finished */
-    auto release = [&](int s) {
+    auto release = [&](unsigned s) {
         __syncwarp();
         if (lane == 0) dw_bar_arrive(empty + 8 * (s % R::wst));
     };
-    for (int s = 0; s < n_stages; s++) {
-        const int u0 = 2 * s;
+    /* whether unit u starts a group (the records' group of unit u differs from the last one's) */
+    auto fresh_group = [&](unsigned u) {
+        const unsigned g = rec[u].y & 0xffffffu;
+        const bool fresh = g != grp;
+        grp = g;
+        groups += fresh;
+        return fresh;
+    };
+    for (unsigned s = 0; s < n_stages; s++) {
+        const unsigned u0 = 2 * s;
         if (!DG_RECOPY(DG) || s < R::ast) {
             dw_bar_wait(bars + 8 * (s % R::ast), (uint32_t)(s / R::ast) & 1u);
             dw_bar_wait(full_w + 8 * (s % R::wst), (uint32_t)(s / R::wst) & 1u);
@@ -339,14 +344,10 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
             release(s);
             continue;
         }
-        const bool fresh0 = dw_new_group(rec, u0);
-        groups += fresh0;
-        unit(s, u0, 0, fresh0, ax);
+        unit(s, u0, 0, fresh_group(u0), ax);
         if (!DG_RECOPY(DG) && s > 0) release(s - 1); /* the wait left only unit u0's pair in flight */
         if (u0 + 1 < n_units) {
-            const bool fresh1 = dw_new_group(rec, u0 + 1);
-            groups += fresh1;
-            unit(s, u0 + 1, 1, fresh1, ay);
+            unit(s, u0 + 1, 1, fresh_group(u0 + 1), ay);
         }
     }
     wg_wait<0>();
