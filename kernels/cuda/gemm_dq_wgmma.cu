@@ -52,8 +52,9 @@
 /* Diagnostics (TSR_CUDA_DW_DIAG; wrong results, for timing only): the kernel without its decode (ones for weights);
  * the copies alone (consumers that wait for each stage and release it at once), the activations' copies alone, the
  * words' and parameters' copies alone; the decode and wgmma's alone (the first stages copied, then read again and
- * again), the wgmma's alone (the A registers loaded from the words, undecoded). */
-enum dw_diag { DG_NONE, DG_NODECODE, DG_COPY, DG_COPY_ACT, DG_COPY_WORDS, DG_MMA, DG_MMA_RAW };
+ * again), the wgmma's alone (the A registers loaded from the words, undecoded); the full kernel without the
+ * parameters' copies, and without the words' and the parameters' copies (stale ones decoded). */
+enum dw_diag { DG_NONE, DG_NODECODE, DG_COPY, DG_COPY_ACT, DG_COPY_WORDS, DG_MMA, DG_MMA_RAW, DG_NOPARAMS, DG_ACTONLY };
 #define DG_COPY_ONLY(DG) ((DG) == DG_COPY || (DG) == DG_COPY_ACT || (DG) == DG_COPY_WORDS)
 #define DG_RECOPY(DG)    ((DG) == DG_MMA || (DG) == DG_MMA_RAW) /* the first stages read again and again */
 
@@ -235,11 +236,11 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
         const bool n0 = dw_new_group(rec, u0), n1 = u0 + 1 < L.n_units && dw_new_group(rec, u0 + 1);
         const int start0 = n0 ? groups % R::p_slots + 1 : 0, start1 = n1 ? (groups + n0) % R::p_slots + 1 : 0;
         groups += n0 + n1;
-        if (DG == DG_COPY_ACT) {
+        if (DG == DG_COPY_ACT || DG == DG_ACTONLY) {
             if (lane == 0) dw_bar_arrive(full_w + 8 * (t % R::wst));
             return;
         }
-        dw_issue_words<GPTQ>(L, rec, t, start0, start1, cb0, a_base + R::w_off + (t % R::wst) * DW_W_BYTES,
+        dw_issue_words<GPTQ>(L, rec, t, DG == DG_NOPARAMS ? 0 : start0, DG == DG_NOPARAMS ? 0 : start1, cb0, a_base + R::w_off + (t % R::wst) * DW_W_BYTES,
                              a_base + R::p_off, full_w + 8 * (t % R::wst), lane);
     };
     for (int t = 0; t < min(AHEAD, n_copied); t++) words(t);
@@ -417,11 +418,11 @@ static dw_encode_fn dw_encoder(void)
     return fn;
 }
 
-/* The diagnostic asked for by TSR_CUDA_DW_DIAG=nodecode, copy, copyact, copywords, mma or mmaraw (dw_diag; EXL2
+/* The diagnostic asked for by TSR_CUDA_DW_DIAG=nodecode, copy, copyact, copywords, mma, mmaraw, noparams or actonly (dw_diag; EXL2
  * only: GPTQ runs the full kernel). */
 static dw_diag dw_diag_asked(void)
 {
-    static const char *const names[] = {"", "nodecode", "copy", "copyact", "copywords", "mma", "mmaraw"};
+    static const char *const names[] = {"", "nodecode", "copy", "copyact", "copywords", "mma", "mmaraw", "noparams", "actonly"};
     static dw_diag asked = DG_NONE;
     static bool read;
     if (!read) {
@@ -475,6 +476,8 @@ static void dw_launch_variant(const dw_parts &parts, const CUtensorMap &map, int
     case DG_COPY_WORDS: dw_launch<false, DG_COPY_WORDS>(parts, map, M, n_units, beta, y_half); break;
     case DG_MMA: dw_launch<false, DG_MMA>(parts, map, M, n_units, beta, y_half); break;
     case DG_MMA_RAW: dw_launch<false, DG_MMA_RAW>(parts, map, M, n_units, beta, y_half); break;
+    case DG_NOPARAMS: dw_launch<false, DG_NOPARAMS>(parts, map, M, n_units, beta, y_half); break;
+    case DG_ACTONLY: dw_launch<false, DG_ACTONLY>(parts, map, M, n_units, beta, y_half); break;
     }
 }
 
