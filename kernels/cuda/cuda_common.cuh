@@ -50,6 +50,7 @@ struct tsr_linear_dev {
     const uint2 *units;     /* [n_units]: {first word, group | bits << 24} of each 32-row unit */
     const int32_t *uperm;   /* [32 n_units]: original input row of each unit row, -1 for padding */
     int n_units;            /* Kp = 32 n_units rows in unit order */
+    int n_groups;           /* G: the groups of the scale codes (or GPTQ's scales), in unit order (0 where unknown) */
     const int32_t *uinv;    /* [K]: the unit row of each input row, for a matrix whose producer scatters its staged
                              * activations (o, after the attention merge: stage_ahead.cuh); NULL elsewhere */
     const uint32_t *q_scale;/* [G][Npad/8] 4-bit scale codes (EXL2) */

@@ -84,6 +84,7 @@ tsr_status tsr_cuda_exl2_pack(const tsr_qmatrix *q, const int32_t *cols, int row
     if (words >= ((size_t)1 << 32))
         return tsr_fail(TSR_ERR_FORMAT, "quantized matrix too large for the device layout (%zu words)", words);
     d->n_units = (int)units.size();
+    d->n_groups = q->G;
     /* FRAG_PAD_WORDS of zeros after the last unit: the decode GEMV copies a warp's two column blocks as one pair,
      * the second past the matrix when the first is its last (results never stored) */
     d->fw = (const uint32_t *)dev_alloc((words + FRAG_PAD_WORDS) * 4);

@@ -18,12 +18,13 @@
  * tensor cores' work on the one before.
  *
  * The copies: a third warpgroup, whose first warp issues them (its registers go to the consumers by setmaxnreg). A
- * stage's activation tile arrives by one tensor copy into the 128-byte swizzle (wgmma.cuh), DW_AST tiles in flight;
- * its words (per unit one piece: the block's four column blocks) and the parameters of the groups that start in it
- * (scale codes, and the EXL2 scale table or GPTQ's scales) by bulk copies, DW_WST stages in flight, since such small
- * copies take longer to land (NOTES.md, stop 56). Each is issued as soon as the consumers release the stage that
- * used its buffer. TSR_CUDA_DW_DIAG times parts of the kernel (dw_diag, wrong results). Output: y = product +
- * beta · y, fp32 or fp16, columns past N and rows past M left alone.
+ * stage's activation tile arrives by one tensor copy into the 128-byte swizzle (wgmma.cuh), AST tiles in flight;
+ * its words (per unit one piece: the block's four column blocks) by bulk copies, WST stages in flight, since such
+ * small copies take longer to land; the groups' parameters (scale codes, and the EXL2 scale tables or GPTQ's
+ * scales) 16 groups at a time with the words of the stage where they begin (one copy per unit cost 13 %, NOTES.md,
+ * stop 56). Each is issued as soon as the consumers release the stage that used its buffer. TSR_CUDA_DW_DIAG times
+ * parts of the kernel (dw_diag, wrong results). Output: y = product + beta · y, fp32 or fp16, columns past N and
+ * rows past M left alone.
  *
  * Off by default (TSR_CUDA_DQ_WGMMA=1 turns it on) until it is measured faster than the dequantize pass and cuBLAS:
  * stop 55's version reached 26.9k tokens/s of an 8B 2048-token prefill on the H100 against the cuBLAS path's 35.6k. */
@@ -45,8 +46,11 @@
 #define DW_A_BYTES   (DW_ROWS * 128)          /* a stage's activations: 256 rows × 64 halves */
 #define DW_W_UNIT    (32 * 8 * 4)             /* one (unit, column block): up to 8 words per lane */
 #define DW_W_BYTES   (DW_CBS * 2 * DW_W_UNIT) /* a stage's words: per unit, its 4 column blocks as in memory */
-#define DW_P_UNIT    320 /* a group's parameters: 4 × 16 bytes of codes, then the table (EXL2: 64 bytes) or the
-                          * block's 128 GPTQ scales */
+#define DW_GB        16  /* groups whose parameters are copied together: the scale codes (GPTQ: zero codes) of the
+                          * block's 4 column blocks, 64 bytes a group, by one tensor copy; the EXL2 scale tables, 64
+                          * bytes a group, by one bulk copy, or the block's 128 GPTQ scales, 256 bytes a group, by
+                          * one tensor copy */
+#define DW_P_SLOTS   (2 * DW_GB) /* group g's parameters in slot g % DW_P_SLOTS */
 #define DW_MAX_UNITS 1024 /* unit records kept in shared memory (K up to 32768) */
 
 /* Diagnostics (TSR_CUDA_DW_DIAG; wrong results, for timing only): the kernel without its decode (ones for weights);
@@ -65,22 +69,26 @@ struct dw_parts {
     void *y[TSR_GEMV_MAX_PARTS];
     int tiles_end[TSR_GEMV_MAX_PARTS];
     int n;
+    CUtensorMap codes[TSR_GEMV_MAX_PARTS];  /* each part's scale codes (GPTQ: zero codes), boxes of DW_GB groups */
+    CUtensorMap scales[TSR_GEMV_MAX_PARTS]; /* GPTQ: each part's fp16 scales, boxes of DW_GB groups */
 };
 
 /* The rings: AST activation tiles in flight and WST stages of words, which run WST - AST stages ahead of the tiles
  * (their small copies take longer to land than a tile; 4 × 8 is the best measured, stop 56, against 5 × 5, 4 × 4,
- * 4 × 10 and 3 × 12); 2 WST parameter
- * slots, one per group, taken in turn as groups start (2 WST groups span at least WST stages, so a slot is refilled
- * only after the release of the last stage that read it). Shared memory, 1024-byte aligned (+1 KB to align the
- * start): the activation tiles, the words' stages, the parameters' slots, the barriers (per tile a full one: its
- * copy landed; per words' stage a full one: its words and parameters landed, and an empty one: the consumers are
- * done with stage s, its tile and its words), then the unit records. */
+ * 4 × 10 and 3 × 12). The groups' parameters arrive DW_GB groups at a time with the words of the stage where the
+ * first of them starts (groups are numbered in unit order, each a run of units), into two halves of a ring of
+ * DW_P_SLOTS slots: a batch overwrites the one two before it, whose last unit lies at least DW_GB units, WST
+ * stages, earlier, so its stage has been released. Shared memory, 1024-byte aligned (+1 KB to align the start): the
+ * activation tiles, the words' stages, the codes' slots, the tables' or GPTQ scales' slots, the barriers (per tile
+ * a full one: its copy landed; per words' stage a full one: its words and parameters landed, and an empty one: the
+ * consumers are done with stage s, its tile and its words), then the unit records. */
 template <int AST, int WST>
 struct dw_ring {
     static_assert(WST >= AST, "the words run ahead of the tiles");
-    static constexpr int ast = AST, wst = WST, p_slots = 2 * WST;
-    static constexpr int w_off = AST * DW_A_BYTES, p_off = w_off + WST * DW_W_BYTES;
-    static constexpr int bar_off = p_off + p_slots * DW_P_UNIT, rec_off = bar_off + 8 * (AST + 2 * WST);
+    static_assert(DW_GB / 2 >= WST, "a batch of parameters is refilled only after its last stage's release");
+    static constexpr int ast = AST, wst = WST;
+    static constexpr int w_off = AST * DW_A_BYTES, p_off = w_off + WST * DW_W_BYTES, t_off = p_off + DW_P_SLOTS * 64;
+    static constexpr int bar_off = t_off + DW_P_SLOTS * 256, rec_off = bar_off + 8 * (AST + 2 * WST);
     static size_t smem_bytes(int n_units) { return rec_off + (size_t)n_units * sizeof(uint2) + 1024; }
 };
 typedef dw_ring<4, 8> dw_ring_default;
@@ -117,6 +125,11 @@ __device__ __forceinline__ void dw_tma(uint32_t dst, const CUtensorMap *map, int
                  "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
 }
+/* A 2D box at columns c0.., rows c1.. of a tensor map without swizzle into dst, counted by bar. */
+__device__ __forceinline__ void dw_tma_box(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar)
+{
+    dw_tma(dst, map, c0, c1, bar);
+}
 /* bytes (a multiple of 16) from global src to shared dst, counted by bar */
 __device__ __forceinline__ void dw_bulk(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
 {
@@ -141,22 +154,16 @@ __device__ __forceinline__ void dw_decode(const uint32_t *slot, int lane, const 
         for (int r = 0; r < 4; r++) a[ks][r] = h2_bits(__hmul2(bits_h2(a[ks][r]), (r & 1) ? h1 : h0));
 }
 
-/* Whether unit u starts a group: its group's parameters are copied with it into the next parameter slot. */
-__device__ __forceinline__ bool dw_new_group(const uint2 *rec, int u)
-{
-    return u == 0 || ((rec[u].y ^ rec[u - 1].y) & 0xffffffu) != 0;
-}
-
-/* The producer warp: stage s's words and parameters, one copy per lane, and their barrier's count. Lanes 0-1 the words
- * of the block's column blocks of unit ui = lane (one piece of memory); lanes 2-5 the scale codes (2, 4) and tables
- * or GPTQ scales (3, 5) of unit ui = (lane - 2) / 2 where it starts a group (start0, start1: its group's slot + 1,
- * else 0). */
+/* The producer warp: stage s's words, one copy per lane, and with them, where batch >= 0, the parameters of groups
+ * DW_GB batch.. (lane 2 the codes, lane 3 the tables or GPTQ scales); their barrier's count. Lanes 0-1 the words of
+ * the block's column blocks of unit ui = lane (one piece of memory). */
 template <bool GPTQ>
-__device__ __forceinline__ void dw_issue_words(const tsr_linear_dev &L, const uint2 *rec, int s, int start0,
-                                               int start1, int cb0, uint32_t w_at, uint32_t p_base, uint32_t bar,
-                                               int lane)
+__device__ __forceinline__ void dw_issue_words(const tsr_linear_dev &L, const CUtensorMap *codes,
+                                               const CUtensorMap *scales, const uint2 *rec, int s, int batch, int cb0,
+                                               uint32_t w_at, uint32_t p_base, uint32_t t_base, uint32_t bar, int lane)
 {
     const int u0 = 2 * s, nu = min(2, L.n_units - u0), cbs = min(DW_CBS, L.Npad / 32 - cb0);
+    const int g0 = DW_GB * batch, slot0 = g0 % DW_P_SLOTS;
     uint32_t bytes = 0, dst = 0;
     const void *src = NULL;
     if (lane <= 1) {
@@ -167,28 +174,24 @@ __device__ __forceinline__ void dw_issue_words(const tsr_linear_dev &L, const ui
             src = L.fw + e.x + (size_t)cb0 * 32 * bits;
             dst = w_at + (uint32_t)(lane * DW_CBS * DW_W_UNIT);
         }
-    } else if (lane <= 5) {
-        const int ui = (lane - 2) >> 1, start = ui ? start1 : start0;
-        if (ui < nu && start) {
-            const size_t grp = rec[u0 + ui].y & 0xffffffu;
-            const uint32_t at = p_base + (uint32_t)((start - 1) * DW_P_UNIT);
-            if (!(lane & 1)) {
-                bytes = 16u * (uint32_t)cbs;
-                src = (GPTQ ? L.g_zeros : L.q_scale) + grp * (L.Npad / 8) + 4 * cb0;
-                dst = at;
-            } else {
-                bytes = GPTQ ? 64u * (uint32_t)cbs : 64u;
-                src = GPTQ ? (const void *)(L.g_scales + grp * L.Npad + 32 * cb0) : (const void *)(L.s_table + grp * 16);
-                dst = at + 64;
-            }
-        }
+    } else if (lane == 2 && batch >= 0) {
+        bytes = DW_GB * 64;
+    } else if (lane == 3 && batch >= 0) {
+        bytes = GPTQ ? DW_GB * 256 : 64u * (uint32_t)min(DW_GB, L.n_groups - g0);
+        src = L.s_table + (size_t)g0 * 16;
+        dst = t_base + (uint32_t)slot0 * (GPTQ ? 256 : 64);
     }
     uint32_t total = bytes;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
     if (lane == 0) dw_bar_expect(bar, total);
     __syncwarp();
-    if (bytes) dw_bulk(dst, src, bytes, bar);
+    if (lane == 2 && bytes)
+        dw_tma_box(p_base + (uint32_t)slot0 * 64, codes, 16 * (cb0 / DW_CBS), g0, bar);
+    else if (lane == 3 && bytes && GPTQ)
+        dw_tma_box(dst, scales, 128 * (cb0 / DW_CBS), g0, bar);
+    else if (bytes)
+        dw_bulk(dst, src, bytes, bar);
 }
 
 /* A warp's part of the 64 × 256 accumulator: element 4 j + i is column col + g + 8 (i / 2), row m0 + 8 j + 2 t4 + i % 2
@@ -223,25 +226,26 @@ __device__ __forceinline__ void dw_store(const float (&acc)[128], const tsr_line
  * the consumers have released stage s - AST (whose tile buffer the one and whose words' buffer the other reuses).
  * The words thus run WST - AST stages ahead of the tiles. */
 template <bool GPTQ, int DG, class R>
-__device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtensorMap *map, const uint2 *rec, int m0,
-                                           int cb0, uint32_t a_base)
+__device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtensorMap *map, const CUtensorMap *codes,
+                                           const CUtensorMap *scales, const uint2 *rec, int m0, int cb0,
+                                           uint32_t a_base)
 {
     constexpr int AHEAD = R::wst - R::ast;
     const int n_stages = (L.n_units + 1) / 2, n_copied = DG_RECOPY(DG) ? min(R::ast, n_stages) : n_stages;
     const int lane = threadIdx.x & 31;
     const uint32_t bars = a_base + R::bar_off, full_w = bars + 8 * R::ast, empty = full_w + 8 * R::wst;
-    int groups = 0; /* groups started before the stage whose words are issued next */
+    int batches = 0; /* batches of group parameters issued so far */
     auto words = [&](int t) {
-        const int u0 = 2 * t;
-        const bool n0 = dw_new_group(rec, u0), n1 = u0 + 1 < L.n_units && dw_new_group(rec, u0 + 1);
-        const int start0 = n0 ? groups % R::p_slots + 1 : 0, start1 = n1 ? (groups + n0) % R::p_slots + 1 : 0;
-        groups += n0 + n1;
+        const int last = min(2 * t + 1, L.n_units - 1), grp = (int)(rec[last].y & 0xffffffu);
+        int batch = -1; /* the stage's units reach group DW_GB batches: that batch comes with its words */
+        if (grp >= DW_GB * batches) batch = batches++;
         if (DG == DG_COPY_ACT || DG == DG_ACTONLY) {
             if (lane == 0) dw_bar_arrive(full_w + 8 * (t % R::wst));
             return;
         }
-        dw_issue_words<GPTQ>(L, rec, t, DG == DG_NOPARAMS ? 0 : start0, DG == DG_NOPARAMS ? 0 : start1, cb0, a_base + R::w_off + (t % R::wst) * DW_W_BYTES,
-                             a_base + R::p_off, full_w + 8 * (t % R::wst), lane);
+        dw_issue_words<GPTQ>(L, codes, scales, rec, t, DG == DG_NOPARAMS && t > 0 ? -1 : batch, cb0,
+                             a_base + R::w_off + (t % R::wst) * DW_W_BYTES, a_base + R::p_off, a_base + R::t_off,
+                             full_w + 8 * (t % R::wst), lane);
     };
     for (int t = 0; t < min(AHEAD, n_copied); t++) words(t);
     for (int s = 0; s < n_copied; s++) {
@@ -269,14 +273,19 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
     const bool owns = cb < L.Npad / 32;
     const uint32_t bars = a_base + R::bar_off, full_w = bars + 8 * R::ast, empty = full_w + 8 * R::wst;
     const uint32_t *w_ring = (const uint32_t *)(smem + R::w_off);
-    const unsigned char *p_ring = smem + R::p_off;
+    const unsigned char *p_ring = smem + R::p_off, *t_ring = smem + R::t_off;
     const uint64_t d0 = wg_desc(a_base, 0); /* the first tile's descriptor; others add their offset / 16 */
-    unsigned groups = 0, grp = ~0u;         /* groups started up to the unit being decoded, and its group */
+    unsigned grp = ~0u;                     /* the group of the unit being decoded */
 
     float acc[128];
 #pragma unroll
     for (int i = 0; i < 128; i++) acc[i] = 0.0f;
-    uint32_t ax[2][4], ay[2][4]; /* A fragments of a stage's first and second unit */
+    uint32_t ax[2][4], ay[2][4]; /* A fragments of a stage's first and second unit; a warp past the matrix's columns
+                                  * multiplies these zeros (its rows of the product are not stored) */
+#pragma unroll
+    for (int ks = 0; ks < 2; ks++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) ax[ks][r] = ay[ks][r] = 0u;
 
     frag_scales sc;  /* the group's parameters, decoded where it starts (fresh) */
     __half2 h0, h1; /* and the scales of the warp's two columns */
@@ -296,13 +305,12 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
 #pragma unroll
                     for (int r = 0; r < 4; r++) a[ks][r] = slot[cbl * 32 * B + (4 * ks + r) * 32 + lane];
             });
-        } else if (owns) { /* (a warp past the matrix's columns multiplies what its registers hold: its A rows feed
-                            * only its own rows of the product, which it does not store) */
+        } else if (owns) {
             if (fresh) {
-                const unsigned char *pp = p_ring + (groups - 1) % R::p_slots * DW_P_UNIT;
-                frag_scales_decode(*(const uint4 *)(pp + 16 * cbl),
-                                   GPTQ ? (const void *)(pp + 64 + 64 * cbl) : pp + 64, GPTQ, L.zero_add, lane >> 2,
-                                   sc);
+                const unsigned slot = grp % DW_P_SLOTS;
+                frag_scales_decode(*(const uint4 *)(p_ring + 64 * slot + 16 * cbl),
+                                   GPTQ ? (const void *)(t_ring + 256 * slot + 64 * cbl) : t_ring + 64 * slot, GPTQ,
+                                   L.zero_add, lane >> 2, sc);
                 h0 = __float2half2_rn(sc.s[2 * CT]), h1 = __float2half2_rn(sc.s[2 * CT + 1]);
             }
             if (GPTQ) {
@@ -332,7 +340,6 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
         const unsigned g = rec[u].y & 0xffffffu;
         const bool fresh = g != grp;
         grp = g;
-        groups += fresh;
         return fresh;
     };
     for (unsigned s = 0; s < n_stages; s++) {
@@ -385,7 +392,7 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     __syncthreads();
     if (threadIdx.x >= DW_THREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (threadIdx.x < DW_THREADS + 32) dw_produce<GPTQ, DG, R>(L, &xmap, rec, m0, cb0, a_base);
+        if (threadIdx.x < DW_THREADS + 32) dw_produce<GPTQ, DG, R>(L, &xmap, &P.codes[p], &P.scales[p], rec, m0, cb0, a_base);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
@@ -446,7 +453,7 @@ static bool dw_enabled(void)
 
 bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L)
 {
-    return L->kind == TSR_LINEAR_EXL2 && L->n_units <= DW_MAX_UNITS && dw_enabled();
+    return L->kind == TSR_LINEAR_EXL2 && L->n_units <= DW_MAX_UNITS && L->n_groups > 0 && dw_enabled();
 }
 
 template <bool GPTQ, int DG = DG_NONE, class R = dw_ring_default>
@@ -503,6 +510,23 @@ int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, i
                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) /* a planning bug: the inputs are aligned */
         tsr_cuda_fatal(__FILE__, __LINE__, "cuTensorMapEncodeTiled refused the activations of the wgmma product");
+    /* each part's codes as G rows of Npad / 8 words, and GPTQ's scales as G rows of Npad halves, read DW_GB rows at a
+     * time (rows past G arrive as zeros) */
+    for (int i = 0; i < n; i++) {
+        const tsr_linear_dev *l = L[i];
+        const cuuint64_t cdims[2] = {(cuuint64_t)l->Npad / 8, (cuuint64_t)l->n_groups};
+        const cuuint64_t cstrides[1] = {(cuuint64_t)l->Npad / 2}, sstrides[1] = {(cuuint64_t)l->Npad * 2};
+        const cuuint64_t sdims[2] = {(cuuint64_t)l->Npad, (cuuint64_t)l->n_groups};
+        const cuuint32_t cbox[2] = {16, DW_GB}, sbox[2] = {128, DW_GB};
+        if (dw_encoder()(&parts.codes[i], CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, (void *)(l->gptq ? l->g_zeros : l->q_scale),
+                         cdims, cstrides, cbox, step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                         CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS ||
+            (l->gptq && dw_encoder()(&parts.scales[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)l->g_scales, sdims,
+                                     sstrides, sbox, step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                     CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS))
+            tsr_cuda_fatal(__FILE__, __LINE__, "cuTensorMapEncodeTiled refused the group parameters of the wgmma product");
+    }
     if (L[0]->gptq)
         dw_launch_variant<true>(parts, map, M, L[0]->n_units, beta, y_half);
     else
