@@ -13,13 +13,13 @@ mkdir -p "$out"
 . tests/parallel/gpu-env.sh > /dev/null
 export TSR_FIXTURES=$PWD/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$PWD/models
 nvidia-smi -L
-for v in ${TSR_DW_TESTS:-v4:TSR_CUDA_DW_BOX=256}; do
+for v in ${TSR_DW_TESTS:-default:}; do
   name=${v%%:*}; envs=${v#*:}
   env TSR_CUDA_DQ_WGMMA=1 ${envs//,/ } timeout 100 "$P/bin/test_cuda" > "$out/test_cuda-$name.log" 2>&1
   echo "test_cuda ($name: $envs) exit $?"
   grep -E "FAILED|ERROR|M=300 \(GEMM\)|greedy" "$out/test_cuda-$name.log" | head -8
 done
-variants=${TSR_DW_VARIANTS:-v4:TSR_CUDA_DW_BOX=256}
+variants=${TSR_DW_VARIANTS:-default:}
 pv="cublas:"
 for v in $variants; do pv="$pv ${v%%:*}:TSR_CUDA_DQ_WGMMA=1,${v#*:}"; done
 TSR_PREFILL_TESTS=0 TSR_PREFILL_PROFILE=0 TSR_PREFILL_VARIANTS="$pv" bash scripts/device-prefill.sh 2>&1 | tail -n +2
