@@ -116,19 +116,15 @@ __device__ __forceinline__ void dw_bar_wait(uint32_t bar, uint32_t parity)
                  "r"(parity)
                  : "memory");
 }
-/* Columns c0.. (K) and rows c1.. (M) of the activations, a 64 × 256 box, into the 128-byte swizzle at dst; rows
- * past M and columns past Kp arrive as zeros. */
+/* The box at columns c0.., rows c1.. of a 2D tensor map into dst, counted by bar; parts past the tensor arrive as
+ * zeros (the activations: 64 halves of K × 256 rows into the 128-byte swizzle; the codes or GPTQ scales: DW_GB
+ * groups' rows of the block's columns, unswizzled). */
 __device__ __forceinline__ void dw_tma(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar)
 {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
                  "[%4];\n" ::"r"(dst),
                  "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
-}
-/* A 2D box at columns c0.., rows c1.. of a tensor map without swizzle into dst, counted by bar. */
-__device__ __forceinline__ void dw_tma_box(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar)
-{
-    dw_tma(dst, map, c0, c1, bar);
 }
 /* bytes (a multiple of 16) from global src to shared dst, counted by bar */
 __device__ __forceinline__ void dw_bulk(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
@@ -187,9 +183,9 @@ __device__ __forceinline__ void dw_issue_words(const tsr_linear_dev &L, const CU
     if (lane == 0) dw_bar_expect(bar, total);
     __syncwarp();
     if (lane == 2 && bytes)
-        dw_tma_box(p_base + (uint32_t)slot0 * 64, codes, 16 * (cb0 / DW_CBS), g0, bar);
+        dw_tma(p_base + (uint32_t)slot0 * 64, codes, 4 * cb0, g0, bar);
     else if (lane == 3 && bytes && GPTQ)
-        dw_tma_box(dst, scales, 128 * (cb0 / DW_CBS), g0, bar);
+        dw_tma(dst, scales, 32 * cb0, g0, bar);
     else if (bytes)
         dw_bulk(dst, src, bytes, bar);
 }
@@ -237,7 +233,7 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
     int batches = 0; /* batches of group parameters issued so far */
     auto words = [&](int t) {
         const int last = min(2 * t + 1, L.n_units - 1), grp = (int)(rec[last].y & 0xffffffu);
-        int batch = -1; /* the stage's units reach group DW_GB batches: that batch comes with its words */
+        int batch = -1; /* the stage's last unit is in group DW_GB · batches or later: that batch comes with it */
         if (grp >= DW_GB * batches) batch = batches++;
         if (DG == DG_COPY_ACT || DG == DG_ACTONLY) {
             if (lane == 0) dw_bar_arrive(full_w + 8 * (t % R::wst));
