@@ -388,7 +388,8 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     __syncthreads();
     if (threadIdx.x >= DW_THREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (threadIdx.x < DW_THREADS + 32) dw_produce<GPTQ, DG, R>(L, &xmap, &P.codes[p], &P.scales[p], rec, m0, cb0, a_base);
+        if (threadIdx.x < DW_THREADS + 32)
+            dw_produce<GPTQ, DG, R>(L, &xmap, &P.codes[p], &P.scales[p], rec, m0, cb0, a_base);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
@@ -421,11 +422,12 @@ static dw_encode_fn dw_encoder(void)
     return fn;
 }
 
-/* The diagnostic asked for by TSR_CUDA_DW_DIAG=nodecode, copy, copyact, copywords, mma, mmaraw, noparams or actonly (dw_diag; EXL2
- * only: GPTQ runs the full kernel). */
+/* The diagnostic asked for by TSR_CUDA_DW_DIAG=nodecode, copy, copyact, copywords, mma, mmaraw, noparams or actonly
+ * (dw_diag; EXL2 only: GPTQ runs the full kernel). */
 static dw_diag dw_diag_asked(void)
 {
-    static const char *const names[] = {"", "nodecode", "copy", "copyact", "copywords", "mma", "mmaraw", "noparams", "actonly"};
+    static const char *const names[] = {"",    "nodecode", "copy",     "copyact", "copywords",
+                                        "mma", "mmaraw",   "noparams", "actonly"};
     static dw_diag asked = DG_NONE;
     static bool read;
     if (!read) {
@@ -514,14 +516,16 @@ int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, i
         const cuuint64_t cstrides[1] = {(cuuint64_t)l->Npad / 2}, sstrides[1] = {(cuuint64_t)l->Npad * 2};
         const cuuint64_t sdims[2] = {(cuuint64_t)l->Npad, (cuuint64_t)l->n_groups};
         const cuuint32_t cbox[2] = {16, DW_GB}, sbox[2] = {128, DW_GB};
-        if (dw_encoder()(&parts.codes[i], CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, (void *)(l->gptq ? l->g_zeros : l->q_scale),
-                         cdims, cstrides, cbox, step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                         CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS ||
+        void *codes = (void *)(l->gptq ? l->g_zeros : l->q_scale);
+        if (dw_encoder()(&parts.codes[i], CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, codes, cdims, cstrides, cbox, step,
+                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS ||
             (l->gptq && dw_encoder()(&parts.scales[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)l->g_scales, sdims,
                                      sstrides, sbox, step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                                      CU_TENSOR_MAP_L2_PROMOTION_NONE,
                                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS))
-            tsr_cuda_fatal(__FILE__, __LINE__, "cuTensorMapEncodeTiled refused the group parameters of the wgmma product");
+            tsr_cuda_fatal(__FILE__, __LINE__,
+                           "cuTensorMapEncodeTiled refused the group parameters of the wgmma product");
     }
     if (L[0]->gptq)
         dw_launch_variant<true>(parts, map, M, L[0]->n_units, beta, y_half);
