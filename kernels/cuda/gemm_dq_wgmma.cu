@@ -18,8 +18,8 @@
  * tensor cores' work on the one before.
  *
  * The copies: a third warpgroup, whose first warp issues them (its registers go to the consumers by setmaxnreg). A
- * stage's activation tile arrives by one tensor copy into the 128-byte swizzle (wgmma.cuh), AST tiles in flight;
- * its words (per unit one piece: the block's four column blocks) by bulk copies, WST stages in flight, since such
+ * stage's activation tile arrives by one tensor copy into the 128-byte swizzle (wgmma.cuh), DW_AST tiles in flight;
+ * its words (per unit one piece: the block's four column blocks) by bulk copies, DW_WST stages in flight, since such
  * small copies take longer to land; the groups' parameters (scale codes, and the EXL2 scale tables or GPTQ's
  * scales) 16 groups at a time with the words of the stage where they begin (one copy per unit cost 13 %, NOTES.md,
  * stop 56). Each is issued as soon as the consumers release the stage that used its buffer. TSR_CUDA_DW_DIAG times
@@ -74,25 +74,28 @@ struct dw_parts {
     CUtensorMap scales[TSR_GEMV_MAX_PARTS]; /* GPTQ: each part's fp16 scales, boxes of DW_GB groups */
 };
 
-/* The rings: AST activation tiles in flight and WST stages of words, which run WST - AST stages ahead of the tiles
- * (their small copies take longer to land than a tile; 4 × 8 is the best measured, stop 56, against 5 × 5, 4 × 4,
- * 4 × 10 and 3 × 12). The groups' parameters arrive DW_GB groups at a time with the words of the stage where the
+/* The rings: DW_AST activation tiles in flight and DW_WST stages of words, which run DW_WST - DW_AST stages ahead of
+ * the tiles (their small copies take longer to land than a tile; 4 × 8 is the best measured, stop 56, against 5 × 5,
+ * 4 × 4, 4 × 10 and 3 × 12). The groups' parameters arrive DW_GB groups at a time with the words of the stage where the
  * first of them starts (groups are numbered in unit order, each a run of units), into two halves of a ring of
- * DW_P_SLOTS slots: a batch overwrites the one two before it, whose last unit lies at least DW_GB units, WST
+ * DW_P_SLOTS slots: a batch overwrites the one two before it, whose last unit lies at least DW_GB units, DW_WST
  * stages, earlier, so its stage has been released. Shared memory, 1024-byte aligned (+1 KB to align the start): the
  * activation tiles, the words' stages, the codes' slots, the tables' or GPTQ scales' slots, the barriers (per tile
  * a full one: its copy landed; per words' stage a full one: its words and parameters landed, and an empty one: the
  * consumers are done with stage s, its tile and its words), then the unit records. */
-template <int AST, int WST>
-struct dw_ring {
-    static_assert(WST >= AST, "the words run ahead of the tiles");
-    static_assert(DW_GB / 2 >= WST, "a batch of parameters is refilled only after its last stage's release");
-    static constexpr int ast = AST, wst = WST;
-    static constexpr int w_off = AST * DW_A_BYTES, p_off = w_off + WST * DW_W_BYTES, t_off = p_off + DW_P_SLOTS * 64;
-    static constexpr int bar_off = t_off + DW_P_SLOTS * 256, rec_off = bar_off + 8 * (AST + 2 * WST);
-    static size_t smem_bytes(int n_units) { return rec_off + (size_t)n_units * sizeof(uint2) + 1024; }
-};
-typedef dw_ring<4, 8> dw_ring_default;
+#define DW_AST     4
+#define DW_WST     8
+#define DW_W_OFF   (DW_AST * DW_A_BYTES)
+#define DW_P_OFF   (DW_W_OFF + DW_WST * DW_W_BYTES)
+#define DW_T_OFF   (DW_P_OFF + DW_P_SLOTS * 64)
+#define DW_BAR_OFF (DW_T_OFF + DW_P_SLOTS * 256)
+#define DW_REC_OFF (DW_BAR_OFF + 8 * (DW_AST + 2 * DW_WST))
+static_assert(DW_WST >= DW_AST, "the words run ahead of the tiles");
+static_assert(DW_GB / 2 >= DW_WST, "a batch of parameters is refilled only after its last stage's release");
+static size_t dw_smem_bytes(int n_units)
+{
+    return DW_REC_OFF + (size_t)n_units * sizeof(uint2) + 1024;
+}
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* The barriers: full ones count the bytes of their copies and the producer's arrival; empty ones the 8 consumer
@@ -175,7 +178,7 @@ __device__ __forceinline__ void dw_issue_words(const tsr_linear_dev &L, const CU
         bytes = DW_GB * 64;
     } else if (lane == 3 && batch >= 0) {
         bytes = GPTQ ? DW_GB * 256 : 64u * (uint32_t)min(DW_GB, L.n_groups - g0);
-        src = L.s_table + (size_t)g0 * 16;
+        src = L.s_table + (size_t)g0 * 16; /* read for EXL2 only: GPTQ's scales come by a tensor copy below */
         dst = t_base + (uint32_t)slot0 * (GPTQ ? 256 : 64);
     }
     uint32_t total = bytes;
@@ -219,38 +222,38 @@ __device__ __forceinline__ void dw_store(const float (&acc)[128], const tsr_line
     }
 }
 
-/* The producer warp: stage s's activation tile and the words and parameters of stage s + WST - AST, as soon as
- * the consumers have released stage s - AST (whose tile buffer the one and whose words' buffer the other reuses).
- * The words thus run WST - AST stages ahead of the tiles. */
-template <bool GPTQ, int DG, class R>
+/* The producer warp: stage s's activation tile and the words and parameters of stage s + DW_WST - DW_AST, as soon as
+ * the consumers have released stage s - DW_AST (whose tile buffer the one and whose words' buffer the other reuses).
+ * The words thus run DW_WST - DW_AST stages ahead of the tiles. */
+template <bool GPTQ, int DG>
 __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtensorMap *map, const CUtensorMap *codes,
                                            const CUtensorMap *scales, const uint2 *rec, int m0, int cb0,
                                            uint32_t a_base)
 {
-    constexpr int AHEAD = R::wst - R::ast;
-    const int n_stages = (L.n_units + 1) / 2, n_copied = DG_RECOPY(DG) ? min(R::ast, n_stages) : n_stages;
+    constexpr int AHEAD = DW_WST - DW_AST;
+    const int n_stages = (L.n_units + 1) / 2, n_copied = DG_RECOPY(DG) ? min(DW_AST, n_stages) : n_stages;
     const int lane = threadIdx.x & 31;
-    const uint32_t bars = a_base + R::bar_off, full_w = bars + 8 * R::ast, empty = full_w + 8 * R::wst;
+    const uint32_t bars = a_base + DW_BAR_OFF, full_w = bars + 8 * DW_AST, empty = full_w + 8 * DW_WST;
     int batches = 0; /* batches of group parameters issued so far */
     auto words = [&](int t) {
         const int last = min(2 * t + 1, L.n_units - 1), grp = (int)(rec[last].y & 0xffffffu);
         int batch = -1; /* the stage's last unit is in group DW_GB · batches or later: that batch comes with it */
         if (grp >= DW_GB * batches) batch = batches++;
         if (DG == DG_COPY_ACT || DG == DG_ACTONLY) {
-            if (lane == 0) dw_bar_arrive(full_w + 8 * (t % R::wst));
+            if (lane == 0) dw_bar_arrive(full_w + 8 * (t % DW_WST));
             return;
         }
         dw_issue_words<GPTQ>(L, codes, scales, rec, t, DG == DG_NOPARAMS && t > 0 ? -1 : batch, cb0,
-                             a_base + R::w_off + (t % R::wst) * DW_W_BYTES, a_base + R::p_off, a_base + R::t_off,
-                             full_w + 8 * (t % R::wst), lane);
+                             a_base + DW_W_OFF + (t % DW_WST) * DW_W_BYTES, a_base + DW_P_OFF, a_base + DW_T_OFF,
+                             full_w + 8 * (t % DW_WST), lane);
     };
     for (int t = 0; t < min(AHEAD, n_copied); t++) words(t);
     for (int s = 0; s < n_copied; s++) {
-        if (s >= R::ast) dw_bar_wait(empty + 8 * ((s - R::ast) % R::wst), (uint32_t)((s - R::ast) / R::wst) & 1u);
+        if (s >= DW_AST) dw_bar_wait(empty + 8 * ((s - DW_AST) % DW_WST), (uint32_t)((s - DW_AST) / DW_WST) & 1u);
         if (lane == 0) {
-            const uint32_t bar = bars + 8 * (s % R::ast);
+            const uint32_t bar = bars + 8 * (s % DW_AST);
             dw_bar_expect(bar, DG == DG_COPY_WORDS ? 0u : (uint32_t)DW_A_BYTES);
-            if (DG != DG_COPY_WORDS) dw_tma(a_base + (s % R::ast) * DW_A_BYTES, map, 64 * s, m0, bar);
+            if (DG != DG_COPY_WORDS) dw_tma(a_base + (s % DW_AST) * DW_A_BYTES, map, 64 * s, m0, bar);
         }
         if (s + AHEAD < n_copied) words(s + AHEAD);
     }
@@ -260,7 +263,7 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
  * tile and words, decode and multiply its two units, and release the stage before (whose wgmma's have finished) to
  * the producer on its empty barrier (two pairs left in flight, with four register sets, measured the same, stop 56).
  * DG: a diagnostic (dw_diag) in place of the full work. */
-template <bool GPTQ, int CT, int DG, class R>
+template <bool GPTQ, int CT, int DG>
 __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, float beta, int y_half,
                                        unsigned char *smem, uint32_t a_base, const uint2 *rec, int m0, int cb0)
 {
@@ -268,9 +271,9 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
     const int cb = cb0 + cbl;
     const unsigned n_units = (unsigned)L.n_units, n_stages = (n_units + 1) / 2; /* unsigned: cheap % and / */
     const bool owns = cb < L.Npad / 32;
-    const uint32_t bars = a_base + R::bar_off, full_w = bars + 8 * R::ast, empty = full_w + 8 * R::wst;
-    const uint32_t *w_ring = (const uint32_t *)(smem + R::w_off);
-    const unsigned char *p_ring = smem + R::p_off, *t_ring = smem + R::t_off;
+    const uint32_t bars = a_base + DW_BAR_OFF, full_w = bars + 8 * DW_AST, empty = full_w + 8 * DW_WST;
+    const uint32_t *w_ring = (const uint32_t *)(smem + DW_W_OFF);
+    const unsigned char *p_ring = smem + DW_P_OFF, *t_ring = smem + DW_T_OFF;
     const uint64_t d0 = wg_desc(a_base, 0); /* the first tile's descriptor; others add their offset / 16 */
     unsigned grp = ~0u;                     /* the group of the unit being decoded */
 
@@ -288,7 +291,7 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
     __half2 h0, h1; /* and the scales of the warp's two columns */
     /* unit u (ui of stage s): decode into a, then its two wgmma's */
     auto unit = [&](unsigned s, unsigned u, unsigned ui, bool fresh, uint32_t (&a)[2][4]) {
-        const uint32_t *slot = w_ring + ((s % R::wst) * 2 + ui) * DW_CBS * (DW_W_UNIT / 4);
+        const uint32_t *slot = w_ring + ((s % DW_WST) * 2 + ui) * DW_CBS * (DW_W_UNIT / 4);
         if (DG == DG_NODECODE) { /* ones (wrong results) */
 #pragma unroll
             for (int ks = 0; ks < 2; ks++)
@@ -319,7 +322,7 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
                 });
             }
         }
-        const uint64_t d = (d0 & ~0xffffffffull) | (uint32_t)(d0 + (((s % R::ast) * DW_A_BYTES + ui * 64) >> 4));
+        const uint64_t d = (d0 & ~0xffffffffull) | (uint32_t)(d0 + (((s % DW_AST) * DW_A_BYTES + ui * 64) >> 4));
         wg_arrive();
         wg_mma_rs256k(acc, a[0], d);
         wg_mma_rs256k(acc, a[1], d + 2);
@@ -330,7 +333,7 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
     /* the release of stage s's buffers to the producer: every wgmma that reads them has finished */
     auto release = [&](unsigned s) {
         __syncwarp();
-        if (lane == 0) dw_bar_arrive(empty + 8 * (s % R::wst));
+        if (lane == 0) dw_bar_arrive(empty + 8 * (s % DW_WST));
     };
     /* whether unit u starts a group (the records' group of unit u differs from the last one's) */
     auto fresh_group = [&](unsigned u) {
@@ -341,9 +344,9 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
     };
     for (unsigned s = 0; s < n_stages; s++) {
         const unsigned u0 = 2 * s;
-        if (!DG_RECOPY(DG) || s < R::ast) {
-            dw_bar_wait(bars + 8 * (s % R::ast), (uint32_t)(s / R::ast) & 1u);
-            dw_bar_wait(full_w + 8 * (s % R::wst), (uint32_t)(s / R::wst) & 1u);
+        if (!DG_RECOPY(DG) || s < DW_AST) {
+            dw_bar_wait(bars + 8 * (s % DW_AST), (uint32_t)(s / DW_AST) & 1u);
+            dw_bar_wait(full_w + 8 * (s % DW_WST), (uint32_t)(s / DW_WST) & 1u);
         }
         if (DG_COPY_ONLY(DG)) {
             release(s);
@@ -363,7 +366,7 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
 }
 #endif
 
-template <bool GPTQ, int DG, class R>
+template <bool GPTQ, int DG>
 __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     dq_wgmma_kernel(const __grid_constant__ dw_parts P, const __grid_constant__ CUtensorMap xmap, int M, float beta,
                     int y_half)
@@ -372,8 +375,8 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     extern __shared__ __align__(1024) unsigned char dw_smem[];
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(dw_smem), pad = (1024 - (raw & 1023)) & 1023;
     unsigned char *smem = dw_smem + pad;
-    const uint32_t a_base = raw + pad, bars = a_base + R::bar_off;
-    uint2 *rec = (uint2 *)(smem + R::rec_off);
+    const uint32_t a_base = raw + pad, bars = a_base + DW_BAR_OFF;
+    uint2 *rec = (uint2 *)(smem + DW_REC_OFF);
     const int tile = (int)blockIdx.y, m0 = (int)blockIdx.x * DW_ROWS;
     int p = 0;
     while (p + 1 < P.n && tile >= P.tiles_end[p]) p++;
@@ -381,23 +384,23 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     const int cb0 = (tile - (p ? P.tiles_end[p - 1] : 0)) * DW_CBS;
     for (int u = threadIdx.x; u < L.n_units; u += blockDim.x) rec[u] = L.units[u];
     if (threadIdx.x == 0) {
-        for (int b = 0; b < R::ast + R::wst; b++) dw_bar_init(bars + 8 * b, 1); /* full: the producer's arrival */
-        for (int b = 0; b < R::wst; b++)
-            dw_bar_init(bars + 8 * (R::ast + R::wst + b), DW_THREADS / 32); /* empty: each consumer warp's */
+        for (int b = 0; b < DW_AST + DW_WST; b++) dw_bar_init(bars + 8 * b, 1); /* full: the producer's arrival */
+        for (int b = 0; b < DW_WST; b++)
+            dw_bar_init(bars + 8 * (DW_AST + DW_WST + b), DW_THREADS / 32); /* empty: each consumer warp's */
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     if (threadIdx.x >= DW_THREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (threadIdx.x < DW_THREADS + 32)
-            dw_produce<GPTQ, DG, R>(L, &xmap, &P.codes[p], &P.scales[p], rec, m0, cb0, a_base);
+            dw_produce<GPTQ, DG>(L, &xmap, &P.codes[p], &P.scales[p], rec, m0, cb0, a_base);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     if (threadIdx.x < 128)
-        dw_run<GPTQ, 0, DG, R>(L, M, P.y[p], beta, y_half, smem, a_base, rec, m0, cb0);
+        dw_run<GPTQ, 0, DG>(L, M, P.y[p], beta, y_half, smem, a_base, rec, m0, cb0);
     else
-        dw_run<GPTQ, 1, DG, R>(L, M, P.y[p], beta, y_half, smem, a_base, rec, m0, cb0);
+        dw_run<GPTQ, 1, DG>(L, M, P.y[p], beta, y_half, smem, a_base, rec, m0, cb0);
 #endif
 }
 
@@ -421,6 +424,20 @@ static dw_encode_fn dw_encoder(void)
             cudaGetLastError();
     }
     return fn;
+}
+
+/* map over `rows` rows of `cols` elements of type t (`pitch` bytes apart) at base, read in boxes of box_cols ×
+ * box_rows; what lies past the tensor arrives as zeros. A refusal is a planning bug (the inputs are aligned): fatal,
+ * naming what. */
+static void dw_map_2d(CUtensorMap *map, CUtensorMapDataType t, const void *base, size_t cols, size_t rows, size_t pitch,
+                      unsigned box_cols, unsigned box_rows, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2,
+                      const char *what)
+{
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)pitch};
+    const cuuint32_t box[2] = {box_cols, box_rows}, step[2] = {1, 1};
+    if (dw_encoder()(map, t, 2, (void *)base, dims, strides, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, l2,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        tsr_cuda_fatal(__FILE__, __LINE__, what);
 }
 
 /* The diagnostic asked for by TSR_CUDA_DW_DIAG=nodecode, copy, copyact, copywords, mma, mmaraw, noparams or actonly
@@ -447,7 +464,7 @@ static bool dw_enabled(void)
 {
     static const bool on = getenv("TSR_CUDA_DQ_WGMMA") ? atoi(getenv("TSR_CUDA_DQ_WGMMA")) != 0 : DW_DEFAULT;
     return on && tsr_cuda_wgmma_code() && dw_encoder() &&
-           dw_ring_default::smem_bytes(DW_MAX_UNITS) <= (size_t)tsr_cuda_smem_block();
+           dw_smem_bytes(DW_MAX_UNITS) <= (size_t)tsr_cuda_smem_block();
 }
 
 bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L)
@@ -455,17 +472,17 @@ bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L)
     return L->kind == TSR_LINEAR_EXL2 && L->n_units <= DW_MAX_UNITS && L->n_groups > 0 && dw_enabled();
 }
 
-template <bool GPTQ, int DG = DG_NONE, class R = dw_ring_default>
+template <bool GPTQ, int DG = DG_NONE>
 static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int n_units, float beta, bool y_half)
 {
-    void (*kernel)(dw_parts, CUtensorMap, int, float, int) = dq_wgmma_kernel<GPTQ, DG, R>;
+    void (*kernel)(dw_parts, CUtensorMap, int, float, int) = dq_wgmma_kernel<GPTQ, DG>;
     static bool configured = false;
     if (!configured) {
-        tsr_cuda_allow_smem((const void *)kernel, R::smem_bytes(DW_MAX_UNITS), "the EXL2/GPTQ wgmma product");
+        tsr_cuda_allow_smem((const void *)kernel, dw_smem_bytes(DW_MAX_UNITS), "the EXL2/GPTQ wgmma product");
         configured = true;
     }
     const dim3 grid((unsigned)tsr_div_up((size_t)M, DW_ROWS), (unsigned)parts.tiles_end[parts.n - 1]);
-    kernel<<<grid, DW_THREADS + DW_PRODUCER, R::smem_bytes(n_units), tsr_cuda_stream()>>>(parts, map, M, beta,
+    kernel<<<grid, DW_THREADS + DW_PRODUCER, dw_smem_bytes(n_units), tsr_cuda_stream()>>>(parts, map, M, beta,
                                                                                           (int)y_half);
     TSR_CUDA_LAUNCHED();
 }
@@ -500,33 +517,24 @@ int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, i
         parts.tiles_end[i] = (i ? parts.tiles_end[i - 1] : 0) + (int)tsr_div_up((size_t)L[i]->Npad / 32, DW_CBS);
     }
     parts.n = n;
-    /* xp as a 2D tensor of M rows of Kp halves, read in boxes of 256 rows × 64 halves in the 128-byte swizzle */
-    const cuuint64_t dims[2] = {(cuuint64_t)32 * L[0]->n_units, (cuuint64_t)M};
-    const cuuint64_t strides[1] = {(cuuint64_t)64 * L[0]->n_units};
-    const cuuint32_t box[2] = {64, DW_ROWS}, step[2] = {1, 1};
+    /* xp as M rows of Kp halves, read in boxes of 256 rows × 64 halves in the 128-byte swizzle */
+    const size_t kp = (size_t)32 * L[0]->n_units;
     CUtensorMap map;
-    if (dw_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)xp, dims, strides, box, step,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) /* a planning bug: the inputs are aligned */
-        tsr_cuda_fatal(__FILE__, __LINE__, "cuTensorMapEncodeTiled refused the activations of the wgmma product");
+    dw_map_2d(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, xp, kp, (size_t)M, 2 * kp, 64, DW_ROWS,
+              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+              "cuTensorMapEncodeTiled refused the activations of the wgmma product");
     /* each part's codes as G rows of Npad / 8 words, and GPTQ's scales as G rows of Npad halves, read DW_GB rows at a
-     * time (rows past G arrive as zeros) */
+     * time */
     for (int i = 0; i < n; i++) {
         const tsr_linear_dev *l = L[i];
-        const cuuint64_t cdims[2] = {(cuuint64_t)l->Npad / 8, (cuuint64_t)l->n_groups};
-        const cuuint64_t cstrides[1] = {(cuuint64_t)l->Npad / 2}, sstrides[1] = {(cuuint64_t)l->Npad * 2};
-        const cuuint64_t sdims[2] = {(cuuint64_t)l->Npad, (cuuint64_t)l->n_groups};
-        const cuuint32_t cbox[2] = {16, DW_GB}, sbox[2] = {128, DW_GB};
-        void *codes = (void *)(l->gptq ? l->g_zeros : l->q_scale);
-        if (dw_encoder()(&parts.codes[i], CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, codes, cdims, cstrides, cbox, step,
-                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS ||
-            (l->gptq && dw_encoder()(&parts.scales[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)l->g_scales, sdims,
-                                     sstrides, sbox, step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                                     CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS))
-            tsr_cuda_fatal(__FILE__, __LINE__,
-                           "cuTensorMapEncodeTiled refused the group parameters of the wgmma product");
+        const char *what = "cuTensorMapEncodeTiled refused the group parameters of the wgmma product";
+        dw_map_2d(&parts.codes[i], CU_TENSOR_MAP_DATA_TYPE_UINT32, l->gptq ? l->g_zeros : l->q_scale,
+                  (size_t)l->Npad / 8, (size_t)l->n_groups, (size_t)l->Npad / 2, 16, DW_GB, CU_TENSOR_MAP_SWIZZLE_NONE,
+                  CU_TENSOR_MAP_L2_PROMOTION_NONE, what);
+        if (l->gptq)
+            dw_map_2d(&parts.scales[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT16, l->g_scales, (size_t)l->Npad,
+                      (size_t)l->n_groups, (size_t)l->Npad * 2, 128, DW_GB, CU_TENSOR_MAP_SWIZZLE_NONE,
+                      CU_TENSOR_MAP_L2_PROMOTION_NONE, what);
     }
     if (L[0]->gptq)
         dw_launch_variant<true>(parts, map, M, L[0]->n_units, beta, y_half);
