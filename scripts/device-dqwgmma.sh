@@ -4,7 +4,8 @@
 # tokens in one chunk (scripts/device-prefill.sh) under each variant of TSR_DW_VARIANTS and the cuBLAS path, the
 # per-matrix times of each (TSR_CUDA_DQ_TIMES=1) and of each of TSR_DW_TIMES (variants timed only: the diagnostics,
 # TSR_CUDA_DW_DIAG, whose results are wrong), and with TSR_DW_NCU="ENV=V,..." one launch of the kernel under ncu
-# (warp states, scheduler, source counters; OUT/ncu-*.txt). Pack first with TSR_GPUPACK_SLIM=1
+# (warp states, scheduler, source counters; OUT/ncu-*.txt). A variant's BIN=NAME runs the pack's alt/tessera-NAME
+# (gpu-pack.sh's TSR_GPUPACK_ALT) instead of the build's own. Pack first with TSR_GPUPACK_SLIM=1
 # tests/parallel/gpu-pack.sh and carry `.parpack`. About a minute, two with ncu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ for v in ${TSR_DW_TESTS:-default:}; do
   env TSR_CUDA_DQ_WGMMA=1 ${envs//,/ } timeout 100 "$P/bin/test_cuda" > "$out/test_cuda-$name.log" 2>&1
   echo "test_cuda ($name: $envs) exit $?"
   grep -E "FAILED|ERROR" "$out/test_cuda-$name.log" | head -6 # failures first: the lines below would hide them
-  grep -E "M=300 \(GEMM\)|greedy" "$out/test_cuda-$name.log" | head -8
+  grep -E "M=300 \(GEMM\)|48 groups|greedy" "$out/test_cuda-$name.log" | head -8
 done
 variants=${TSR_DW_VARIANTS:-default:}
 pv="cublas:"
@@ -28,7 +29,8 @@ m8=/tmp/llama8b-4.0
 for v in $variants ${TSR_DW_TIMES:-}; do
   envs=${v#*:}
   echo "--- per matrix, ${v%%:*} ($envs)"
-  env TSR_CUDA_DQ_WGMMA=1 ${envs//,/ } TSR_CUDA_DQ_TIMES=1 timeout 60 "$bin" bench --model $m8 --device cuda --batch 1 \
+  vb=$(variant_bin "$envs"); envs=$(echo ",$envs," | sed 's/,BIN=[^,]*,/,/; s/^,//; s/,$//')
+  env TSR_CUDA_DQ_WGMMA=1 ${envs//,/ } TSR_CUDA_DQ_TIMES=1 timeout 60 "$vb" bench --model $m8 --device cuda --batch 1 \
     --prompt-len 2048 --gen 2 --max-tokens 2048 2>&1 | grep "dq path M 2048"
 done
 if [ -n "${TSR_DW_NCU:-}" ] && command -v ncu > /dev/null; then # the third launch: gate and up of layer 0

@@ -49,6 +49,7 @@ void make_matrix(synth_matrix *m, int N, int G, const int *bits, const int *rows
     memset(m, 0, sizeof *m);
     m->N = N;
     m->G = G;
+    assert_true(G <= SYNTH_MAX_GROUPS);
     for (int g = 0; g < G; g++) {
         m->bits[g] = bits[g];
         m->rows[g] = rows[g];

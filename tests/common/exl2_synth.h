@@ -6,15 +6,17 @@
 #include "runtime/exl2.h"
 #include "runtime/safetensors.h"
 
+#define SYNTH_MAX_GROUPS 64
+
 typedef struct {
     int K, N, G;
-    int bits[16], rows[16]; /* per group */
+    int bits[SYNTH_MAX_GROUPS], rows[SYNTH_MAX_GROUPS]; /* per group */
     uint32_t *codes;        /* [K][N] stored-order codes */
     uint32_t *q_weight;     /* [Q][N] */
     int Q;
     uint32_t *q_scale;      /* [G][N/8] */
-    uint16_t q_scale_max[16];
-    int16_t q_groups[32];
+    uint16_t q_scale_max[SYNTH_MAX_GROUPS];
+    int16_t q_groups[2 * SYNTH_MAX_GROUPS];
     int32_t *invperm;       /* [K] */
     uint16_t *bias;         /* [N] */
 } synth_matrix;
@@ -43,7 +45,8 @@ extern const exl2_pack_vector exl2_pack_vectors[6];
 uint32_t rnd(void);
 /* Packs m->codes into m->q_weight and fills q_groups (value j of a group at stream bits [j*b, j*b+b)). */
 void pack(synth_matrix *m);
-/* A random matrix of N columns and G groups of the given widths and row counts (random permutation, scales). */
+/* A random matrix of N columns and G groups (at most SYNTH_MAX_GROUPS) of the given widths and row counts (random
+ * permutation, scales). */
 void make_matrix(synth_matrix *m, int N, int G, const int *bits, const int *rows, int with_bias);
 void free_matrix(synth_matrix *m);
 /* Writes the matrix to a temporary file as tensors `w.*` (omitting `skip`, if given) and loads it. */

@@ -1168,6 +1168,19 @@ static void test_linear_long_groups(void **state)
     check_linear_rows(16384, 16000, 4, bits, rows, Ms, 2, "long 4-bit groups");
 }
 
+/* 48 groups of 32 rows (K = 1536: 48 units) at 300 rows and 512 columns, every width: with TSR_CUDA_DQ_WGMMA=1 (as
+ * test_cuda_dqwgmma runs: kernels/cuda/gemm_dq_wgmma.cu) the groups' parameters arrive in three batches of 16 groups
+ * and the ring's two halves are each refilled; then 40 rows (the GEMV's chunks). */
+static void test_linear_many_groups(void **state)
+{
+    (void)state;
+    int bits[48], rows[48];
+    const int widths[] = {8, 6, 5, 4, 3, 2};
+    for (int g = 0; g < 48; g++) bits[g] = widths[g / 8], rows[g] = 32; /* widths never increase */
+    const int Ms[] = {300, 40};
+    check_linear_rows(512, 500, 48, bits, rows, Ms, 2, "48 groups of 32 rows");
+}
+
 /* Whether a decode GEMV of M rows takes activations staged ahead by the launch before it (stage_ahead.cuh): not with
  * TSR_CUDA_STAGE_AHEAD=0, nor for exact rows (up to 4) with TSR_CUDA_GEMV_PRESTAGE=0, where its blocks gather
  * theirs; never above 8 rows. */
@@ -1906,6 +1919,7 @@ int main(void)
         cmocka_unit_test(test_linear_padded_k),
         cmocka_unit_test(test_linear_waves),
         cmocka_unit_test(test_linear_long_groups),
+        cmocka_unit_test(test_linear_many_groups),
         cmocka_unit_test(test_mlp_fused),
         cmocka_unit_test(test_stage_ahead),
         cmocka_unit_test(test_merge_stage),
