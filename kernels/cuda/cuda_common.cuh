@@ -51,6 +51,7 @@ struct tsr_linear_dev {
     const int32_t *uperm;   /* [32 n_units]: original input row of each unit row, -1 for padding */
     int n_units;            /* Kp = 32 n_units rows in unit order */
     int n_groups;           /* G: the groups of the scale codes (or GPTQ's scales), in unit order (0 where unknown) */
+    int uperm_identity;     /* 1: uperm[k] = k for all k < Kp = K (unit order is input order, no padding rows) */
     const int32_t *uinv;    /* [K]: the unit row of each input row, for a matrix whose producer scatters its staged
                              * activations (o, after the attention merge: stage_ahead.cuh); NULL elsewhere */
     const uint32_t *q_scale;/* [G][Npad/8] 4-bit scale codes (EXL2) */

@@ -85,6 +85,8 @@ tsr_status tsr_cuda_exl2_pack(const tsr_qmatrix *q, const int32_t *cols, int row
         return tsr_fail(TSR_ERR_FORMAT, "quantized matrix too large for the device layout (%zu words)", words);
     d->n_units = (int)units.size();
     d->n_groups = q->G;
+    d->uperm_identity = uperm.size() == (size_t)q->K;
+    for (size_t k = 0; d->uperm_identity && k < uperm.size(); k++) d->uperm_identity = uperm[k] == (int32_t)k;
     /* FRAG_PAD_WORDS of zeros after the last unit: the decode GEMV copies a warp's two column blocks as one pair,
      * the second past the matrix when the first is its last (results never stored) */
     d->fw = (const uint32_t *)dev_alloc((words + FRAG_PAD_WORDS) * 4);

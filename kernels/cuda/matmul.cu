@@ -109,6 +109,32 @@ __global__ void __launch_bounds__(512)
     }
 }
 
+/* xp = h(x) (GATED: h(silu(x + bx) · (up + bu))) for a matrix whose unit order is the input's (uperm the identity, no
+ * padding rows: down's input under the MLP fold, backend.cu): a straight conversion of the M · K values, four a
+ * thread, without permute_half_kernel's pass through shared memory (x, up four-value aligned, K a multiple of 4). */
+template <bool GATED, typename T>
+__global__ void __launch_bounds__(256)
+    convert_half_kernel(const T *x, const T *up, const __half *bx, const __half *bu, size_t n4, int K, __half *xp)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t e = 4 * i;
+        float4 v = pm_load4(x + e);
+        if (GATED) {
+            const int k = (int)(e % (size_t)K);
+            const float4 u = pm_load4(up + e);
+            if (bx)
+                v.x += pm_bias(bx, k), v.y += pm_bias(bx, k + 1), v.z += pm_bias(bx, k + 2), v.w += pm_bias(bx, k + 3);
+            const float4 ub = bu ? make_float4(pm_bias(bu, k), pm_bias(bu, k + 1), pm_bias(bu, k + 2),
+                                               pm_bias(bu, k + 3))
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v = make_float4(silu_times(v.x, u.x + ub.x), silu_times(v.y, u.y + ub.y), silu_times(v.z, u.z + ub.z),
+                            silu_times(v.w, u.w + ub.w));
+        }
+        const __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
+        *(uint2 *)(xp + e) = make_uint2(h2_bits(lo), h2_bits(hi));
+    }
+}
+
 /* Opts kernel f in to smem bytes of dynamic shared memory and returns the blocks of 512 threads that fit on the
  * chip at once with it (at least 1). */
 template <typename F> static int permute_blocks(F f, size_t smem)
@@ -124,8 +150,21 @@ template <typename F> static int permute_blocks(F f, size_t smem)
  * projection needs 114 KB, more than the 99 KB of the consumer cards) or K does not fit 16 bits. */
 template <typename T>
 static void permute_half(const T *x, const T *up, const int32_t *uperm, int M, int K, int Kp, __half *xp,
-                         const __half *bx = NULL, const __half *bu = NULL)
+                         const __half *bx = NULL, const __half *bu = NULL, bool identity = false)
 {
+    constexpr uintptr_t A4 = 4 * sizeof(T) - 1; /* alignment of four values */
+    if (identity && Kp == K && (K & 3) == 0 && ((uintptr_t)x & A4) == 0 && (!up || ((uintptr_t)up & A4) == 0) &&
+        !tsr_cuda_env_off("TSR_CUDA_CONVERT")) {
+        const size_t n4 = (size_t)M * K / 4;
+        static const int blocks = 8 * tsr_cuda_device_attr(cudaDevAttrMultiProcessorCount, 1);
+        const int grid = n4 / 256 + 1 < (size_t)blocks ? (int)(n4 / 256 + 1) : blocks;
+        if (up)
+            convert_half_kernel<true, T><<<grid, 256, 0, tsr_cuda_stream()>>>(x, up, bx, bu, n4, K, xp);
+        else
+            convert_half_kernel<false, T><<<grid, 256, 0, tsr_cuda_stream()>>>(x, up, bx, bu, n4, K, xp);
+        TSR_CUDA_LAUNCHED();
+        return;
+    }
     const size_t row = ((size_t)K * sizeof(__half) + 15) & ~(size_t)15, with_perm = row + (size_t)Kp * sizeof(uint16_t);
     /* the most a block of the device may opt in to: 99 KB on sm_86/89, 227 KB on sm_90 (48 KB if unknown) */
     static const size_t optin = (size_t)tsr_cuda_smem_block();
@@ -427,7 +466,7 @@ static void dq_product(const tsr_linear_dev *L, const T *x, const T *up, const _
     const int Kp = 32 * L->n_units;
     __half *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * Kp * sizeof(__half));
     dq_mark(0);
-    if (permute) permute_half(x, up, L->uperm, M, L->K, Kp, xp, bx, bu);
+    if (permute) permute_half(x, up, L->uperm, M, L->K, Kp, xp, bx, bu, L->uperm_identity != 0);
     dq_mark(1);
     exl2_dq_gemm(L, xp, M, y, beta, ytype);
     dq_mark(3);
@@ -576,7 +615,8 @@ static bool dq_group_wgmma(const tsr_linear *const *Lh, int n, const float *x, i
     }
     const int Kp = 32 * L[0]->n_units;
     __half *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * Kp * sizeof(__half));
-    permute_half(x, (const float *)NULL, L[0]->uperm, M, L[0]->K, Kp, xp);
+    permute_half(x, (const float *)NULL, L[0]->uperm, M, L[0]->K, Kp, xp, (const __half *)NULL, (const __half *)NULL,
+                 L[0]->uperm_identity != 0);
     void *yv[TSR_GEMV_MAX_PARTS];
     for (int i = 0; i < n; i++) yv[i] = y[i];
     if (!tsr_cuda_dq_wgmma(L, n, xp, M, yv, 0.0f, false)) return false; /* the permutation is then repeated: harmless */
