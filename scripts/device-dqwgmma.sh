@@ -19,7 +19,7 @@ for v in ${TSR_DW_TESTS:-default:}; do
   env TSR_CUDA_DQ_WGMMA=1 ${envs//,/ } timeout 100 "$P/bin/test_cuda" > "$out/test_cuda-$name.log" 2>&1
   echo "test_cuda ($name: $envs) exit $?"
   grep -E "FAILED|ERROR" "$out/test_cuda-$name.log" | head -6 # failures first: the lines below would hide them
-  grep -E "M=300 \(GEMM\)|48 groups|greedy" "$out/test_cuda-$name.log" | head -8
+  grep -E "M=300 \(GEMM\)|48 groups|input order|greedy" "$out/test_cuda-$name.log" | head -8
 done
 variants=${TSR_DW_VARIANTS:-default:}
 pv="cublas:"

@@ -993,10 +993,13 @@ typedef struct {
     tsr_model shell;  /* shell.head: the device view */
 } gpu_head;
 
+static int g_rows_in_order; /* gpu_head_open: the matrix's rows stored in input order (no act-order permutation) */
+
 static void gpu_head_open(gpu_head *h, int N, int used, int G, const int *bits, const int *rows)
 {
     static uint16_t one[8]; /* the shell's 1 × 8 embedding and final norm, never read */
     make_matrix(&h->m, N, G, bits, rows, 1);
+    for (int k = 0; g_rows_in_order && k < h->m.K; k++) h->m.invperm[k] = k;
     tsr_qmatrix q;
     assert_int_equal(load(&h->m, NULL, &h->set, &q), TSR_OK);
     h->L = (tsr_linear){.kind = TSR_LINEAR_EXL2, .K = q.K, .N = used, .q = q};
@@ -1166,6 +1169,18 @@ static void test_linear_long_groups(void **state)
     (void)state;
     const int bits[] = {6, 4, 4, 3}, rows[] = {64, 1024, 2080, 96}, Ms[] = {1, 2};
     check_linear_rows(16384, 16000, 4, bits, rows, Ms, 2, "long 4-bit groups");
+}
+
+/* A matrix stored in input order whose groups fill whole units, so that its unit order is its input's
+ * (uperm_identity): from 65 rows (sm_90; 33 elsewhere) matmul.cu converts its input straight instead of through the
+ * permutation, alone and as two parts of one launch; with TSR_CUDA_CONVERT=0 through the permutation. */
+static void test_linear_in_order(void **state)
+{
+    (void)state;
+    const int bits[] = {6, 4, 3}, rows[] = {64, 256, 96}, Ms[] = {100, 40, 1};
+    g_rows_in_order = 1;
+    check_linear_rows(256, 250, 3, bits, rows, Ms, 3, "rows in input order");
+    g_rows_in_order = 0;
 }
 
 /* 48 groups of 32 rows (K = 1536: 48 units) at 300 rows and 512 columns, every width: with TSR_CUDA_DQ_WGMMA=1 (as
@@ -1920,6 +1935,7 @@ int main(void)
         cmocka_unit_test(test_linear_waves),
         cmocka_unit_test(test_linear_long_groups),
         cmocka_unit_test(test_linear_many_groups),
+        cmocka_unit_test(test_linear_in_order),
         cmocka_unit_test(test_mlp_fused),
         cmocka_unit_test(test_stage_ahead),
         cmocka_unit_test(test_merge_stage),
