@@ -1173,7 +1173,8 @@ static void test_linear_long_groups(void **state)
 
 /* A matrix stored in input order whose groups fill whole units, so that its unit order is its input's
  * (uperm_identity): from 65 rows (sm_90; 33 elsewhere) matmul.cu converts its input straight instead of through the
- * permutation, alone and as two parts of one launch; with TSR_CUDA_CONVERT=0 through the permutation. */
+ * permutation, alone and as two parts of one launch; under TSR_CUDA_CONVERT=0 (test_cuda_convertoff) through the
+ * permutation. */
 static void test_linear_in_order(void **state)
 {
     (void)state;

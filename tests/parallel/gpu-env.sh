@@ -41,10 +41,10 @@ variant_bin() {
 # entries test_cuda_ring and test_cuda_stage), the fused decode MLP in a grid of one block (test_cuda_mlp_grid) and
 # left out, with the MLP's fold off, without activations staged ahead (aheadoff), with the mma.sync prefill attention
 # (fwoff) and its K/V tiles of 32 positions (fa32), the wgmma one with tiles of 128 (fw128), the prefill product
-# that dequantizes in registers (dqwgmma), one row's 4-bit units
-# on integer tensor cores in EXL2 too (imma) and in neither (immaoff), planned for 99 KB of shared memory per block
-# (smem99, as sm_86/sm_89 cards), the decode attention in at most 3 splits (splits3), the attention merge by thread
-# for every split count (mergeold), the residual pass of decode rows in one block (rcoff), and once per variant
+# that dequantizes in registers (dqwgmma), the permutation pass for every prefill input (convertoff), one row's
+# 4-bit units on integer tensor cores in EXL2 too (imma) and in neither (immaoff), planned for 99 KB of shared memory
+# per block (smem99, as sm_86/sm_89 cards), the decode attention in at most 3 splits (splits3), the attention merge by
+# thread for every split count (mergeold), the residual pass of decode rows in one block (rcoff), and once per variant
 # under its settings (OUT/test_cuda-NAME.log), each with a summary line; the fixtures are this checkout's, unpacked
 # into $fx. With TSR_TEST_UNTIL=S, variants not yet started when the script's $SECONDS reaches S are skipped (and
 # said so)
@@ -58,7 +58,7 @@ run_test_cuda() {
     ring:TSR_CUDA_GEMV_FRAG_N=0,TSR_CUDA_GEMV_XRING_MIN=9 stage:TSR_CUDA_GEMV_XRING=0 \
     mlpgrid:TSR_CUDA_MLP_BLOCKS=1 mlpoff:TSR_CUDA_MLP_FUSE=0 foldoff:TSR_CUDA_MLP_FOLD=0 \
     aheadoff:TSR_CUDA_STAGE_AHEAD=0 fwoff:TSR_CUDA_FA_WGMMA=0 fa32:TSR_CUDA_FA_WGMMA=0,TSR_CUDA_FA_BKV=32 \
-    fw128:TSR_CUDA_FW_BKV=128 dqwgmma:TSR_CUDA_DQ_WGMMA=1 \
+    fw128:TSR_CUDA_FW_BKV=128 dqwgmma:TSR_CUDA_DQ_WGMMA=1 convertoff:TSR_CUDA_CONVERT=0 \
     imma:TSR_CUDA_GEMV_IMMA=1 immaoff:TSR_CUDA_GEMV_IMMA=0 smem99:TSR_CUDA_SMEM_OPTIN=101376 \
     splits3:TSR_CUDA_ATTN_SPLITS=3 mergeold:TSR_CUDA_MERGE_ITEM=0 rcoff:TSR_CUDA_RESIDUAL_CLUSTER=0 \
     kvqexact:TSR_CUDA_ATTN_KVQ=0 flashoff:TSR_CUDA_FLASH=0 $2; do
