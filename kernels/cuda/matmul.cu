@@ -52,6 +52,15 @@ __device__ __forceinline__ float4 pm_load4(const __half *p)
 __device__ __forceinline__ float pm_load1(const float *p) { return *p; }
 __device__ __forceinline__ float pm_load1(const __half *p) { return __half2float(*p); }
 __device__ __forceinline__ float pm_bias(const __half *b, int k) { return b ? __half2float(b[k]) : 0.0f; }
+/* silu(x + bx) · (up + bu) for four values at input column k (biases NULL: none) */
+__device__ __forceinline__ float4 pm_gate4(float4 v, float4 u, const __half *bx, const __half *bu, int k)
+{
+    if (bx) v.x += pm_bias(bx, k), v.y += pm_bias(bx, k + 1), v.z += pm_bias(bx, k + 2), v.w += pm_bias(bx, k + 3);
+    const float4 ub = bu ? make_float4(pm_bias(bu, k), pm_bias(bu, k + 1), pm_bias(bu, k + 2), pm_bias(bu, k + 3))
+                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    return make_float4(silu_times(v.x, u.x + ub.x), silu_times(v.y, u.y + ub.y), silu_times(v.z, u.z + ub.z),
+                       silu_times(v.w, u.w + ub.w));
+}
 
 template <bool GATED, bool PERM_SMEM, typename T>
 __global__ void __launch_bounds__(512)
@@ -71,16 +80,7 @@ __global__ void __launch_bounds__(512)
         if (vec) {
             for (int k = 4 * threadIdx.x; k < K; k += 4 * blockDim.x) {
                 float4 v = pm_load4(xm + k);
-                if (GATED) {
-                    const float4 u = pm_load4(um + k);
-                    if (bx) v.x += pm_bias(bx, k), v.y += pm_bias(bx, k + 1), v.z += pm_bias(bx, k + 2),
-                                                    v.w += pm_bias(bx, k + 3);
-                    const float4 ub = bu ? make_float4(pm_bias(bu, k), pm_bias(bu, k + 1), pm_bias(bu, k + 2),
-                                                       pm_bias(bu, k + 3))
-                                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    v = make_float4(silu_times(v.x, u.x + ub.x), silu_times(v.y, u.y + ub.y),
-                                    silu_times(v.z, u.z + ub.z), silu_times(v.w, u.w + ub.w));
-                }
+                if (GATED) v = pm_gate4(v, pm_load4(um + k), bx, bu, k);
                 *(__half2 *)(row_h + k) = __floats2half2_rn(v.x, v.y);
                 *(__half2 *)(row_h + k + 2) = __floats2half2_rn(v.z, v.w);
             }
@@ -119,17 +119,7 @@ __global__ void __launch_bounds__(256)
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
         const size_t e = 4 * i;
         float4 v = pm_load4(x + e);
-        if (GATED) {
-            const int k = (int)(e % (size_t)K);
-            const float4 u = pm_load4(up + e);
-            if (bx)
-                v.x += pm_bias(bx, k), v.y += pm_bias(bx, k + 1), v.z += pm_bias(bx, k + 2), v.w += pm_bias(bx, k + 3);
-            const float4 ub = bu ? make_float4(pm_bias(bu, k), pm_bias(bu, k + 1), pm_bias(bu, k + 2),
-                                               pm_bias(bu, k + 3))
-                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            v = make_float4(silu_times(v.x, u.x + ub.x), silu_times(v.y, u.y + ub.y), silu_times(v.z, u.z + ub.z),
-                            silu_times(v.w, u.w + ub.w));
-        }
+        if (GATED) v = pm_gate4(v, pm_load4(up + e), bx, bu, (int)(e % (size_t)K));
         const __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
         *(uint2 *)(xp + e) = make_uint2(h2_bits(lo), h2_bits(hi));
     }
