@@ -51,6 +51,12 @@ int tsr_cuda_norm_readers(const tsr_dense *w, const tsr_linear_dev **L);
 /* Whether two quantized matrices read their input rows in the same unit order (matmul.cu; compared once per pair,
  * outside graph recording: a pair first seen while recording counts as different). */
 bool tsr_cuda_same_unit_order(const tsr_linear_dev *a, const tsr_linear_dev *b);
+/* Prefill's hand-off (matmul.cu): where the norm with weights w over M rows of dim has readers on the dequantize
+ * path, the fp16 conversion of its output in reader 0's unit order: xp (scratch slot 0, Kp values a row), through
+ * uperm (NULL: the identity); false where it has none. After the norm's launch, tsr_cuda_dq_handoff_done hands xp
+ * to the next product of those readers on `out`, if no launch comes between. */
+bool tsr_cuda_dq_handoff_plan(const tsr_dense *w, int M, int dim, __half **xp, const int32_t **uperm, int *Kp);
+void tsr_cuda_dq_handoff_done(const tsr_dense *w, const float *out, int M);
 /* ops.h mlp_add_norm: the MLP of one decode row as one persistent launch where the shapes allow it (mlp_decode.cu),
  * rows on the dequantize path through tsr_cuda_mlp_half; returns 1 when done, 0 when the caller must run the steps. */
 int tsr_cuda_mlp_add_norm(const tsr_linear *gate, const tsr_linear *up, const tsr_linear *down, const float *h, int M,

@@ -71,10 +71,14 @@ __global__ void rmsnorm_kernel(const float *x, const void *w, int dtype, float e
 /* Rows of up to 1024 V floats, 16-byte aligned: a block of 256 threads per row, each holding V float4 of it in
  * registers, so the row is read once and the norm's weights are requested before its sum of squares is known; more
  * rows are in flight per SM than with rmsnorm_kernel's 1024-thread blocks, which read each row twice (2048 rows of
- * 4096: about 50 us, 1.3 TB/s). out may alias x (every read precedes block_sum's barrier). */
-template <int V>
+ * 4096: about 50 us, 1.3 TB/s). out may alias x (every read precedes block_sum's barrier).
+ * XP (prefill's hand-off, matmul.cu tsr_cuda_dq_handoff_plan): the normalized row also goes through shared memory
+ * into xp as fp16 in the reading matrices' unit row order (xp[r][j] = out[r][uperm[j]], 0 where uperm[j] < 0;
+ * uperm NULL: the identity), Kp values a row, as permute_half would convert it, so their products skip that pass. */
+template <int V, bool XP>
 __global__ void __launch_bounds__(256)
-    rmsnorm_vec_kernel(const float *x, const void *w, int dtype, float eps, int dim, float *out)
+    rmsnorm_vec_kernel(const float *x, const void *w, int dtype, float eps, int dim, float *out, __half *xp,
+                       const int32_t *uperm, int Kp)
 {
     tsr_pdl_start();
     const float4 *xr = (const float4 *)(x + (size_t)blockIdx.x * dim);
@@ -95,12 +99,29 @@ __global__ void __launch_bounds__(256)
     for (int r = 0; r < V; r++)
         ss += v[r].x * v[r].x + v[r].y * v[r].y + v[r].z * v[r].z + v[r].w * v[r].w;
     const float inv = rsqrtf(block_sum(ss) / dim + eps);
+    __shared__ float4 hs[XP ? 256 * V : 1];
 #pragma unroll
     for (int r = 0; r < V; r++) {
         const int i = r * 256 + (int)threadIdx.x;
-        if (i < n4)
-            o[i] = make_float4(wv[r][0] * (v[r].x * inv), wv[r][1] * (v[r].y * inv), wv[r][2] * (v[r].z * inv),
-                               wv[r][3] * (v[r].w * inv));
+        const float4 y = make_float4(wv[r][0] * (v[r].x * inv), wv[r][1] * (v[r].y * inv), wv[r][2] * (v[r].z * inv),
+                                     wv[r][3] * (v[r].w * inv));
+        if (i < n4) o[i] = y;
+        if (XP) hs[i] = y;
+    }
+    if (!XP) return;
+    __syncthreads();
+    const float *h = (const float *)hs;
+    uint2 *xr16 = (uint2 *)(xp + (size_t)blockIdx.x * Kp);
+    for (int j = threadIdx.x; j < Kp >> 2; j += 256) {
+        float4 y;
+        if (uperm) {
+            const int4 p = ((const int4 *)uperm)[j];
+            y = make_float4(p.x >= 0 ? h[p.x] : 0.0f, p.y >= 0 ? h[p.y] : 0.0f, p.z >= 0 ? h[p.z] : 0.0f,
+                            p.w >= 0 ? h[p.w] : 0.0f);
+        } else {
+            y = hs[j];
+        }
+        xr16[j] = make_uint2(h2_bits(__floats2half2_rn(y.x, y.y)), h2_bits(__floats2half2_rn(y.z, y.w)));
     }
 }
 
@@ -108,14 +129,27 @@ void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, i
 {
     if (rows <= 0) return;
     const bool vec = dim % 4 == 0 && dim <= 8192 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)out & 15) == 0;
-    if (vec && dim <= 4096)
-        tsr_launch(rmsnorm_vec_kernel<4>, dim3(rows), dim3(256), x, w->dev, w->dtype, eps, dim, out);
+    __half *xp = NULL;
+    const int32_t *uperm = NULL;
+    int Kp = 0;
+    const bool hand = vec && tsr_cuda_dq_handoff_plan(w, rows, dim, &xp, &uperm, &Kp);
+    if (hand && dim <= 4096)
+        tsr_launch(rmsnorm_vec_kernel<4, true>, dim3(rows), dim3(256), x, w->dev, w->dtype, eps, dim, out, xp, uperm,
+                   Kp);
+    else if (hand)
+        tsr_launch(rmsnorm_vec_kernel<8, true>, dim3(rows), dim3(256), x, w->dev, w->dtype, eps, dim, out, xp, uperm,
+                   Kp);
+    else if (vec && dim <= 4096)
+        tsr_launch(rmsnorm_vec_kernel<4, false>, dim3(rows), dim3(256), x, w->dev, w->dtype, eps, dim, out, xp,
+                   uperm, Kp);
     else if (vec)
-        tsr_launch(rmsnorm_vec_kernel<8>, dim3(rows), dim3(256), x, w->dev, w->dtype, eps, dim, out);
+        tsr_launch(rmsnorm_vec_kernel<8, false>, dim3(rows), dim3(256), x, w->dev, w->dtype, eps, dim, out, xp,
+                   uperm, Kp);
     else /* one block per row, enough threads that each handles a few elements (one row is latency-bound) */
         tsr_launch(rmsnorm_kernel, dim3(rows), dim3(dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256), x, w->dev, w->dtype,
                    eps, dim, out);
     TSR_CUDA_LAUNCHED();
+    if (hand) tsr_cuda_dq_handoff_done(w, out, rows);
 }
 
 #define RESIDUAL_PER_THREAD 4 /* elements of a row per thread and pass (a 4096-wide row: one pass of 1024 threads) */

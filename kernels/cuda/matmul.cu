@@ -125,11 +125,15 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-/* Opts kernel f in to smem bytes of dynamic shared memory and returns the blocks of 512 threads that fit on the
- * chip at once with it (at least 1). */
-template <typename F> static int permute_blocks(F f, size_t smem)
+/* Opts kernel f in to at least smem bytes of dynamic shared memory (never less than an earlier call opted it in to:
+ * `opted`, the kernel's own, so that a launch planned earlier with more still fits) and returns the blocks of 512
+ * threads that fit on the chip at once with smem (at least 1). */
+template <typename F> static int permute_blocks(F f, size_t smem, size_t &opted)
 {
-    tsr_cuda_allow_smem((const void *)f, smem, "the activations' permutation");
+    if (smem > opted) {
+        tsr_cuda_allow_smem((const void *)f, smem, "the activations' permutation");
+        opted = smem;
+    }
     int per_sm = 0;
     TSR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, 512, smem));
     return per_sm > 0 ? per_sm * tsr_cuda_device_attr(cudaDevAttrMultiProcessorCount, 1) : 1;
@@ -162,8 +166,9 @@ static void permute_half(const T *x, const T *up, const int32_t *uperm, int M, i
     const size_t smem = in_smem ? with_perm : row;
     auto launch = [&](auto kernel) {
         static std::map<size_t, int> fits; /* blocks on the chip per shared-memory size, one table per kernel */
+        static size_t opted;               /* the kernel's opt-in so far */
         auto it = fits.find(smem);
-        const int chip = it != fits.end() ? it->second : (fits[smem] = permute_blocks(kernel, smem));
+        const int chip = it != fits.end() ? it->second : (fits[smem] = permute_blocks(kernel, smem, opted));
         const int grid = M < chip ? M : chip;
         kernel<<<grid, 512, smem, tsr_cuda_stream()>>>(x, up, bx, bu, uperm, M, K, Kp, xp);
         TSR_CUDA_LAUNCHED();
@@ -445,6 +450,58 @@ static void dense_gemm(const tsr_linear_dev *L, const float *x, int M, float *y)
     }
 }
 
+/* ---- prefill's hand-off: a norm writes its readers' input as fp16 in their unit order ----
+ * On this path every q/k/v and gate/up product first converted the norm's fp32 output into fp16 through the matrix's
+ * permutation (permute_half: 20-24 us a layer at 2048 rows of 4096 on the H100, a read of the 32 MB row block that
+ * the norm had just written). Where a norm has registered readers (backend.cu tsr_cuda_norm_readers) that take this
+ * path at its row count, the norm (elementwise.cu tsr_cuda_rmsnorm) writes that conversion itself into scratch slot
+ * 0, in reader 0's unit order, beside its fp32 output; a product of a matrix in that order on that output takes it
+ * instead of converting, if no launch came between (the count after the norm's launch). TSR_CUDA_DQ_HANDOFF=0 turns
+ * it off (comparisons). */
+struct dq_handoff {
+    const float *src;             /* the norm's output */
+    const tsr_linear_dev *L;      /* the reader whose unit order xp holds */
+    int M;
+    unsigned long long launch;    /* tsr_cuda_launches right after the norm's launch */
+};
+static dq_handoff g_handoff;
+static unsigned long long g_handoff_taken;
+
+extern "C" unsigned long long tsr_cuda_dq_handoffs_taken(void)
+{
+    return g_handoff_taken;
+}
+
+bool tsr_cuda_dq_handoff_plan(const tsr_dense *w, int M, int dim, __half **xp, const int32_t **uperm, int *Kp)
+{
+    static const bool enabled = !tsr_cuda_env_off("TSR_CUDA_DQ_HANDOFF");
+    const tsr_linear_dev *R[TSR_GEMV_MAX_PARTS];
+    if (!enabled || M <= 0 || !dq_path(M) || tsr_cuda_norm_readers(w, R) < 1) return false;
+    const tsr_linear_dev *L = R[0];
+    if (L->kind != TSR_LINEAR_EXL2 || L->K != dim) return false;
+    *Kp = 32 * L->n_units;
+    *uperm = L->uperm_identity && *Kp == dim ? NULL : L->uperm;
+    *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * *Kp * sizeof(__half));
+    return true;
+}
+
+void tsr_cuda_dq_handoff_done(const tsr_dense *w, const float *out, int M)
+{
+    const tsr_linear_dev *R[TSR_GEMV_MAX_PARTS];
+    tsr_cuda_norm_readers(w, R);
+    g_handoff = dq_handoff{out, R[0], M, tsr_cuda_launches};
+}
+
+/* Whether scratch slot 0 holds x (M rows) converted for L by the norm that wrote x, with no launch since. */
+static bool dq_handoff_take(const tsr_linear_dev *L, const void *x, int M)
+{
+    const dq_handoff &h = g_handoff;
+    if (!h.src || h.src != x || h.M != M || h.launch != tsr_cuda_launches) return false;
+    if (h.L != L && !tsr_cuda_same_unit_order(h.L, L)) return false;
+    g_handoff_taken++;
+    return true;
+}
+
 /* The dequantize path's product of one EXL2/GPTQ matrix: its input (x, or with up the gated silu(x + bx) · (up + bu);
  * fp32 or fp16) permuted into scratch slot 0, then y = xp · W (beta 1: y +=) in ytype, each call timed under
  * TSR_CUDA_DQ_TIMES; permute = 0 when the slot already holds the input in this matrix's unit row order (the matrix
@@ -456,6 +513,7 @@ static void dq_product(const tsr_linear_dev *L, const T *x, const T *up, const _
     const int Kp = 32 * L->n_units;
     __half *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * Kp * sizeof(__half));
     dq_mark(0);
+    if (permute && !up && dq_handoff_take(L, x, M)) permute = 0;
     if (permute) permute_half(x, up, L->uperm, M, L->K, Kp, xp, bx, bu, L->uperm_identity != 0);
     dq_mark(1);
     exl2_dq_gemm(L, xp, M, y, beta, ytype);
@@ -605,8 +663,9 @@ static bool dq_group_wgmma(const tsr_linear *const *Lh, int n, const float *x, i
     }
     const int Kp = 32 * L[0]->n_units;
     __half *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * Kp * sizeof(__half));
-    permute_half(x, (const float *)NULL, L[0]->uperm, M, L[0]->K, Kp, xp, (const __half *)NULL, (const __half *)NULL,
-                 L[0]->uperm_identity != 0);
+    if (!dq_handoff_take(L[0], x, M))
+        permute_half(x, (const float *)NULL, L[0]->uperm, M, L[0]->K, Kp, xp, (const __half *)NULL,
+                     (const __half *)NULL, L[0]->uperm_identity != 0);
     void *yv[TSR_GEMV_MAX_PARTS];
     for (int i = 0; i < n; i++) yv[i] = y[i];
     if (!tsr_cuda_dq_wgmma(L, n, xp, M, yv, 0.0f, false)) return false; /* the permutation is then repeated: harmless */

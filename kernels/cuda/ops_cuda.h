@@ -39,6 +39,9 @@ void tsr_cuda_release_graphs(void);
 /* Decode GEMVs so far that took activations staged ahead by the launch before them (a residual pass with a norm, or
  * silu_mul) instead of staging their own (kernels/cuda/stage_ahead.cuh), for tests and diagnostics. */
 unsigned long long tsr_cuda_staged_taken(void);
+/* Prefill products (the dequantize path) so far that took their input converted by the norm before them instead of
+ * converting it themselves (matmul.cu, prefill's hand-off), for tests and diagnostics. */
+unsigned long long tsr_cuda_dq_handoffs_taken(void);
 /* Measures device-to-device copy bandwidth (bytes read + written per second) over `bytes`-sized buffers. */
 double tsr_cuda_copy_bandwidth(size_t bytes);
 /* Measures the dense fp16 tensor-core rate as prefill uses it (cuBLAS, fp16 operands and output, fp32 accumulation):

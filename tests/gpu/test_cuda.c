@@ -1338,6 +1338,43 @@ static void check_mlp_takes_staged(gpu_mlp *m)
     gpu->release(dx), gpu->release(dy), gpu->release(dres), gpu->release(dh), gpu->release(sg), gpu->release(su);
 }
 
+/* Prefill products that take their input from the norm before them (matmul.cu, prefill's hand-off): one for M rows
+ * whose q/k/v products run on the dequantize path (q's; k shares its unit order and its converted input, v converts
+ * its own), none when TSR_CUDA_DQ_HANDOFF=0 or for decode rows. */
+static unsigned long long handed_off(int M)
+{
+    return !env_off("TSR_CUDA_DQ_HANDOFF") && M >= 100 ? 1 : 0;
+}
+
+/* Prefill's hand-off into the MLP (matmul.cu): the MLP norm over 100 rows (the dequantize path) writes gate's input
+ * converted, and the MLP that follows (mlp_add_norm, or as forward.c runs it without: linear_many on gate and up,
+ * then silu_linear_add_norm) must take it once (gate; up shares its order or converts its own): x normed, then the
+ * MLP's product added to a residual, against the CPU. */
+static void check_mlp_takes_handoff(gpu_mlp *m)
+{
+    const int M = 100, H = m->g.L.K, N = m->d.L.N, I = m->g.L.N;
+    float *x = rand_host((size_t)M * H, 1.0f), *res = rand_host((size_t)M * N, 1.0f), *h = malloc((size_t)M * H * 4);
+    float *dx = dev_copy(x, (size_t)M * H * 4), *dres = dev_copy(res, (size_t)M * N * 4), *dh = dev_poisoned((size_t)M * H);
+    float *sg = dev_poisoned((size_t)M * I), *su = dev_poisoned((size_t)M * I);
+    cpu->rmsnorm(x, &m->layer.mlp_norm, 1e-5f, M, H, h);
+    float *prod = mlp_product(m, h, M);
+    cpu->add(res, prod, (size_t)M * N);
+    const unsigned long long handed = tsr_cuda_dq_handoffs_taken();
+    gpu->rmsnorm(dx, &m->layer.mlp_norm, 1e-5f, M, H, dh);
+    if (!gpu->mlp_add_norm ||
+        !gpu->mlp_add_norm(&m->layer.gate, &m->layer.up, &m->layer.down, dh, M, dres, NULL, 1e-5f, NULL, sg, su)) {
+        const tsr_linear *gu[2] = {&m->layer.gate, &m->layer.up};
+        float *ys[2] = {sg, su};
+        gpu->linear_many(gu, 2, dh, M, ys);
+        gpu->silu_linear_add_norm(&m->layer.down, sg, su, M, dres, NULL, 1e-5f, NULL);
+    }
+    assert_int_equal(tsr_cuda_dq_handoffs_taken() - handed, handed_off(M));
+    float *got = to_host(dres, (size_t)M * N);
+    expect_close("MLP on the norm's hand-off: the sum", got, res, (size_t)M * N, quant_tol(M));
+    free(got), free(x), free(res), free(h), free(prod);
+    gpu->release(dx), gpu->release(dres), gpu->release(dh), gpu->release(sg), gpu->release(su);
+}
+
 /* The MLP of a layer against the CPU's linear, silu_mul, linear, add and rmsnorm. Gate and up differ in their groups'
  * widths, every matrix has a bias, and the 480 columns of down and 2208 of gate and up end in half a column pair.
  * First down's groups fill whole units (69 of them: more than a warp's 64 records, with TSR_CUDA_MLP_BLOCKS=1 as
@@ -1359,6 +1396,7 @@ static void test_mlp_fused(void **state)
     gpu_mlp_open(&m, H, I, 6, gate_bits, gate_rows, 4, up_bits, up_rows, 5, down_bits, whole_rows, &wn.host);
     check_mlp(&m, "MLP, down in whole units");
     check_mlp_takes_staged(&m);
+    check_mlp_takes_handoff(&m);
     gpu_mlp_close(&m);
     gpu_mlp_open(&m, H, I, 6, gate_bits, gate_rows, 4, up_bits, up_rows, 5, down_bits, padded_rows, NULL);
     check_mlp(&m, "MLP, down with padded units");
@@ -1381,8 +1419,9 @@ static void prepare_layer_shell(tsr_model *shell, tsr_layer *layer)
 
 /* Activations staged ahead (kernels/cuda/stage_ahead.cuh): the residual pass after o that ends with a layer's
  * attention norm also writes the entries of that layer's q/k/v GEMV, q and k sharing one unit order and v with
- * its own, at 1, 3 and 6 rows (fp16 hi + lo entries up to 4 rows, fp16 above). Against the CPU's o product, add,
- * rmsnorm and q/k/v products, and the GEMV must have taken the entries where it takes any (staged_ahead). */
+ * its own, at 1, 3 and 6 rows (fp16 hi + lo entries up to 4 rows, fp16 above); at 100 rows (the dequantize path)
+ * the norm after o's product hands q and k their converted input instead (handed_off). Against the CPU's o product,
+ * add, rmsnorm and q/k/v products, and the GEMV must have taken the entries where it takes any (staged_ahead). */
 static void test_stage_ahead(void **state)
 {
     (void)state;
@@ -1408,7 +1447,7 @@ static void test_stage_ahead(void **state)
     tsr_model shell;
     prepare_layer_shell(&shell, &layer);
     const tsr_linear *qkv[3] = {&layer.q, &layer.k, &layer.v};
-    const int Ms[] = {1, 3, 6};
+    const int Ms[] = {1, 3, 6, 100};
     for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
         const int M = Ms[t], Ko = o.L.K;
         float *a = rand_host((size_t)M * Ko, 1.0f), *x = rand_host((size_t)M * H, 1.0f);
@@ -1423,10 +1462,11 @@ static void test_stage_ahead(void **state)
             ref_linear(qkv[i], want_h, M, want[i]);
             dy[i] = dev_poisoned((size_t)M * qkv[i]->N);
         }
-        const unsigned long long taken = tsr_cuda_staged_taken();
+        const unsigned long long taken = tsr_cuda_staged_taken(), handed = tsr_cuda_dq_handoffs_taken();
         gpu->linear_add_norm(&o.shell.head, da, M, dx, &layer.attn_norm, 1e-5f, dh);
         gpu->linear_many(qkv, 3, dh, M, dy);
         assert_int_equal(tsr_cuda_staged_taken() - taken, staged_ahead(M));
+        assert_int_equal(tsr_cuda_dq_handoffs_taken() - handed, handed_off(M));
         char what[96];
         float *got = to_host(dx, (size_t)M * H);
         snprintf(what, sizeof what, "stage ahead M=%d: the sum", M);
