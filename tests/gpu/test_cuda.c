@@ -1354,7 +1354,8 @@ static void check_mlp_takes_handoff(gpu_mlp *m)
 {
     const int M = 100, H = m->g.L.K, N = m->d.L.N, I = m->g.L.N;
     float *x = rand_host((size_t)M * H, 1.0f), *res = rand_host((size_t)M * N, 1.0f), *h = malloc((size_t)M * H * 4);
-    float *dx = dev_copy(x, (size_t)M * H * 4), *dres = dev_copy(res, (size_t)M * N * 4), *dh = dev_poisoned((size_t)M * H);
+    float *dx = dev_copy(x, (size_t)M * H * 4), *dres = dev_copy(res, (size_t)M * N * 4);
+    float *dh = dev_poisoned((size_t)M * H);
     float *sg = dev_poisoned((size_t)M * I), *su = dev_poisoned((size_t)M * I);
     cpu->rmsnorm(x, &m->layer.mlp_norm, 1e-5f, M, H, h);
     float *prod = mlp_product(m, h, M);
