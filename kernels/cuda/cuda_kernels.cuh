@@ -56,7 +56,7 @@ bool tsr_cuda_same_unit_order(const tsr_linear_dev *a, const tsr_linear_dev *b);
  * uperm (NULL: the identity); false where it has none. After the norm's launch, tsr_cuda_dq_handoff_done hands xp
  * to the next product of those readers on `out`, if no launch comes between. */
 bool tsr_cuda_dq_handoff_plan(const tsr_dense *w, int M, int dim, __half **xp, const int32_t **uperm, int *Kp);
-void tsr_cuda_dq_handoff_done(const tsr_dense *w, const float *out, int M);
+void tsr_cuda_dq_handoff_done(const float *out, int M);
 /* ops.h mlp_add_norm: the MLP of one decode row as one persistent launch where the shapes allow it (mlp_decode.cu),
  * rows on the dequantize path through tsr_cuda_mlp_half; returns 1 when done, 0 when the caller must run the steps. */
 int tsr_cuda_mlp_add_norm(const tsr_linear *gate, const tsr_linear *up, const tsr_linear *down, const float *h, int M,

@@ -133,23 +133,16 @@ void tsr_cuda_rmsnorm(const float *x, const tsr_dense *w, float eps, int rows, i
     const int32_t *uperm = NULL;
     int Kp = 0;
     const bool hand = vec && tsr_cuda_dq_handoff_plan(w, rows, dim, &xp, &uperm, &Kp);
-    if (hand && dim <= 4096)
-        tsr_launch(rmsnorm_vec_kernel<4, true>, dim3(rows), dim3(256), x, w->dev, w->dtype, eps, dim, out, xp, uperm,
-                   Kp);
-    else if (hand)
-        tsr_launch(rmsnorm_vec_kernel<8, true>, dim3(rows), dim3(256), x, w->dev, w->dtype, eps, dim, out, xp, uperm,
-                   Kp);
-    else if (vec && dim <= 4096)
-        tsr_launch(rmsnorm_vec_kernel<4, false>, dim3(rows), dim3(256), x, w->dev, w->dtype, eps, dim, out, xp,
-                   uperm, Kp);
-    else if (vec)
-        tsr_launch(rmsnorm_vec_kernel<8, false>, dim3(rows), dim3(256), x, w->dev, w->dtype, eps, dim, out, xp,
-                   uperm, Kp);
-    else /* one block per row, enough threads that each handles a few elements (one row is latency-bound) */
+    if (vec) {
+        auto kernel = dim <= 4096 ? (hand ? rmsnorm_vec_kernel<4, true> : rmsnorm_vec_kernel<4, false>)
+                                  : (hand ? rmsnorm_vec_kernel<8, true> : rmsnorm_vec_kernel<8, false>);
+        tsr_launch(kernel, dim3(rows), dim3(256), x, w->dev, w->dtype, eps, dim, out, xp, uperm, Kp);
+    } else { /* one block per row, enough threads that each handles a few elements (one row is latency-bound) */
         tsr_launch(rmsnorm_kernel, dim3(rows), dim3(dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256), x, w->dev, w->dtype,
                    eps, dim, out);
+    }
     TSR_CUDA_LAUNCHED();
-    if (hand) tsr_cuda_dq_handoff_done(w, out, rows);
+    if (hand) tsr_cuda_dq_handoff_done(out, rows);
 }
 
 #define RESIDUAL_PER_THREAD 4 /* elements of a row per thread and pass (a 4096-wide row: one pass of 1024 threads) */

@@ -482,14 +482,15 @@ bool tsr_cuda_dq_handoff_plan(const tsr_dense *w, int M, int dim, __half **xp, c
     *Kp = 32 * L->n_units;
     *uperm = L->uperm_identity && *Kp == dim ? NULL : L->uperm;
     *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * *Kp * sizeof(__half));
+    g_handoff = dq_handoff{NULL, L, M, 0}; /* the slot is about to be overwritten: nothing to take until done */
     return true;
 }
 
-void tsr_cuda_dq_handoff_done(const tsr_dense *w, const float *out, int M)
+void tsr_cuda_dq_handoff_done(const float *out, int M)
 {
-    const tsr_linear_dev *R[TSR_GEMV_MAX_PARTS];
-    tsr_cuda_norm_readers(w, R);
-    g_handoff = dq_handoff{out, R[0], M, tsr_cuda_launches};
+    g_handoff.src = out;
+    g_handoff.M = M;
+    g_handoff.launch = tsr_cuda_launches;
 }
 
 /* Whether scratch slot 0 holds x (M rows) converted for L by the norm that wrote x, with no launch since. */
