@@ -39,7 +39,8 @@ struct tsr_forward_ctx {
      * temperature it is computed at, [logit_rows] each */
     int32_t *top_ids;
     float *top_vals, *top_z, *top_inv;
-    int last_rows;          /* logits rows the last reducing call left in `logits` (tsr_forward_fetch_rows) */
+    int last_rows;          /* logits rows of the last reducing call (tsr_forward_fetch_rows' bound) */
+    int held_row0, held_rows; /* the rows of that call `logits` holds now (all of them, or one slice) */
     layout_arrays host, dev;
 };
 
@@ -427,26 +428,47 @@ tsr_status tsr_forward(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs
     return TSR_OK;
 }
 
-int tsr_forward_pick_rows(const tsr_forward_ctx *c) { return c->picks ? c->logit_rows : 0; }
+/* Logits rows [r0, r0 + n) of the last call (n <= logit_rows) into `logits`, from the final-normed rows that the
+ * forward left in out_rows when it had more rows than one head call takes (forward_body stops before the head). */
+static void head_slice(tsr_forward_ctx *c, int r0, int n)
+{
+    c->ops->linear(&c->model->head, c->out_rows + (size_t)r0 * c->model->cfg.hidden, n, c->logits);
+    c->held_row0 = r0, c->held_rows = n;
+}
+
+int tsr_forward_pick_rows(const tsr_forward_ctx *c) { return c->picks ? c->max_tokens : 0; }
 
 tsr_status tsr_forward_argmax(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs, int32_t *ids, float *vals)
 {
     if (!c->picks)
         return tsr_fail(TSR_ERR_UNSUPPORTED, "forward: this backend or model part cannot pick on the device");
     const int rows = tsr_forward_logit_rows(seqs, n_seqs);
-    if (rows > c->logit_rows)
-        return tsr_fail(TSR_ERR_ARG, "forward: %d rows to pick from, at most %d per call", rows, c->logit_rows);
+    if (rows > c->max_tokens)
+        return tsr_fail(TSR_ERR_ARG, "forward: %d rows to pick from, at most %d per call", rows, c->max_tokens);
     if (rows && (!ids || !vals)) return tsr_fail(TSR_ERR_ARG, "forward: picks requested but no output buffer given");
     forward_job job;
     TSR_TRY(run_job(c, seqs, n_seqs, REDUCE_PICK, &job));
     if (!rows) return TSR_OK;
-    c->last_rows = rows;
-    c->ops->to_host(ids, c->picks, (size_t)rows * sizeof(int32_t));
-    c->ops->to_host(vals, c->picks + rows, (size_t)rows * sizeof(float));
+    c->last_rows = rows, c->held_row0 = 0, c->held_rows = rows;
+    if (rows <= c->logit_rows) { /* the forward ran the head and the picks itself */
+        c->ops->to_host(ids, c->picks, (size_t)rows * sizeof(int32_t));
+        c->ops->to_host(vals, c->picks + rows, (size_t)rows * sizeof(float));
+        return TSR_OK;
+    }
+    /* more rows than the logits buffer holds (decode batches past 128): the head and the picks slice by slice, so
+     * that still only the picks cross to the host */
+    const int vocab = c->model->local.vocab;
+    for (int r0 = 0; r0 < rows; r0 += c->logit_rows) {
+        const int n = rows - r0 < c->logit_rows ? rows - r0 : c->logit_rows;
+        head_slice(c, r0, n);
+        c->ops->argmax_rows(c->logits, n, vocab, c->picks, (float *)(c->picks + n));
+        c->ops->to_host(ids + r0, c->picks, (size_t)n * sizeof(int32_t));
+        c->ops->to_host(vals + r0, c->picks + n, (size_t)n * sizeof(float));
+    }
     return TSR_OK;
 }
 
-int tsr_forward_top_rows(const tsr_forward_ctx *c) { return c->top_ids ? c->logit_rows : 0; }
+int tsr_forward_top_rows(const tsr_forward_ctx *c) { return c->top_ids ? c->max_tokens : 0; }
 
 tsr_status tsr_forward_top(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs, const float *inv_temp,
                            int32_t *ids, float *vals, float *z)
@@ -454,18 +476,28 @@ tsr_status tsr_forward_top(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_
     if (!c->top_ids)
         return tsr_fail(TSR_ERR_UNSUPPORTED, "forward: this backend or model part cannot reduce rows on the device");
     const int rows = tsr_forward_logit_rows(seqs, n_seqs);
-    if (rows > c->logit_rows)
-        return tsr_fail(TSR_ERR_ARG, "forward: %d rows to reduce, at most %d per call", rows, c->logit_rows);
+    if (rows > c->max_tokens)
+        return tsr_fail(TSR_ERR_ARG, "forward: %d rows to reduce, at most %d per call", rows, c->max_tokens);
     if (rows && (!inv_temp || !ids || !vals || !z))
         return tsr_fail(TSR_ERR_ARG, "forward: candidates requested but no buffers given");
-    if (rows) c->ops->to_device(c->top_inv, inv_temp, (size_t)rows * sizeof(float));
+    const int whole = rows <= c->logit_rows; /* else the head and the reduction slice by slice, as for the picks */
+    if (rows && whole) c->ops->to_device(c->top_inv, inv_temp, (size_t)rows * sizeof(float));
     forward_job job;
     TSR_TRY(run_job(c, seqs, n_seqs, REDUCE_TOP, &job));
     if (!rows) return TSR_OK;
-    c->last_rows = rows;
-    c->ops->to_host(ids, c->top_ids, (size_t)rows * TSR_TOP_MAX * sizeof(int32_t));
-    c->ops->to_host(vals, c->top_vals, (size_t)rows * TSR_TOP_MAX * sizeof(float));
-    c->ops->to_host(z, c->top_z, (size_t)rows * sizeof(float));
+    c->last_rows = rows, c->held_row0 = 0, c->held_rows = rows;
+    const int vocab = c->model->local.vocab;
+    for (int r0 = 0; r0 < rows; r0 += c->logit_rows) {
+        const int n = rows - r0 < c->logit_rows ? rows - r0 : c->logit_rows;
+        if (!whole) {
+            c->ops->to_device(c->top_inv, inv_temp + r0, (size_t)n * sizeof(float));
+            head_slice(c, r0, n);
+            c->ops->top_rows(c->logits, n, vocab, TSR_TOP_MAX, c->top_inv, c->top_ids, c->top_vals, c->top_z);
+        }
+        c->ops->to_host(ids + (size_t)r0 * TSR_TOP_MAX, c->top_ids, (size_t)n * TSR_TOP_MAX * sizeof(int32_t));
+        c->ops->to_host(vals + (size_t)r0 * TSR_TOP_MAX, c->top_vals, (size_t)n * TSR_TOP_MAX * sizeof(float));
+        c->ops->to_host(z + r0, c->top_z, (size_t)n * sizeof(float));
+    }
     return TSR_OK;
 }
 
@@ -475,6 +507,15 @@ tsr_status tsr_forward_fetch_rows(tsr_forward_ctx *c, int row0, int n, float *ou
         return tsr_fail(TSR_ERR_ARG, "forward: rows %d..%d of the last call's %d reduced rows", row0, row0 + n - 1,
                         c->last_rows);
     const size_t vocab = (size_t)c->model->local.vocab;
-    c->ops->to_host(out, c->logits + (size_t)row0 * vocab, (size_t)n * vocab * sizeof(float));
+    if (row0 >= c->held_row0 && row0 + n <= c->held_row0 + c->held_rows) {
+        c->ops->to_host(out, c->logits + (size_t)(row0 - c->held_row0) * vocab, (size_t)n * vocab * sizeof(float));
+        return TSR_OK;
+    }
+    /* a call of more rows than `logits` holds: the head again for the rows asked, a slice at a time */
+    for (int r = row0; r < row0 + n; r += c->logit_rows) {
+        const int k = row0 + n - r < c->logit_rows ? row0 + n - r : c->logit_rows;
+        head_slice(c, r, k);
+        c->ops->to_host(out + (size_t)(r - row0) * vocab, c->logits, (size_t)k * vocab * sizeof(float));
+    }
     return TSR_OK;
 }

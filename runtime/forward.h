@@ -70,8 +70,8 @@ float *tsr_forward_hidden(tsr_forward_ctx *ctx);
  * the pool; fails with the hook's status (TSR_ERR_REMOTE) when the comm hook failed (the group is then unusable). */
 tsr_status tsr_forward(tsr_forward_ctx *ctx, const tsr_seq_input *seqs, int n_seqs, float *logits);
 
-/* Rows one tsr_forward_argmax call can pick from (128, or max_tokens when smaller); 0 when it cannot work here
- * (the backend has no ops->argmax_rows, or the part holds no head). */
+/* Rows one tsr_forward_argmax call can pick from (max_tokens: past 128 rows the head and the picks run in slices of
+ * 128); 0 when it cannot work here (the backend has no ops->argmax_rows, or the part holds no head). */
 int tsr_forward_pick_rows(const tsr_forward_ctx *ctx);
 
 /* Runs the batch like tsr_forward, but hands back only each logits row's greedy pick: ids[r] the first index of
@@ -92,8 +92,8 @@ tsr_status tsr_forward_top(tsr_forward_ctx *ctx, const tsr_seq_input *seqs, int 
                            int32_t *ids, float *vals, float *z);
 
 /* Copies logits rows [row0, row0 + n) ([n][local.vocab] fp32) of the last tsr_forward_top or tsr_forward_argmax
- * call to out, in one copy (for rows their candidates cannot sample). TSR_ERR_ARG for rows that call did not
- * produce. */
+ * call to out (for rows their candidates cannot sample): in one copy, or, where that call had more rows than one
+ * head call takes (128), from the head run again on those rows. TSR_ERR_ARG for rows that call did not produce. */
 tsr_status tsr_forward_fetch_rows(tsr_forward_ctx *ctx, int row0, int n, float *out);
 
 /* Number of logit rows the batch produces (when the part has the head). */

@@ -209,7 +209,7 @@ __device__ __forceinline__ void frag_dequant_tile(const uint32_t *fw, size_t bas
     frag_dequant_f<B, GPTQ, 3>(w, sc, lane, tile);
 }
 
-__global__ void __launch_bounds__(128) frag_dequant_kernel(tsr_linear_dev L, int cb0, int wcb, __half *dq)
+__device__ __forceinline__ void frag_dequant_block(const tsr_linear_dev &L, int cb0, int wcb, __half *dq)
 {
     __shared__ __half tile[4][32][34];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, j = blockIdx.x * 4 + warp, cb = cb0 + j;
@@ -232,6 +232,21 @@ __global__ void __launch_bounds__(128) frag_dequant_kernel(tsr_linear_dev L, int
     const size_t ldw = (size_t)wcb * 32;
 #pragma unroll 4
     for (int k = 0; k < 32; k++) dq[((size_t)u * 32 + k) * ldw + (size_t)j * 32 + lane] = tile[warp][k][lane];
+}
+
+__global__ void __launch_bounds__(128) frag_dequant_kernel(tsr_linear_dev L, int cb0, int wcb, __half *dq)
+{
+    frag_dequant_block(L, cb0, wcb, dq);
+}
+
+/* Two matrices of one shape and unit order in one launch (blockIdx.z picks the matrix): k and v (exl2_dq_gemm_pair). */
+__global__ void __launch_bounds__(128)
+    frag_dequant_pair_kernel(tsr_linear_dev A, tsr_linear_dev B, int cb0, int wcb, __half *dqa, __half *dqb)
+{
+    if (blockIdx.z == 0)
+        frag_dequant_block(A, cb0, wcb, dqa);
+    else
+        frag_dequant_block(B, cb0, wcb, dqb);
 }
 
 /* The smallest M that takes this path: TSR_CUDA_DQ_MIN_M (1 to 129) for every matrix when set; else 33 (below it
@@ -358,6 +373,56 @@ static void exl2_dq_gemm(const tsr_linear_dev *L, const __half *xp, int M, void 
                                          w, xp, CUDA_R_16F, Kp, &beta, (char *)y + (size_t)n0 * ysize, ytype, L->N,
                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (st != CUBLAS_STATUS_SUCCESS) tsr_cuda_fatal(__FILE__, __LINE__, "cublasGemmEx failed");
+        tsr_cuda_launches++;
+    }
+}
+
+/* Two matrices of one shape and one unit order on the same input (k and v): both dequantized into the buffer's two
+ * halves by one launch, then one strided batched GEMM (the input shared: stride 0), so that two products of few
+ * columns (4096 x 1024 at the 8B shape: 27 us each at 2048 rows on the H100, a third of the tensor cores' rate) fill
+ * the chip together. ya and yb are fp32 outputs that do not overlap; beta 0. Only where both matrices fit the buffer
+ * whole (dq_pair_fits); TSR_CUDA_DQ_SLAB_COLS still narrows the slabs (tests). */
+static bool dq_pair_fits(const tsr_linear_dev *A, const tsr_linear_dev *B)
+{
+    static const bool enabled = !tsr_cuda_env_off("TSR_CUDA_DQ_PAIR"); /* 0: one product each (comparisons) */
+    return enabled && A->kind == TSR_LINEAR_EXL2 && B->kind == TSR_LINEAR_EXL2 && A->K == B->K && A->N == B->N &&
+           A->Npad == B->Npad && A->n_units == B->n_units && !tsr_cuda_dq_wgmma_takes(A) &&
+           !tsr_cuda_dq_wgmma_takes(B) && (size_t)2 * 32 * A->n_units * A->Npad * sizeof(__half) <= g_dq_bytes;
+}
+
+static unsigned long long g_dq_pairs_run;
+
+extern "C" unsigned long long tsr_cuda_dq_pairs_run(void)
+{
+    return g_dq_pairs_run;
+}
+
+static void exl2_dq_gemm_pair(const tsr_linear_dev *A, const tsr_linear_dev *B, const __half *xp, int M, float *ya,
+                              float *yb)
+{
+    g_dq_pairs_run++;
+    if (yb < ya) { /* the batch's output stride must be positive: the lower output first */
+        std::swap(A, B);
+        std::swap(ya, yb);
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    const int Kp = 32 * A->n_units;
+    size_t slab = g_dq_bytes / (2 * (size_t)Kp * sizeof(__half));
+    slab -= slab % 128;
+    if (dq_slab_cols() && slab > dq_slab_cols()) slab = dq_slab_cols();
+    if (slab > (size_t)A->Npad) slab = A->Npad;
+    __half *dqa = (__half *)tsr_cuda_scratch(3, g_dq_bytes), *dqb = dqa + slab * Kp;
+    for (int n0 = 0; n0 < A->N; n0 += (int)slab) {
+        const int w = (int)slab, cols = A->N - n0 < w ? A->N - n0 : w;
+        dim3 grid(tsr_div_up(w / 32, 4), A->n_units, 2);
+        frag_dequant_pair_kernel<<<grid, 128, 0, tsr_cuda_stream()>>>(*A, *B, n0 / 32, w / 32, dqa, dqb);
+        TSR_CUDA_LAUNCHED();
+        if (n0 == 0) dq_mark(2);
+        cublasStatus_t st = cublasGemmStridedBatchedEx(
+            tsr_cuda_blas(), CUBLAS_OP_N, CUBLAS_OP_N, cols, M, Kp, &alpha, dqa, CUDA_R_16F, w, (long long)slab * Kp,
+            xp, CUDA_R_16F, Kp, 0, &beta, ya + n0, CUDA_R_32F, A->N, (long long)(yb - ya), 2, CUBLAS_COMPUTE_32F,
+            CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS) tsr_cuda_fatal(__FILE__, __LINE__, "cublasGemmStridedBatchedEx failed");
         tsr_cuda_launches++;
     }
 }
@@ -520,6 +585,23 @@ static void dq_product(const tsr_linear_dev *L, const T *x, const T *up, const _
     exl2_dq_gemm(L, xp, M, y, beta, ytype);
     dq_mark(3);
     dq_account(M, L->K, L->N);
+}
+
+/* dq_product for a pair that exl2_dq_gemm_pair takes (fp32 outputs, beta 0, no bias); timed as one product of both
+ * matrices' columns under TSR_CUDA_DQ_TIMES. */
+static void dq_pair_product(const tsr_linear_dev *A, const tsr_linear_dev *B, const float *x, int M, float *ya,
+                            float *yb, int permute)
+{
+    const int Kp = 32 * A->n_units;
+    __half *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * Kp * sizeof(__half));
+    dq_mark(0);
+    if (permute && dq_handoff_take(A, x, M)) permute = 0;
+    if (permute) permute_half(x, (const float *)NULL, A->uperm, M, A->K, Kp, xp, (const __half *)NULL,
+                              (const __half *)NULL, A->uperm_identity != 0);
+    dq_mark(1);
+    exl2_dq_gemm_pair(A, B, xp, M, ya, yb);
+    dq_mark(3);
+    dq_account(M, A->K, A->N + B->N);
 }
 
 /* y[M][N] += L's fp16 bias, where it has one. */
@@ -694,8 +776,18 @@ void tsr_cuda_linear_many(const tsr_linear *const *Lh, int n, const float *x, in
     const tsr_linear_dev *prev = NULL;
     for (int i = 0; i < n; i++) {
         const tsr_linear_dev *d = (const tsr_linear_dev *)Lh[i]->dev;
+        const tsr_linear_dev *e = i + 1 < n ? (const tsr_linear_dev *)Lh[i + 1]->dev : NULL;
         if (M > 0 && d && d->kind == TSR_LINEAR_EXL2 && dq_path(M)) {
-            exl2_dq_linear(d, x, NULL, M, y[i], !prev || !tsr_cuda_same_unit_order(prev, d));
+            const int permute = !prev || !tsr_cuda_same_unit_order(prev, d);
+            if (enabled && e && y[i] != y[i + 1] && dq_pair_fits(d, e) && tsr_cuda_same_unit_order(d, e)) {
+                dq_pair_product(d, e, x, M, y[i], y[i + 1], permute); /* k and v */
+                dq_add_bias(d, y[i], M);
+                dq_add_bias(e, y[i + 1], M);
+                prev = e;
+                i++;
+                continue;
+            }
+            exl2_dq_linear(d, x, NULL, M, y[i], permute);
             prev = d;
         } else {
             tsr_cuda_linear(Lh[i], x, M, y[i]);

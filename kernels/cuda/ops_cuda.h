@@ -42,6 +42,8 @@ unsigned long long tsr_cuda_staged_taken(void);
 /* Prefill products (the dequantize path) so far that took their input converted by the norm before them instead of
  * converting it themselves (matmul.cu, prefill's hand-off), for tests and diagnostics. */
 unsigned long long tsr_cuda_dq_handoffs_taken(void);
+/* Pairs of products (k and v) that the dequantize path ran as one batched product so far (matmul.cu), for tests. */
+unsigned long long tsr_cuda_dq_pairs_run(void);
 /* Measures device-to-device copy bandwidth (bytes read + written per second) over `bytes`-sized buffers. */
 double tsr_cuda_copy_bandwidth(size_t bytes);
 /* Measures the dense fp16 tensor-core rate as prefill uses it (cuBLAS, fp16 operands and output, fp32 accumulation):

@@ -1346,6 +1346,14 @@ static unsigned long long handed_off(int M)
     return !env_off("TSR_CUDA_DQ_HANDOFF") && M >= 100 ? 1 : 0;
 }
 
+/* Batched k/v products on the dequantize path for one q/k/v of 100 rows whose k and v share a shape and a unit order:
+ * one, none with TSR_CUDA_DQ_PAIR=0, or where the wgmma product takes q, k and v (TSR_CUDA_DQ_WGMMA=1). */
+static unsigned long long kv_paired(void)
+{
+    const char *wg = getenv("TSR_CUDA_DQ_WGMMA");
+    return env_off("TSR_CUDA_DQ_PAIR") || (wg && atoi(wg) != 0) ? 0 : 1;
+}
+
 /* Prefill's hand-off into the MLP (matmul.cu): the MLP norm over 100 rows (the dequantize path) writes gate's input
  * converted, and the MLP that follows (mlp_add_norm, or as forward.c runs it without: linear_many on gate and up,
  * then silu_linear_add_norm) must take it once (gate; up shares its order or converts its own): x normed, then the
@@ -1418,11 +1426,59 @@ static void prepare_layer_shell(tsr_model *shell, tsr_layer *layer)
     assert_int_equal(gpu->prepare_model(shell), TSR_OK);
 }
 
+/* One case of test_stage_ahead: o's product over M rows added to x and normed with w (linear_add_norm), then the
+ * layer's q/k/v (linear_many) on the norm's output, against the CPU; the counters as expected, `pairs` being the
+ * batched k/v products the dequantize path must have run. */
+static void stage_ahead_case(tsr_layer *layer, gpu_head *o, norm_weight *w, int H, int M, int pairs)
+{
+    const tsr_linear *qkv[3] = {&layer->q, &layer->k, &layer->v};
+    const int Ko = o->L.K;
+    float *a = rand_host((size_t)M * Ko, 1.0f), *x = rand_host((size_t)M * H, 1.0f);
+    float *want_x = malloc((size_t)M * H * 4), *want_h = malloc((size_t)M * H * 4), *want[3];
+    ref_linear(&o->L, a, M, want_x);
+    cpu->add(want_x, x, (size_t)M * H);
+    cpu->rmsnorm(want_x, &w->host, 1e-5f, M, H, want_h);
+    float *da = dev_copy(a, (size_t)M * Ko * 4), *dx = dev_copy(x, (size_t)M * H * 4);
+    float *dh = dev_poisoned((size_t)M * H), *dy[3];
+    for (int i = 0; i < 3; i++) {
+        want[i] = malloc((size_t)M * qkv[i]->N * 4);
+        ref_linear(qkv[i], want_h, M, want[i]);
+        dy[i] = dev_poisoned((size_t)M * qkv[i]->N);
+    }
+    const unsigned long long taken = tsr_cuda_staged_taken(), handed = tsr_cuda_dq_handoffs_taken();
+    const unsigned long long paired = tsr_cuda_dq_pairs_run();
+    gpu->linear_add_norm(&o->shell.head, da, M, dx, &layer->attn_norm, 1e-5f, dh);
+    gpu->linear_many(qkv, 3, dh, M, dy);
+    assert_int_equal(tsr_cuda_staged_taken() - taken, staged_ahead(M));
+    assert_int_equal(tsr_cuda_dq_handoffs_taken() - handed, handed_off(M));
+    assert_int_equal(tsr_cuda_dq_pairs_run() - paired, pairs);
+    char what[96];
+    float *got = to_host(dx, (size_t)M * H);
+    snprintf(what, sizeof what, "stage ahead M=%d: the sum", M);
+    expect_close(what, got, want_x, (size_t)M * H, quant_tol(M));
+    free(got);
+    got = to_host(dh, (size_t)M * H);
+    snprintf(what, sizeof what, "stage ahead M=%d: the norm", M);
+    expect_close(what, got, want_h, (size_t)M * H, quant_tol(M));
+    free(got);
+    for (int i = 0; i < 3; i++) {
+        got = to_host(dy[i], (size_t)M * qkv[i]->N);
+        snprintf(what, sizeof what, "stage ahead M=%d%s: %c", M, pairs ? " (k and v paired)" : "", "qkv"[i]);
+        expect_close(what, got, want[i], (size_t)M * qkv[i]->N, quant_tol(M));
+        free(got), free(want[i]);
+        gpu->release(dy[i]);
+    }
+    gpu->release(da), gpu->release(dx), gpu->release(dh);
+    free(a), free(x), free(want_x), free(want_h);
+}
+
 /* Activations staged ahead (kernels/cuda/stage_ahead.cuh): the residual pass after o that ends with a layer's
  * attention norm also writes the entries of that layer's q/k/v GEMV, q and k sharing one unit order and v with
  * its own, at 1, 3 and 6 rows (fp16 hi + lo entries up to 4 rows, fp16 above); at 100 rows (the dequantize path)
  * the norm after o's product hands q and k their converted input instead (handed_off). Against the CPU's o product,
- * add, rmsnorm and q/k/v products, and the GEMV must have taken the entries where it takes any (staged_ahead). */
+ * add, rmsnorm and q/k/v products, and the GEMV must have taken the entries where it takes any (staged_ahead). Then
+ * at 100 rows once more with v in k's unit order too (k and v of one shape, different widths): the dequantize path
+ * runs them as one batched product (TSR_CUDA_DQ_PAIR=0: one each). */
 static void test_stage_ahead(void **state)
 {
     (void)state;
@@ -1440,54 +1496,23 @@ static void test_stage_ahead(void **state)
     gpu_head_open(&o, H, H, 2, o_bits, o_rows);
     assert_non_null(q.L.q.perm);
     norm_weight w = norm_weight_new(H);
-    tsr_layer layer;
-    memset(&layer, 0, sizeof layer);
-    layer.q = q.L, layer.k = k.L, layer.v = v.L;
-    layer.k.q.perm = q.L.q.perm; /* q and k read their input in one order */
-    layer.attn_norm = w.host;
-    tsr_model shell;
-    prepare_layer_shell(&shell, &layer);
-    const tsr_linear *qkv[3] = {&layer.q, &layer.k, &layer.v};
-    const int Ms[] = {1, 3, 6, 100};
-    for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
-        const int M = Ms[t], Ko = o.L.K;
-        float *a = rand_host((size_t)M * Ko, 1.0f), *x = rand_host((size_t)M * H, 1.0f);
-        float *want_x = malloc((size_t)M * H * 4), *want_h = malloc((size_t)M * H * 4), *want[3];
-        ref_linear(&o.L, a, M, want_x);
-        cpu->add(want_x, x, (size_t)M * H);
-        cpu->rmsnorm(want_x, &w.host, 1e-5f, M, H, want_h);
-        float *da = dev_copy(a, (size_t)M * Ko * 4), *dx = dev_copy(x, (size_t)M * H * 4);
-        float *dh = dev_poisoned((size_t)M * H), *dy[3];
-        for (int i = 0; i < 3; i++) {
-            want[i] = malloc((size_t)M * qkv[i]->N * 4);
-            ref_linear(qkv[i], want_h, M, want[i]);
-            dy[i] = dev_poisoned((size_t)M * qkv[i]->N);
+    for (int kv_one = 0; kv_one < 2; kv_one++) {
+        tsr_layer layer;
+        memset(&layer, 0, sizeof layer);
+        layer.q = q.L, layer.k = k.L, layer.v = v.L;
+        layer.k.q.perm = q.L.q.perm; /* q and k read their input in one order */
+        if (kv_one) layer.v.q.perm = q.L.q.perm;
+        layer.attn_norm = w.host;
+        tsr_model shell;
+        prepare_layer_shell(&shell, &layer);
+        if (!kv_one) {
+            const int Ms[] = {1, 3, 6, 100};
+            for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) stage_ahead_case(&layer, &o, &w, H, Ms[t], 0);
+        } else {
+            stage_ahead_case(&layer, &o, &w, H, 100, kv_paired());
         }
-        const unsigned long long taken = tsr_cuda_staged_taken(), handed = tsr_cuda_dq_handoffs_taken();
-        gpu->linear_add_norm(&o.shell.head, da, M, dx, &layer.attn_norm, 1e-5f, dh);
-        gpu->linear_many(qkv, 3, dh, M, dy);
-        assert_int_equal(tsr_cuda_staged_taken() - taken, staged_ahead(M));
-        assert_int_equal(tsr_cuda_dq_handoffs_taken() - handed, handed_off(M));
-        char what[96];
-        float *got = to_host(dx, (size_t)M * H);
-        snprintf(what, sizeof what, "stage ahead M=%d: the sum", M);
-        expect_close(what, got, want_x, (size_t)M * H, quant_tol(M));
-        free(got);
-        got = to_host(dh, (size_t)M * H);
-        snprintf(what, sizeof what, "stage ahead M=%d: the norm", M);
-        expect_close(what, got, want_h, (size_t)M * H, quant_tol(M));
-        free(got);
-        for (int i = 0; i < 3; i++) {
-            got = to_host(dy[i], (size_t)M * qkv[i]->N);
-            snprintf(what, sizeof what, "stage ahead M=%d: %c", M, "qkv"[i]);
-            expect_close(what, got, want[i], (size_t)M * qkv[i]->N, quant_tol(M));
-            free(got), free(want[i]);
-            gpu->release(dy[i]);
-        }
-        gpu->release(da), gpu->release(dx), gpu->release(dh);
-        free(a), free(x), free(want_x), free(want_h);
+        gpu->release_model(&shell);
     }
-    gpu->release_model(&shell);
     norm_weight_free(&w);
     gpu_head_close(&o), gpu_head_close(&v), gpu_head_close(&k), gpu_head_close(&q);
 }
