@@ -406,6 +406,14 @@ static tsr_status run_job(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_s
     return job->comm_st;
 }
 
+/* Logits rows [r0, r0 + n) of the last call (n <= logit_rows) into `logits`, from the final-normed rows that the
+ * forward left in out_rows when it had more rows than one head call takes (forward_body stops before the head). */
+static void head_slice(tsr_forward_ctx *c, int r0, int n)
+{
+    c->ops->linear(&c->model->head, c->out_rows + (size_t)r0 * c->model->cfg.hidden, n, c->logits);
+    c->held_row0 = r0, c->held_rows = n;
+}
+
 tsr_status tsr_forward(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs, float *logits)
 {
     const tsr_model *m = c->model;
@@ -422,18 +430,10 @@ tsr_status tsr_forward(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seqs
     /* many logit rows (e.g. all positions of a prompt): the head runs in slices of logit_rows rows */
     for (int r0 = 0; r0 < job.n_out; r0 += c->logit_rows) {
         int rows = job.n_out - r0 < c->logit_rows ? job.n_out - r0 : c->logit_rows;
-        c->ops->linear(&c->model->head, c->out_rows + (size_t)r0 * c->model->cfg.hidden, rows, c->logits);
+        head_slice(c, r0, rows);
         c->ops->to_host(logits + (size_t)r0 * vocab, c->logits, (size_t)rows * vocab * sizeof(float));
     }
     return TSR_OK;
-}
-
-/* Logits rows [r0, r0 + n) of the last call (n <= logit_rows) into `logits`, from the final-normed rows that the
- * forward left in out_rows when it had more rows than one head call takes (forward_body stops before the head). */
-static void head_slice(tsr_forward_ctx *c, int r0, int n)
-{
-    c->ops->linear(&c->model->head, c->out_rows + (size_t)r0 * c->model->cfg.hidden, n, c->logits);
-    c->held_row0 = r0, c->held_rows = n;
 }
 
 int tsr_forward_pick_rows(const tsr_forward_ctx *c) { return c->picks ? c->max_tokens : 0; }
@@ -450,18 +450,15 @@ tsr_status tsr_forward_argmax(tsr_forward_ctx *c, const tsr_seq_input *seqs, int
     TSR_TRY(run_job(c, seqs, n_seqs, REDUCE_PICK, &job));
     if (!rows) return TSR_OK;
     c->last_rows = rows, c->held_row0 = 0, c->held_rows = rows;
-    if (rows <= c->logit_rows) { /* the forward ran the head and the picks itself */
-        c->ops->to_host(ids, c->picks, (size_t)rows * sizeof(int32_t));
-        c->ops->to_host(vals, c->picks + rows, (size_t)rows * sizeof(float));
-        return TSR_OK;
-    }
-    /* more rows than the logits buffer holds (decode batches past 128): the head and the picks slice by slice, so
-     * that still only the picks cross to the host */
-    const int vocab = c->model->local.vocab;
+    /* up to logit_rows the forward ran the head and the picks itself; past them (decode batches over 128) the head
+     * and the picks run slice by slice, so that still only the picks cross to the host */
+    const int whole = rows <= c->logit_rows, vocab = c->model->local.vocab;
     for (int r0 = 0; r0 < rows; r0 += c->logit_rows) {
         const int n = rows - r0 < c->logit_rows ? rows - r0 : c->logit_rows;
-        head_slice(c, r0, n);
-        c->ops->argmax_rows(c->logits, n, vocab, c->picks, (float *)(c->picks + n));
+        if (!whole) {
+            head_slice(c, r0, n);
+            c->ops->argmax_rows(c->logits, n, vocab, c->picks, (float *)(c->picks + n));
+        }
         c->ops->to_host(ids + r0, c->picks, (size_t)n * sizeof(int32_t));
         c->ops->to_host(vals + r0, c->picks + n, (size_t)n * sizeof(float));
     }

@@ -347,6 +347,18 @@ static void dq_account(int M, int K, int N)
     t.n++;
 }
 
+/* Columns per slab where `parts` matrices of Kp unit rows share the buffer side by side: a multiple of 128 (or the
+ * matrix's Npad when narrower), at most TSR_CUDA_DQ_SLAB_COLS. */
+static size_t dq_slab_width(int Kp, int Npad, int parts)
+{
+    size_t slab = g_dq_bytes / ((size_t)parts * Kp * sizeof(__half));
+    slab -= slab % 128;
+    if (dq_slab_cols() && slab > dq_slab_cols()) slab = dq_slab_cols();
+    if (slab > (size_t)Npad) slab = Npad;
+    if (slab < 32) tsr_cuda_fatal(__FILE__, __LINE__, "dequantize buffer not reserved for this matrix");
+    return slab;
+}
+
 /* y = xp · W (beta 1: y += xp · W, the residual add in cuBLAS's epilogue) through cuBLAS, xp being the activations
  * in unit row order (fp16, Kp = 32 units rows); y fp32, or fp16 (ytype CUDA_R_16F, beta 0). */
 static void exl2_dq_gemm(const tsr_linear_dev *L, const __half *xp, int M, void *y, float beta,
@@ -357,11 +369,7 @@ static void exl2_dq_gemm(const tsr_linear_dev *L, const __half *xp, int M, void 
     const size_t ysize = ytype == CUDA_R_16F ? sizeof(__half) : sizeof(float);
     const float alpha = 1.0f;
     const int Kp = 32 * L->n_units;
-    size_t slab = g_dq_bytes / ((size_t)Kp * sizeof(__half));
-    slab -= slab % 128;
-    if (dq_slab_cols() && slab > dq_slab_cols()) slab = dq_slab_cols();
-    if (slab > (size_t)L->Npad) slab = L->Npad;
-    if (slab < 32) tsr_cuda_fatal(__FILE__, __LINE__, "dequantize buffer not reserved for this matrix");
+    const size_t slab = dq_slab_width(Kp, L->Npad, 1);
     __half *dq = (__half *)tsr_cuda_scratch(3, g_dq_bytes);
     for (int n0 = 0; n0 < L->N; n0 += (int)slab) {
         const int w = (int)slab, cols = L->N - n0 < w ? L->N - n0 : w;
@@ -407,10 +415,7 @@ static void exl2_dq_gemm_pair(const tsr_linear_dev *A, const tsr_linear_dev *B, 
     }
     const float alpha = 1.0f, beta = 0.0f;
     const int Kp = 32 * A->n_units;
-    size_t slab = g_dq_bytes / (2 * (size_t)Kp * sizeof(__half));
-    slab -= slab % 128;
-    if (dq_slab_cols() && slab > dq_slab_cols()) slab = dq_slab_cols();
-    if (slab > (size_t)A->Npad) slab = A->Npad;
+    const size_t slab = dq_slab_width(Kp, A->Npad, 2);
     __half *dqa = (__half *)tsr_cuda_scratch(3, g_dq_bytes), *dqb = dqa + slab * Kp;
     for (int n0 = 0; n0 < A->N; n0 += (int)slab) {
         const int w = (int)slab, cols = A->N - n0 < w ? A->N - n0 : w;
@@ -568,13 +573,13 @@ static bool dq_handoff_take(const tsr_linear_dev *L, const void *x, int M)
     return true;
 }
 
-/* The dequantize path's product of one EXL2/GPTQ matrix: its input (x, or with up the gated silu(x + bx) · (up + bu);
- * fp32 or fp16) permuted into scratch slot 0, then y = xp · W (beta 1: y +=) in ytype, each call timed under
- * TSR_CUDA_DQ_TIMES; permute = 0 when the slot already holds the input in this matrix's unit row order (the matrix
- * before it in a group had the same permutation). No bias. */
+/* A product's input on the dequantize path (x, or with up the gated silu(x + bx) · (up + bu); fp32 or fp16) in L's
+ * unit row order as fp16 in scratch slot 0, converted here unless permute = 0 (the slot holds it already: the matrix
+ * before it in a group had the same permutation) or the norm that wrote x handed it over; timed as the permute part
+ * under TSR_CUDA_DQ_TIMES. */
 template <typename T>
-static void dq_product(const tsr_linear_dev *L, const T *x, const T *up, const __half *bx, const __half *bu, int M,
-                       void *y, int permute, float beta, cudaDataType_t ytype)
+static __half *dq_input(const tsr_linear_dev *L, const T *x, const T *up, const __half *bx, const __half *bu, int M,
+                        int permute)
 {
     const int Kp = 32 * L->n_units;
     __half *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * Kp * sizeof(__half));
@@ -582,6 +587,16 @@ static void dq_product(const tsr_linear_dev *L, const T *x, const T *up, const _
     if (permute && !up && dq_handoff_take(L, x, M)) permute = 0;
     if (permute) permute_half(x, up, L->uperm, M, L->K, Kp, xp, bx, bu, L->uperm_identity != 0);
     dq_mark(1);
+    return xp;
+}
+
+/* The dequantize path's product of one EXL2/GPTQ matrix: its input (dq_input), then y = xp · W (beta 1: y +=) in
+ * ytype, each call timed under TSR_CUDA_DQ_TIMES. No bias. */
+template <typename T>
+static void dq_product(const tsr_linear_dev *L, const T *x, const T *up, const __half *bx, const __half *bu, int M,
+                       void *y, int permute, float beta, cudaDataType_t ytype)
+{
+    __half *xp = dq_input(L, x, up, bx, bu, M, permute);
     exl2_dq_gemm(L, xp, M, y, beta, ytype);
     dq_mark(3);
     dq_account(M, L->K, L->N);
@@ -592,13 +607,7 @@ static void dq_product(const tsr_linear_dev *L, const T *x, const T *up, const _
 static void dq_pair_product(const tsr_linear_dev *A, const tsr_linear_dev *B, const float *x, int M, float *ya,
                             float *yb, int permute)
 {
-    const int Kp = 32 * A->n_units;
-    __half *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * Kp * sizeof(__half));
-    dq_mark(0);
-    if (permute && dq_handoff_take(A, x, M)) permute = 0;
-    if (permute) permute_half(x, (const float *)NULL, A->uperm, M, A->K, Kp, xp, (const __half *)NULL,
-                              (const __half *)NULL, A->uperm_identity != 0);
-    dq_mark(1);
+    __half *xp = dq_input(A, x, (const float *)NULL, (const __half *)NULL, (const __half *)NULL, M, permute);
     exl2_dq_gemm_pair(A, B, xp, M, ya, yb);
     dq_mark(3);
     dq_account(M, A->K, A->N + B->N);
