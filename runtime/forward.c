@@ -34,9 +34,9 @@ struct tsr_forward_ctx {
     int has_comm;
     /* activations, backend memory */
     float *x, *h, *q, *k, *v, *attn, *gate, *up, *out_rows, *logits;
-    int32_t *picks;         /* [2][logit_rows]: each row's argmax id, then its value (bits), when ops->argmax_rows */
+    int32_t *picks;         /* [2][max_tokens]: each row's argmax id, then its value (bits), when ops->argmax_rows */
     /* when ops->top_rows: each row's TSR_TOP_MAX candidates (ids, then values), its normalizer and the inverse
-     * temperature it is computed at, [logit_rows] each */
+     * temperature it is computed at, [max_tokens] each */
     int32_t *top_ids;
     float *top_vals, *top_z, *top_inv;
     int last_rows;          /* logits rows of the last reducing call (tsr_forward_fetch_rows' bound) */
@@ -136,13 +136,14 @@ tsr_status tsr_forward_ctx_new(const tsr_model *model, const tsr_ops *ops, tsr_k
     x->id = ++next_id;
     x->logits = ops->alloc((size_t)x->logit_rows * (size_t)(model->part.head ? lo->vocab : 1) * sizeof(float));
     int ok = x->x && x->h && x->q && x->k && x->v && x->attn && x->gate && x->up && x->out_rows && x->logits;
-    if (ok && ops->argmax_rows && model->part.head) ok = (x->picks = ops->alloc((size_t)x->logit_rows * 8)) != NULL;
+    /* the reductions keep every row's result (a decode batch past logit_rows runs the head in slices) */
+    if (ok && ops->argmax_rows && model->part.head) ok = (x->picks = ops->alloc(T * 8)) != NULL;
     if (ok && ops->top_rows && model->part.head) {
-        const size_t cand = (size_t)x->logit_rows * TSR_TOP_MAX * sizeof(int32_t);
+        const size_t cand = T * TSR_TOP_MAX * sizeof(int32_t);
         x->top_ids = ops->alloc(cand);
         x->top_vals = ops->alloc(cand);
-        x->top_z = ops->alloc((size_t)x->logit_rows * sizeof(float));
-        x->top_inv = ops->alloc((size_t)x->logit_rows * sizeof(float));
+        x->top_z = ops->alloc(T * sizeof(float));
+        x->top_inv = ops->alloc(T * sizeof(float));
         ok = x->top_ids && x->top_vals && x->top_z && x->top_inv;
     }
     ok = ok && alloc_arrays(&x->host, host_calloc, T, S, (size_t)x->pages_per_seq, half);
@@ -376,13 +377,28 @@ static void forward_body(void *arg)
     if (j->n_out == 0 || !m->part.head) return;
     ops->gather_rows(c->x, c->dev.out_index, j->n_out, H, c->out_rows);
     ops->rmsnorm(c->out_rows, &m->final_norm, cfg->norm_eps, j->n_out, H, c->out_rows);
-    if (j->n_out > c->logit_rows) return;
-    ops->linear(&m->head, c->out_rows, j->n_out, c->logits);
-    if (j->reduce == REDUCE_PICK && j->n_out)
-        ops->argmax_rows(c->logits, j->n_out, m->local.vocab, c->picks, (float *)(c->picks + j->n_out));
-    if (j->reduce == REDUCE_TOP && j->n_out)
-        ops->top_rows(c->logits, j->n_out, m->local.vocab, TSR_TOP_MAX, c->top_inv, c->top_ids, c->top_vals,
-                      c->top_z);
+    /* all logits wanted of more rows than `logits` holds: tsr_forward runs the head slice by slice, copying each */
+    if (j->n_out > c->logit_rows && j->reduce == REDUCE_NONE) return;
+    /* the head, then the reduction, one slice of logit_rows rows after the other: the picks and candidates of every
+     * row stay on the device (in the recording too), and `logits` keeps the last slice's rows (held_slice) */
+    const int vocab = m->local.vocab;
+    for (int r0 = 0; r0 < j->n_out; r0 += c->logit_rows) {
+        const int n = j->n_out - r0 < c->logit_rows ? j->n_out - r0 : c->logit_rows;
+        ops->linear(&m->head, c->out_rows + (size_t)r0 * H, n, c->logits);
+        if (j->reduce == REDUCE_PICK)
+            ops->argmax_rows(c->logits, n, vocab, c->picks + r0, (float *)(c->picks + c->max_tokens) + r0);
+        if (j->reduce == REDUCE_TOP)
+            ops->top_rows(c->logits, n, vocab, TSR_TOP_MAX, c->top_inv + r0, c->top_ids + (size_t)r0 * TSR_TOP_MAX,
+                          c->top_vals + (size_t)r0 * TSR_TOP_MAX, c->top_z + r0);
+    }
+}
+
+/* After a reducing call of `rows` rows: the last slice forward_body ran the head for is what `logits` holds. */
+static void held_slice(tsr_forward_ctx *c, int rows)
+{
+    c->last_rows = rows;
+    c->held_row0 = (rows - 1) / c->logit_rows * c->logit_rows;
+    c->held_rows = rows - c->held_row0;
 }
 
 /* The work both entry points share: validation, the layout upload and the recorded (or issued) body. */
@@ -406,8 +422,8 @@ static tsr_status run_job(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_s
     return job->comm_st;
 }
 
-/* Logits rows [r0, r0 + n) of the last call (n <= logit_rows) into `logits`, from the final-normed rows that the
- * forward left in out_rows when it had more rows than one head call takes (forward_body stops before the head). */
+/* Logits rows [r0, r0 + n) of the last call (n <= logit_rows) into `logits`, from the final-normed rows the forward
+ * left in out_rows: tsr_forward's slices past the first logit_rows rows, and rows fetched again (fetch_rows). */
 static void head_slice(tsr_forward_ctx *c, int r0, int n)
 {
     c->ops->linear(&c->model->head, c->out_rows + (size_t)r0 * c->model->cfg.hidden, n, c->logits);
@@ -449,19 +465,9 @@ tsr_status tsr_forward_argmax(tsr_forward_ctx *c, const tsr_seq_input *seqs, int
     forward_job job;
     TSR_TRY(run_job(c, seqs, n_seqs, REDUCE_PICK, &job));
     if (!rows) return TSR_OK;
-    c->last_rows = rows, c->held_row0 = 0, c->held_rows = rows;
-    /* up to logit_rows the forward ran the head and the picks itself; past them (decode batches over 128) the head
-     * and the picks run slice by slice, so that still only the picks cross to the host */
-    const int whole = rows <= c->logit_rows, vocab = c->model->local.vocab;
-    for (int r0 = 0; r0 < rows; r0 += c->logit_rows) {
-        const int n = rows - r0 < c->logit_rows ? rows - r0 : c->logit_rows;
-        if (!whole) {
-            head_slice(c, r0, n);
-            c->ops->argmax_rows(c->logits, n, vocab, c->picks, (float *)(c->picks + n));
-        }
-        c->ops->to_host(ids + r0, c->picks, (size_t)n * sizeof(int32_t));
-        c->ops->to_host(vals + r0, c->picks + n, (size_t)n * sizeof(float));
-    }
+    held_slice(c, rows);
+    c->ops->to_host(ids, c->picks, (size_t)rows * sizeof(int32_t));
+    c->ops->to_host(vals, c->picks + c->max_tokens, (size_t)rows * sizeof(float));
     return TSR_OK;
 }
 
@@ -477,24 +483,14 @@ tsr_status tsr_forward_top(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_
         return tsr_fail(TSR_ERR_ARG, "forward: %d rows to reduce, at most %d per call", rows, c->max_tokens);
     if (rows && (!inv_temp || !ids || !vals || !z))
         return tsr_fail(TSR_ERR_ARG, "forward: candidates requested but no buffers given");
-    const int whole = rows <= c->logit_rows; /* else the head and the reduction slice by slice, as for the picks */
-    if (rows && whole) c->ops->to_device(c->top_inv, inv_temp, (size_t)rows * sizeof(float));
+    if (rows) c->ops->to_device(c->top_inv, inv_temp, (size_t)rows * sizeof(float));
     forward_job job;
     TSR_TRY(run_job(c, seqs, n_seqs, REDUCE_TOP, &job));
     if (!rows) return TSR_OK;
-    c->last_rows = rows, c->held_row0 = 0, c->held_rows = rows;
-    const int vocab = c->model->local.vocab;
-    for (int r0 = 0; r0 < rows; r0 += c->logit_rows) {
-        const int n = rows - r0 < c->logit_rows ? rows - r0 : c->logit_rows;
-        if (!whole) {
-            c->ops->to_device(c->top_inv, inv_temp + r0, (size_t)n * sizeof(float));
-            head_slice(c, r0, n);
-            c->ops->top_rows(c->logits, n, vocab, TSR_TOP_MAX, c->top_inv, c->top_ids, c->top_vals, c->top_z);
-        }
-        c->ops->to_host(ids + (size_t)r0 * TSR_TOP_MAX, c->top_ids, (size_t)n * TSR_TOP_MAX * sizeof(int32_t));
-        c->ops->to_host(vals + (size_t)r0 * TSR_TOP_MAX, c->top_vals, (size_t)n * TSR_TOP_MAX * sizeof(float));
-        c->ops->to_host(z + r0, c->top_z, (size_t)n * sizeof(float));
-    }
+    held_slice(c, rows);
+    c->ops->to_host(ids, c->top_ids, (size_t)rows * TSR_TOP_MAX * sizeof(int32_t));
+    c->ops->to_host(vals, c->top_vals, (size_t)rows * TSR_TOP_MAX * sizeof(float));
+    c->ops->to_host(z, c->top_z, (size_t)rows * sizeof(float));
     return TSR_OK;
 }
 

@@ -1,0 +1,17 @@
+#!/bin/bash
+# Device call: test_cuda on main (default and TSR_CUDA_DQ_PAIR=0), the 8B synth model, bench at batch 64-256 and 1,
+# and per-op device profiles at batch 1 and 256. Carry .parpack (tests/parallel/gpu-pack.sh). Logs under $OUT.
+set -u
+. tests/parallel/gpu-env.sh >/dev/null
+export TSR_FIXTURES=$PWD/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$PWD/models
+nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > $OUT/gpu.txt
+( timeout 150 $P/bin/test_cuda > $OUT/t.log 2>&1; echo "test_cuda rc=$?" ) >> $OUT/summary.txt
+( TSR_CUDA_DQ_PAIR=0 timeout 150 $P/bin/test_cuda > $OUT/t_nopair.log 2>&1; echo "test_cuda DQ_PAIR=0 rc=$?" ) >> $OUT/summary.txt
+m8=/tmp/llama8b-4.0
+[ -d $m8 ] || $bin synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 --bpw 4.0 --shard-size 2048 --threads 16 --out $m8 > $OUT/synth.log 2>&1
+timeout 200 $bin bench --model $m8 --device cuda --batch 64,128,192,256 --prompt-len 32 --gen 64 > $OUT/bench_big.log 2>&1; echo "bench big rc=$?" >> $OUT/summary.txt
+timeout 100 $bin bench --model $m8 --device cuda --batch 1 --prompt-len 512 --gen 128 > $OUT/bench_b1.log 2>&1; echo "bench b1 rc=$?" >> $OUT/summary.txt
+TSR_CUDA_PROFILE=2 timeout 100 $bin bench --model $m8 --device cuda --batch 1 --prompt-len 512 --gen 64 > $OUT/prof_b1.log 2>&1
+TSR_CUDA_PROFILE=2 timeout 100 $bin bench --model $m8 --device cuda --batch 256 --prompt-len 32 --gen 32 > $OUT/prof_b256.log 2>&1
+TSR_CUDA_PROFILE=2 timeout 100 $bin bench --model $m8 --device cuda --batch 128 --prompt-len 32 --gen 32 > $OUT/prof_b128.log 2>&1
+TSR_CUDA_DQ_TIMES=1 timeout 100 $bin bench --model $m8 --device cuda --batch 256 --prompt-len 32 --gen 16 > $OUT/dqt_b256.log 2>&1
