@@ -15,3 +15,8 @@ TSR_CUDA_PROFILE=2 timeout 100 $bin bench --model $m8 --device cuda --batch 1 --
 TSR_CUDA_PROFILE=2 timeout 100 $bin bench --model $m8 --device cuda --batch 256 --prompt-len 32 --gen 32 > $OUT/prof_b256.log 2>&1
 TSR_CUDA_PROFILE=2 timeout 100 $bin bench --model $m8 --device cuda --batch 128 --prompt-len 32 --gen 32 > $OUT/prof_b128.log 2>&1
 TSR_CUDA_DQ_TIMES=1 timeout 100 $bin bench --model $m8 --device cuda --batch 256 --prompt-len 32 --gen 16 > $OUT/dqt_b256.log 2>&1
+# the persistent step's memory-side ceiling (scripts/persist-probe.cu)
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+  PATH=/usr/local/cuda/bin:$PATH nvcc -std=c++17 -O3 -arch=sm_90 -o /tmp/persist scripts/persist-probe.cu > $OUT/persist_build.log 2>&1 &&
+    timeout 120 /tmp/persist > $OUT/persist.log 2>&1; echo "persist rc=$?" >> $OUT/summary.txt
+fi

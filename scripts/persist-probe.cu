@@ -1,0 +1,261 @@
+/* What a persistent batch-1 decode step could gain on the memory side (kernels/cuda/NOTES.md, "A persistent decode
+ * step"): one launch of the blocks that fit on the chip streams the weight bytes of a whole 8B step (32 layers of
+ * q/k/v, o, gate/up and down at 4.0 bpw, then the 6-bit head) through per-warp cp.async rings of 2 KB steps, as the
+ * one-row GEMV does, with no decoding of the weights. Each op's bytes are cut evenly over every warp of the grid.
+ * Modes, at each op boundary:
+ *   free   no barrier: the stream alone, the ceiling of any schedule;
+ *   drain  the ring drains, a grid barrier, then the next op's first steps are requested (separate launches with
+ *          free launch costs and free dependencies);
+ *   ahead  the next op's steps are requested before the barrier (the ring never stops), the barrier, then the
+ *          op's steps are consumed;
+ *   chain  ahead, and after each barrier every block waits a fixed time standing for the dependent small work
+ *          between two products (norm, rope, attention, merge, silu: the H100 trace's 3 / 10 / 3 / 2 us before
+ *          q/k/v / o / gate-up / down), while its requests stay in flight.
+ * With --compute, each step also runs ~260 ALU instructions and 16 mma.sync per warp over its slot, about what the
+ * one-row GEMV's 4-bit loop issues per step (stop 36's SASS count), so that issue and streaming compete as in the
+ * real kernel. Each run reads a fresh 4.2 GB region set, so L2 holds nothing from the previous run.
+ *
+ * Build and run on the GPU machine:
+ *   nvcc -O3 -arch=sm_90 -o /tmp/persist scripts/persist-probe.cu && /tmp/persist */
+#include "probe_check.cuh"
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdint.h>
+#include <stdio.h>
+#include <string_view>
+#include <vector>
+
+#define WARPS      8
+#define STEP_BYTES 2048
+#define MAX_OPS    (32 * 4 + 1)
+
+enum { MODE_FREE, MODE_DRAIN, MODE_AHEAD, MODE_CHAIN };
+
+struct plan {
+    int n_ops;
+    unsigned long long step0[MAX_OPS + 1]; /* op k's steps are [step0[k], step0[k + 1]) of the whole stream */
+    unsigned chain_ns[MAX_OPS];            /* MODE_CHAIN: the wait after op k's barrier */
+};
+
+__device__ __forceinline__ void cp16(void *smem, const void *gmem)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ unsigned long long gtime()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* A grid barrier over a counter that only grows (as mlp_decode.cu's): the n-th arrival waits for the round's last. */
+__device__ __forceinline__ void grid_sync(unsigned long long *bar)
+{
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const unsigned long long n = gridDim.x, target = (atomicAdd(bar, 1ull) / n + 1) * n;
+        unsigned long long now;
+        do
+            asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(now) : "l"(bar) : "memory");
+        while (now < target);
+    }
+    __syncthreads();
+}
+
+/* The stand-in for a step's decode: the lane's 64 bytes of the slot through ~260 LOP3/HFMA2 and 16 mma.sync. */
+__device__ __forceinline__ void work(const uint32_t *slot, int lane, float (&acc)[4])
+{
+    const uint4 a = ((const uint4 *)slot)[lane], b = ((const uint4 *)slot)[lane + 32];
+    const uint4 c = ((const uint4 *)slot)[lane + 64], d = ((const uint4 *)slot)[lane + 96];
+    uint32_t w[16] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w, c.x, c.y, c.z, c.w, d.x, d.y, d.z, d.w};
+    const __half2 s = __float2half2_rn(0.01f), z = __float2half2_rn(-8.0f);
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        uint32_t r[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            uint32_t f;
+            asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(f) : "r"(w[i] >> (4 * k)), "r"(0x000f000fu), "r"(0x64006400u));
+            __half2 h = __hfma2(*(__half2 *)&f, s, z);
+            r[k] = *(uint32_t *)&h;
+        }
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+                     : "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]), "r"(r[0]), "r"(r[1]));
+    }
+}
+
+template <int D, bool COMPUTE>
+__global__ void __launch_bounds__(WARPS * 32, 2) persist_kernel(plan p, int mode, const char *base,
+                                                                 unsigned long long *bar, float *out)
+{
+    extern __shared__ uint4 smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const unsigned long long W = (unsigned long long)gridDim.x * WARPS, w = blockIdx.x * WARPS + warp;
+    char *ring = (char *)smem + warp * D * STEP_BYTES;
+    /* the warp's steps of op k: [lo, hi) of the stream */
+    auto lo_of = [&](int k) { return p.step0[k] + (p.step0[k + 1] - p.step0[k]) * w / W; };
+    auto hi_of = [&](int k) { return p.step0[k] + (p.step0[k + 1] - p.step0[k]) * (w + 1) / W; };
+    float acc[4] = {0, 0, 0, 0};
+    unsigned sink = 0;
+    /* the warp's own list of steps over all ops is walked by (op, index); `issue` requests the j-th step ahead */
+    int iop = 0;
+    unsigned long long inext = lo_of(0);
+    unsigned long long issued = 0, consumed = 0; /* ring slots go by the warp's own count of steps */
+    auto issue_one = [&](bool cross) {
+        while (iop < p.n_ops && inext >= hi_of(iop)) {
+            if (!cross) return false;
+            iop++;
+            if (iop < p.n_ops) inext = lo_of(iop);
+        }
+        if (iop >= p.n_ops) return false;
+        char *slot = ring + (issued++ % D) * STEP_BYTES;
+        const char *src = base + inext * STEP_BYTES;
+#pragma unroll
+        for (int i = 0; i < STEP_BYTES / 16 / 32; i++) cp16(slot + (i * 32 + lane) * 16, src + (i * 32 + lane) * 16);
+        inext++;
+        return true;
+    };
+    const bool cross = mode != MODE_DRAIN;
+    for (int k = 0; k < p.n_ops; k++) {
+        if (k > 0 && mode != MODE_FREE) {
+            grid_sync(bar);
+            if (mode == MODE_CHAIN && p.chain_ns[k]) {
+                const unsigned long long t0 = gtime();
+                while (gtime() - t0 < p.chain_ns[k]) {
+                }
+            }
+        }
+        if (!cross) { /* the op's prologue */
+            iop = k, inext = lo_of(k);
+            for (int s = 0; s < D - 1; s++) {
+                issue_one(false);
+                commit();
+            }
+        } else if (k == 0) {
+            for (int s = 0; s < D - 1; s++) {
+                issue_one(true);
+                commit();
+            }
+        }
+        for (unsigned long long st = lo_of(k); st < hi_of(k); st++) {
+            wait_group<D - 2>();
+            __syncwarp();
+            const uint32_t *slot = (const uint32_t *)(ring + (consumed++ % D) * STEP_BYTES);
+            if (COMPUTE)
+                work(slot, lane, acc);
+            else
+                sink ^= slot[lane];
+            __syncwarp();
+            issue_one(cross);
+            commit();
+        }
+        if (!cross) {
+            wait_group<0>();
+            __syncwarp();
+        }
+    }
+    wait_group<0>();
+    out[blockIdx.x * WARPS * 32 + threadIdx.x] = acc[0] + acc[1] + acc[2] + acc[3] + (float)(sink & 1);
+}
+
+template <int D, bool COMPUTE>
+static int run(const plan &p, int mode, char *buf, size_t region, int regions, unsigned long long *bar, float *out,
+               int sms, float *us)
+{
+    const int smem = WARPS * D * STEP_BYTES;
+    CHECK(cudaFuncSetAttribute(persist_kernel<D, COMPUTE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int per_sm = 0;
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persist_kernel<D, COMPUTE>, WARPS * 32, smem));
+    const int blocks = sms * std::min(per_sm, 2);
+    cudaEvent_t a, b;
+    CHECK(cudaEventCreate(&a));
+    CHECK(cudaEventCreate(&b));
+    std::vector<float> t;
+    for (int r = 0; r < 7; r++) {
+        CHECK(cudaEventRecord(a));
+        persist_kernel<D, COMPUTE><<<blocks, WARPS * 32, smem>>>(p, mode, buf + (r % regions) * region, bar, out);
+        CHECK(cudaEventRecord(b));
+        CHECK(cudaEventSynchronize(b));
+        float ms;
+        CHECK(cudaEventElapsedTime(&ms, a, b));
+        t.push_back(ms * 1000.0f);
+    }
+    std::sort(t.begin(), t.end());
+    *us = t[t.size() / 2];
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const bool compute_only = argc > 1 && std::string_view(argv[1]) == "--compute";
+    int dev = 0, sms = 0;
+    CHECK(cudaGetDevice(&dev));
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    /* the 8B step at 4.0 bpw: q/k/v 4096 x 6144, o 4096 x 4096, gate/up 4096 x 28672, down 14336 x 4096; head 6 bpw */
+    plan p = {};
+    const double op_bytes[4] = {4096.0 * 6144 / 2, 4096.0 * 4096 / 2, 4096.0 * 28672 / 2, 14336.0 * 4096 / 2};
+    const unsigned chain[4] = {3000, 10000, 3000, 2000};
+    unsigned long long s = 0;
+    for (int l = 0; l < 32; l++)
+        for (int k = 0; k < 4; k++) {
+            p.step0[p.n_ops] = s, p.chain_ns[p.n_ops] = chain[k];
+            s += (unsigned long long)(op_bytes[k] / STEP_BYTES);
+            p.n_ops++;
+        }
+    p.step0[p.n_ops] = s, p.chain_ns[p.n_ops] = 0;
+    s += (unsigned long long)(128256.0 * 4096 * 6 / 8 / STEP_BYTES);
+    p.n_ops++;
+    p.step0[p.n_ops] = s;
+    const size_t region = s * STEP_BYTES;
+    const int regions = 3;
+    char *buf;
+    unsigned long long *bar;
+    float *out;
+    CHECK(cudaMalloc(&buf, region * regions));
+    CHECK(cudaMemset(buf, 1, region * regions));
+    CHECK(cudaMalloc(&bar, sizeof *bar));
+    CHECK(cudaMemset(bar, 0, sizeof *bar));
+    CHECK(cudaMalloc(&out, (size_t)sms * 2 * WARPS * 32 * sizeof(float)));
+    /* the copy rate, read + write counted, as tessera bench measures it */
+    cudaEvent_t a, b;
+    CHECK(cudaEventCreate(&a));
+    CHECK(cudaEventCreate(&b));
+    float best = 1e30f;
+    for (int r = 0; r < 5; r++) {
+        CHECK(cudaEventRecord(a));
+        CHECK(cudaMemcpyAsync(buf + region, buf, (size_t)1 << 30, cudaMemcpyDeviceToDevice));
+        CHECK(cudaEventRecord(b));
+        CHECK(cudaEventSynchronize(b));
+        float ms;
+        CHECK(cudaEventElapsedTime(&ms, a, b));
+        best = std::min(best, ms);
+    }
+    const double copy = 2.0 * (1 << 30) / (best * 1e-3) / 1e12;
+    printf("copy %.3f TB/s; step bytes %.3f GB; %d SMs\n", copy, region / 1e9, sms);
+    printf("%-6s %-7s %4s %10s %8s %8s %10s\n", "mode", "compute", "ring", "us/step", "TB/s", "% copy", "us/layer");
+    const char *names[] = {"free", "drain", "ahead", "chain"};
+    for (int c = compute_only ? 1 : 0; c < 2; c++)
+        for (int mode = 0; mode < 4; mode++)
+            for (int d : {4, 6}) {
+                float us = 0;
+                int rc = c ? (d == 4 ? run<4, true>(p, mode, buf, region, regions, bar, out, sms, &us)
+                                     : run<6, true>(p, mode, buf, region, regions, bar, out, sms, &us))
+                           : (d == 4 ? run<4, false>(p, mode, buf, region, regions, bar, out, sms, &us)
+                                     : run<6, false>(p, mode, buf, region, regions, bar, out, sms, &us));
+                if (rc) return rc;
+                const double tbs = region / (us * 1e-6) / 1e12;
+                printf("%-6s %-7s %4d %10.1f %8.3f %7.1f%% %10.2f\n", names[mode], c ? "yes" : "no", d, us, tbs,
+                       100.0 * tbs / copy, us / 32.0);
+            }
+    CHECK(cudaGetLastError());
+    return 0;
+}
