@@ -17,6 +17,7 @@
 #include "runtime/sampler.h"
 #include "tests/common/exl2_synth.h"
 #include "tests/common/fixtures.h"
+#include "tests/common/forward_slices.h"
 #include "tests/common/step_top.h"
 
 #include <jansson.h>
@@ -383,6 +384,17 @@ static void test_step_top(void **state)
         checked++;
     }
     assert_true(checked > 0);
+}
+
+/* A decode batch of 200 rows, past the 128 of one head call: picks and candidates reduced slice by slice inside the
+ * recorded step, against the GPU's own whole rows reduced on the host (tests/common/forward_slices.h). */
+static void test_forward_slices(void **state)
+{
+    (void)state;
+    char dir[1024], err[512];
+    if (!tsr_fixture_model(dir, sizeof dir, "tiny-llama-exl2-4.0bpw")) fail_msg("fixture model not found");
+    if (tsr_check_forward_slices(dir, gpu, 200, 1e-4f, err, sizeof err) != 0) fail_msg("%s", err);
+    print_message("200 rows: picks, candidates and fetched rows equal the whole rows' (recorded and replayed)\n");
 }
 
 /* A batch of sequences: rows [row0, row0+n) of seq s at positions pos0.. ; page tables are scrambled. */
@@ -2017,6 +2029,7 @@ int main(void)
         cmocka_unit_test(test_rope_store),
         cmocka_unit_test(test_top_rows),
         cmocka_unit_test(test_step_top),
+        cmocka_unit_test(test_forward_slices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
