@@ -11,12 +11,10 @@ m8=/tmp/llama8b-4.0
 [ -d $m8 ] || $bin synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 --bpw 4.0 --shard-size 2048 --threads 16 --out $m8 > $OUT/synth.log 2>&1
 timeout 200 $bin bench --model $m8 --device cuda --batch 64,128,192,256 --prompt-len 32 --gen 64 > $OUT/bench_big.log 2>&1; echo "bench big rc=$?" >> $OUT/summary.txt
 timeout 100 $bin bench --model $m8 --device cuda --batch 1 --prompt-len 512 --gen 128 > $OUT/bench_b1.log 2>&1; echo "bench b1 rc=$?" >> $OUT/summary.txt
-TSR_CUDA_PROFILE=2 timeout 100 $bin bench --model $m8 --device cuda --batch 1 --prompt-len 512 --gen 64 > $OUT/prof_b1.log 2>&1
-TSR_CUDA_PROFILE=2 timeout 100 $bin bench --model $m8 --device cuda --batch 256 --prompt-len 32 --gen 32 > $OUT/prof_b256.log 2>&1
-TSR_CUDA_PROFILE=2 timeout 100 $bin bench --model $m8 --device cuda --batch 128 --prompt-len 32 --gen 32 > $OUT/prof_b128.log 2>&1
-TSR_CUDA_DQ_TIMES=1 timeout 100 $bin bench --model $m8 --device cuda --batch 256 --prompt-len 32 --gen 16 > $OUT/dqt_b256.log 2>&1
 # the persistent step's memory-side ceiling (scripts/persist-probe.cu)
 if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
   PATH=/usr/local/cuda/bin:$PATH nvcc -std=c++17 -O3 -arch=sm_90 -o /tmp/persist scripts/persist-probe.cu > $OUT/persist_build.log 2>&1 &&
     timeout 120 /tmp/persist > $OUT/persist.log 2>&1; echo "persist rc=$?" >> $OUT/summary.txt
 fi
+TSR_CUDA_PROFILE=2 timeout 100 $bin bench --model $m8 --device cuda --batch 1 --prompt-len 512 --gen 64 > $OUT/prof_b1.log 2>&1
+TSR_CUDA_PROFILE=2 timeout 100 $bin bench --model $m8 --device cuda --batch 256 --prompt-len 32 --gen 32 > $OUT/prof_b256.log 2>&1
