@@ -500,15 +500,18 @@ tsr_status tsr_forward_fetch_rows(tsr_forward_ctx *c, int row0, int n, float *ou
         return tsr_fail(TSR_ERR_ARG, "forward: rows %d..%d of the last call's %d reduced rows", row0, row0 + n - 1,
                         c->last_rows);
     const size_t vocab = (size_t)c->model->local.vocab;
-    if (row0 >= c->held_row0 && row0 + n <= c->held_row0 + c->held_rows) {
-        c->ops->to_host(out, c->logits + (size_t)(row0 - c->held_row0) * vocab, (size_t)n * vocab * sizeof(float));
-        return TSR_OK;
-    }
-    /* a call of more rows than `logits` holds: the head again for the rows asked, a slice at a time */
-    for (int r = row0; r < row0 + n; r += c->logit_rows) {
-        const int k = row0 + n - r < c->logit_rows ? row0 + n - r : c->logit_rows;
-        head_slice(c, r, k);
-        c->ops->to_host(out + (size_t)(r - row0) * vocab, c->logits, (size_t)k * vocab * sizeof(float));
+    /* slice by slice of the call's head (one, unless it had more rows than `logits` holds); a slice not held is run
+     * again whole, on the same rows as the call's own head, so that the values are bit for bit those its picks or
+     * candidates came from (a backend's product may round differently at another row count: the GPU's GEMV below 65
+     * rows, its dequantize-and-GEMM path above) */
+    for (int r = row0; r < row0 + n;) {
+        const int s0 = r / c->logit_rows * c->logit_rows;
+        const int s_rows = c->last_rows - s0 < c->logit_rows ? c->last_rows - s0 : c->logit_rows;
+        if (s0 != c->held_row0 || s_rows != c->held_rows) head_slice(c, s0, s_rows);
+        const int k = (row0 + n < s0 + s_rows ? row0 + n : s0 + s_rows) - r;
+        c->ops->to_host(out + (size_t)(r - row0) * vocab, c->logits + (size_t)(r - s0) * vocab,
+                        (size_t)k * vocab * sizeof(float));
+        r += k;
     }
     return TSR_OK;
 }

@@ -92,8 +92,9 @@ tsr_status tsr_forward_top(tsr_forward_ctx *ctx, const tsr_seq_input *seqs, int 
                            int32_t *ids, float *vals, float *z);
 
 /* Copies logits rows [row0, row0 + n) ([n][local.vocab] fp32) of the last tsr_forward_top or tsr_forward_argmax
- * call to out (for rows their candidates cannot sample): in one copy, or, where that call had more rows than one
- * head call takes (128), from the head run again on those rows. TSR_ERR_ARG for rows that call did not produce. */
+ * call to out (for rows their candidates cannot sample), bit for bit the values that call reduced: in one copy, or,
+ * where that call had more rows than one head call takes (128), from the head run again on each slice of 128 rows
+ * that holds them. TSR_ERR_ARG for rows that call did not produce. */
 tsr_status tsr_forward_fetch_rows(tsr_forward_ctx *ctx, int row0, int n, float *out);
 
 /* Number of logit rows the batch produces (when the part has the head). */
