@@ -10,13 +10,15 @@
  *          op's steps are consumed;
  *   chain  ahead, and after each barrier every block waits a fixed time standing for the dependent small work
  *          between two products (norm, rope, attention, merge, silu: the H100 trace's 3 / 10 / 3 / 2 us before
- *          q/k/v / o / gate-up / down), while its requests stay in flight.
+ *          q/k/v / o / gate-up / down), while its requests stay in flight;
+ *   chainL2 chain, and during each wait every warp asks L2 for the rest of its share of the op (bulk prefetch).
  * With --compute, each step also runs ~260 ALU instructions and 16 mma.sync per warp over its slot, about what the
  * one-row GEMV's 4-bit loop issues per step (stop 36's SASS count), so that issue and streaming compete as in the
  * real kernel. Each run reads a fresh 4.2 GB region set, so L2 holds nothing from the previous run.
  *
  * Build and run on the GPU machine:
- *   nvcc -O3 -arch=sm_90 -o /tmp/persist scripts/persist-probe.cu && /tmp/persist */
+ *   nvcc -std=c++17 -O3 -arch=sm_90 -o /tmp/persist scripts/persist-probe.cu && /tmp/persist [--compute | --trace]
+ * (--trace: where each op's time goes in the ahead and chain modes, per warp, from %globaltimer) */
 #include "probe_check.cuh"
 
 #include <cuda_fp16.h>
@@ -32,7 +34,7 @@
 #define STEP_BYTES 2048
 #define MAX_OPS    (32 * 4 + 1)
 
-enum { MODE_FREE, MODE_DRAIN, MODE_AHEAD, MODE_CHAIN };
+enum { MODE_FREE, MODE_DRAIN, MODE_AHEAD, MODE_CHAIN, MODE_CHAIN_L2 };
 
 struct plan {
     int n_ops;
@@ -95,7 +97,8 @@ __device__ __forceinline__ void work(const uint32_t *slot, int lane, float (&acc
 
 template <int D, bool COMPUTE>
 __global__ void __launch_bounds__(WARPS * 32, 2) persist_kernel(plan p, int mode, const char *base,
-                                                                 unsigned long long *bar, float *out)
+                                                                 unsigned long long *bar, float *out,
+                                                                 unsigned long long *trace)
 {
     extern __shared__ uint4 smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -128,7 +131,12 @@ __global__ void __launch_bounds__(WARPS * 32, 2) persist_kernel(plan p, int mode
     for (int k = 0; k < p.n_ops; k++) {
         if (k > 0 && mode != MODE_FREE) {
             grid_sync(bar);
-            if (mode == MODE_CHAIN && p.chain_ns[k]) {
+            if (mode == MODE_CHAIN_L2 && lane == 0) /* the op's steps past the ring asked of L2 during the wait */
+                for (unsigned long long st = lo_of(k) + D; st < hi_of(k); st++)
+                    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + st * STEP_BYTES),
+                                 "r"(STEP_BYTES)
+                                 : "memory");
+            if (mode >= MODE_CHAIN && p.chain_ns[k]) {
                 const unsigned long long t0 = gtime();
                 while (gtime() - t0 < p.chain_ns[k]) {
                 }
@@ -146,9 +154,14 @@ __global__ void __launch_bounds__(WARPS * 32, 2) persist_kernel(plan p, int mode
                 commit();
             }
         }
+        /* --trace: per warp and op, the global time at the op's start (after its barrier and wait), when its
+         * first step had landed, and at its end */
+        unsigned long long *tr = trace ? trace + ((size_t)k * W + w) * 3 : nullptr;
+        if (tr && lane == 0) tr[0] = tr[1] = gtime();
         for (unsigned long long st = lo_of(k); st < hi_of(k); st++) {
             wait_group<D - 2>();
             __syncwarp();
+            if (tr && lane == 0 && st == lo_of(k)) tr[1] = gtime();
             const uint32_t *slot = (const uint32_t *)(ring + (consumed++ % D) * STEP_BYTES);
             if (COMPUTE)
                 work(slot, lane, acc);
@@ -162,6 +175,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2) persist_kernel(plan p, int mode
             wait_group<0>();
             __syncwarp();
         }
+        if (tr && lane == 0) tr[2] = gtime();
     }
     wait_group<0>();
     out[blockIdx.x * WARPS * 32 + threadIdx.x] = acc[0] + acc[1] + acc[2] + acc[3] + (float)(sink & 1);
@@ -169,7 +183,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2) persist_kernel(plan p, int mode
 
 template <int D, bool COMPUTE>
 static int run(const plan &p, int mode, char *buf, size_t region, int regions, unsigned long long *bar, float *out,
-               int sms, float *us)
+               int sms, float *us, unsigned long long *trace = nullptr)
 {
     const int smem = WARPS * D * STEP_BYTES;
     CHECK(cudaFuncSetAttribute(persist_kernel<D, COMPUTE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -183,7 +197,8 @@ static int run(const plan &p, int mode, char *buf, size_t region, int regions, u
     for (int r = 0; r < 7; r++) {
         CHECK(cudaMemset(bar, 0, sizeof *bar)); /* the barrier assumes a count that is a multiple of the grid */
         CHECK(cudaEventRecord(a));
-        persist_kernel<D, COMPUTE><<<blocks, WARPS * 32, smem>>>(p, mode, buf + (r % regions) * region, bar, out);
+        persist_kernel<D, COMPUTE><<<blocks, WARPS * 32, smem>>>(p, mode, buf + (r % regions) * region, bar, out,
+                                                                          trace);
         CHECK(cudaEventRecord(b));
         CHECK(cudaEventSynchronize(b));
         float ms;
@@ -242,10 +257,44 @@ int main(int argc, char **argv)
     }
     const double copy = 2.0 * (1 << 30) / (best * 1e-3) / 1e12;
     printf("copy %.3f TB/s; step bytes %.3f GB; %d SMs\n", copy, region / 1e9, sms);
+    if (argc > 1 && std::string_view(argv[1]) == "--trace") { /* where the time of an op goes, ring 4, no compute */
+        const size_t W = (size_t)sms * 2 * WARPS, n = (size_t)p.n_ops * W * 3;
+        unsigned long long *trace;
+        CHECK(cudaMalloc(&trace, n * sizeof *trace));
+        std::vector<unsigned long long> h(n);
+        const char *ops[4] = {"q/k/v", "o", "gate/up", "down"};
+        for (int mode : {MODE_AHEAD, MODE_CHAIN, MODE_CHAIN_L2}) {
+            float us = 0;
+            if (run<4, false>(p, mode, buf, region, regions, bar, out, sms, &us, trace)) return 1;
+            CHECK(cudaMemcpy(h.data(), trace, n * sizeof *trace, cudaMemcpyDeviceToHost));
+            printf("%s, ring 4, %.1f us a step; per op, mean over layers 1-31 (us): gap from the previous op's last "
+                   "warp to this op's first start, then per warp (mean) first step landed, op done; the op's span\n",
+                   mode == MODE_AHEAD ? "ahead" : mode == MODE_CHAIN ? "chain" : "chain+L2", us);
+            for (int t = 0; t < 4; t++) {
+                double gap = 0, first = 0, done = 0, span = 0;
+                int layers = 0;
+                for (int l = 1; l < 32; l++, layers++) {
+                    const int k = 4 * l + t;
+                    unsigned long long prev_end = 0, s_min = ~0ull, e_max = 0;
+                    double f = 0, d = 0;
+                    for (size_t w = 0; w < W; w++) {
+                        const unsigned long long *e = &h[((size_t)k * W + w) * 3], *q = &h[((size_t)(k - 1) * W + w) * 3];
+                        prev_end = std::max(prev_end, q[2]);
+                        s_min = std::min(s_min, e[0]), e_max = std::max(e_max, e[2]);
+                        f += (double)(e[1] - e[0]), d += (double)(e[2] - e[0]);
+                    }
+                    gap += (double)s_min - (double)prev_end, first += f / W, done += d / W, span += (double)(e_max - s_min);
+                }
+                printf("  %-8s gap %6.2f  first %6.2f  done %6.2f  span %6.2f\n", ops[t], gap / layers / 1e3,
+                       first / layers / 1e3, done / layers / 1e3, span / layers / 1e3);
+            }
+        }
+        return 0;
+    }
     printf("%-6s %-7s %4s %10s %8s %8s %10s\n", "mode", "compute", "ring", "us/step", "TB/s", "% copy", "us/layer");
-    const char *names[] = {"free", "drain", "ahead", "chain"};
+    const char *names[] = {"free", "drain", "ahead", "chain", "chainL2"};
     for (int c = compute_only ? 1 : 0; c < 2; c++)
-        for (int mode = 0; mode < 4; mode++)
+        for (int mode = 0; mode < 5; mode++)
             for (int d : {4, 6}) {
                 float us = 0;
                 int rc = c ? (d == 4 ? run<4, true>(p, mode, buf, region, regions, bar, out, sms, &us)
