@@ -18,7 +18,8 @@
  *
  * Build and run on the GPU machine:
  *   nvcc -std=c++17 -O3 -arch=sm_90 -o /tmp/persist scripts/persist-probe.cu && /tmp/persist [--compute | --trace]
- * (--trace: where each op's time goes in the ahead and chain modes, per warp, from %globaltimer) */
+ * (--trace: where each op's time goes in the ahead and chain modes, per warp, from %globaltimer; the chain's wait
+ * also with its threads sleeping between looks at the clock) */
 #include "probe_check.cuh"
 
 #include <cuda_fp16.h>
@@ -33,6 +34,7 @@
 #define WARPS      8
 #define STEP_BYTES 2048
 #define MAX_OPS    (32 * 4 + 1)
+#define TRACE_FIELDS 4 /* per op and warp: start, first step landed, (D - 1)-th landed, end */
 
 enum { MODE_FREE, MODE_DRAIN, MODE_AHEAD, MODE_CHAIN, MODE_CHAIN_L2 };
 
@@ -40,6 +42,7 @@ struct plan {
     int n_ops;
     unsigned long long step0[MAX_OPS + 1]; /* op k's steps are [step0[k], step0[k + 1]) of the whole stream */
     unsigned chain_ns[MAX_OPS];            /* MODE_CHAIN: the wait after op k's barrier */
+    int sleep;                             /* the wait in __nanosleep steps instead of a spin */
 };
 
 __device__ __forceinline__ void cp16(void *smem, const void *gmem)
@@ -104,20 +107,24 @@ __global__ void __launch_bounds__(WARPS * 32, 2) persist_kernel(plan p, int mode
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const unsigned long long W = (unsigned long long)gridDim.x * WARPS, w = blockIdx.x * WARPS + warp;
     char *ring = (char *)smem + warp * D * STEP_BYTES;
-    /* the warp's steps of op k: [lo, hi) of the stream */
-    auto lo_of = [&](int k) { return p.step0[k] + (p.step0[k + 1] - p.step0[k]) * w / W; };
-    auto hi_of = [&](int k) { return p.step0[k] + (p.step0[k + 1] - p.step0[k]) * (w + 1) / W; };
+    /* the warp's steps of op k: [lo, hi) of the stream (32-bit products: an op has < 2^19 steps, a grid < 2^13
+     * warps; a 64-bit division per issued step cost ~0.5 us at an op's start in the first version) */
+    auto cut = [&](int k, unsigned v) {
+        return p.step0[k] + (unsigned long long)((unsigned)(p.step0[k + 1] - p.step0[k]) * v / (unsigned)W);
+    };
+    auto lo_of = [&](int k) { return cut(k, (unsigned)w); };
+    auto hi_of = [&](int k) { return cut(k, (unsigned)w + 1); };
     float acc[4] = {0, 0, 0, 0};
     unsigned sink = 0;
     /* the warp's own list of steps over all ops is walked by (op, index); `issue` requests the j-th step ahead */
     int iop = 0;
-    unsigned long long inext = lo_of(0);
+    unsigned long long inext = lo_of(0), ihi = hi_of(0);
     unsigned long long issued = 0, consumed = 0; /* ring slots go by the warp's own count of steps */
     auto issue_one = [&](bool cross) {
-        while (iop < p.n_ops && inext >= hi_of(iop)) {
+        while (iop < p.n_ops && inext >= ihi) {
             if (!cross) return false;
             iop++;
-            if (iop < p.n_ops) inext = lo_of(iop);
+            if (iop < p.n_ops) inext = lo_of(iop), ihi = hi_of(iop);
         }
         if (iop >= p.n_ops) return false;
         char *slot = ring + (issued++ % D) * STEP_BYTES;
@@ -136,14 +143,14 @@ __global__ void __launch_bounds__(WARPS * 32, 2) persist_kernel(plan p, int mode
                     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + st * STEP_BYTES),
                                  "r"(STEP_BYTES)
                                  : "memory");
-            if (mode >= MODE_CHAIN && p.chain_ns[k]) {
+            if (mode >= MODE_CHAIN && p.chain_ns[k]) { /* --sleep: the threads sleep between their looks */
                 const unsigned long long t0 = gtime();
-                while (gtime() - t0 < p.chain_ns[k]) {
-                }
+                while (gtime() - t0 < p.chain_ns[k])
+                    if (p.sleep) __nanosleep(500);
             }
         }
         if (!cross) { /* the op's prologue */
-            iop = k, inext = lo_of(k);
+            iop = k, inext = lo_of(k), ihi = hi_of(k);
             for (int s = 0; s < D - 1; s++) {
                 issue_one(false);
                 commit();
@@ -155,13 +162,14 @@ __global__ void __launch_bounds__(WARPS * 32, 2) persist_kernel(plan p, int mode
             }
         }
         /* --trace: per warp and op, the global time at the op's start (after its barrier and wait), when its
-         * first step had landed, and at its end */
-        unsigned long long *tr = trace ? trace + ((size_t)k * W + w) * 3 : nullptr;
-        if (tr && lane == 0) tr[0] = tr[1] = gtime();
-        for (unsigned long long st = lo_of(k); st < hi_of(k); st++) {
+         * first step and its (D - 1)-th (the last one requested before the start) had landed, and at its end */
+        const unsigned long long lo = lo_of(k), hi = hi_of(k);
+        unsigned long long *tr = trace ? trace + ((size_t)k * W + w) * TRACE_FIELDS : nullptr;
+        if (tr && lane == 0) tr[0] = tr[1] = tr[2] = gtime();
+        for (unsigned long long st = lo; st < hi; st++) {
             wait_group<D - 2>();
             __syncwarp();
-            if (tr && lane == 0 && st == lo_of(k)) tr[1] = gtime();
+            if (tr && lane == 0 && (st == lo || st == lo + D - 2)) tr[st == lo ? 1 : 2] = gtime();
             const uint32_t *slot = (const uint32_t *)(ring + (consumed++ % D) * STEP_BYTES);
             if (COMPUTE)
                 work(slot, lane, acc);
@@ -175,7 +183,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2) persist_kernel(plan p, int mode
             wait_group<0>();
             __syncwarp();
         }
-        if (tr && lane == 0) tr[2] = gtime();
+        if (tr && lane == 0) tr[3] = gtime();
     }
     wait_group<0>();
     out[blockIdx.x * WARPS * 32 + threadIdx.x] = acc[0] + acc[1] + acc[2] + acc[3] + (float)(sink & 1);
@@ -258,37 +266,46 @@ int main(int argc, char **argv)
     const double copy = 2.0 * (1 << 30) / (best * 1e-3) / 1e12;
     printf("copy %.3f TB/s; step bytes %.3f GB; %d SMs\n", copy, region / 1e9, sms);
     if (argc > 1 && std::string_view(argv[1]) == "--trace") { /* where the time of an op goes, ring 4, no compute */
-        const size_t W = (size_t)sms * 2 * WARPS, n = (size_t)p.n_ops * W * 3;
+        const size_t W = (size_t)sms * 2 * WARPS, n = (size_t)p.n_ops * W * TRACE_FIELDS;
         unsigned long long *trace;
         CHECK(cudaMalloc(&trace, n * sizeof *trace));
         std::vector<unsigned long long> h(n);
         const char *ops[4] = {"q/k/v", "o", "gate/up", "down"};
-        for (int mode : {MODE_AHEAD, MODE_CHAIN, MODE_CHAIN_L2}) {
+        printf("per op, mean over layers 1-31 (us): gap from the previous op's last warp to this op's first start; per "
+               "warp (mean) its first step landed, its 3rd (the last requested before the op; 0 for a warp with fewer) "
+               "landed, the op done; "
+               "the op's span from its first start to its last end\n");
+        const int modes[4] = {MODE_AHEAD, MODE_CHAIN, MODE_CHAIN, MODE_CHAIN_L2};
+        const char *names[4] = {"ahead", "chain", "chain, sleeping", "chainL2"};
+        for (int v = 0; v < 4; v++) {
             float us = 0;
-            if (run<4, false>(p, mode, buf, region, regions, bar, out, sms, &us, trace)) return 1;
+            p.sleep = v == 2;
+            if (run<4, false>(p, modes[v], buf, region, regions, bar, out, sms, &us, trace)) return 1;
             CHECK(cudaMemcpy(h.data(), trace, n * sizeof *trace, cudaMemcpyDeviceToHost));
-            printf("%s, ring 4, %.1f us a step; per op, mean over layers 1-31 (us): gap from the previous op's last "
-                   "warp to this op's first start, then per warp (mean) first step landed, op done; the op's span\n",
-                   mode == MODE_AHEAD ? "ahead" : mode == MODE_CHAIN ? "chain" : "chain+L2", us);
+            printf("%s, ring 4, %.1f us a step\n", names[v], us);
             for (int t = 0; t < 4; t++) {
-                double gap = 0, first = 0, done = 0, span = 0;
-                int layers = 0;
-                for (int l = 1; l < 32; l++, layers++) {
+                double gap = 0, first = 0, third = 0, done = 0, span = 0;
+                const int layers = 31;
+                for (int l = 1; l <= layers; l++) {
                     const int k = 4 * l + t;
                     unsigned long long prev_end = 0, s_min = ~0ull, e_max = 0;
-                    double f = 0, d = 0;
+                    double f = 0, r = 0, d = 0;
                     for (size_t w = 0; w < W; w++) {
-                        const unsigned long long *e = &h[((size_t)k * W + w) * 3], *q = &h[((size_t)(k - 1) * W + w) * 3];
-                        prev_end = std::max(prev_end, q[2]);
-                        s_min = std::min(s_min, e[0]), e_max = std::max(e_max, e[2]);
-                        f += (double)(e[1] - e[0]), d += (double)(e[2] - e[0]);
+                        const unsigned long long *e = &h[((size_t)k * W + w) * TRACE_FIELDS];
+                        const unsigned long long *q = &h[((size_t)(k - 1) * W + w) * TRACE_FIELDS];
+                        prev_end = std::max(prev_end, q[3]);
+                        s_min = std::min(s_min, e[0]), e_max = std::max(e_max, e[3]);
+                        f += (double)(e[1] - e[0]), r += (double)(e[2] - e[0]), d += (double)(e[3] - e[0]);
                     }
-                    gap += (double)s_min - (double)prev_end, first += f / W, done += d / W, span += (double)(e_max - s_min);
+                    gap += (double)s_min - (double)prev_end, span += (double)(e_max - s_min);
+                    first += f / W, third += r / W, done += d / W;
                 }
-                printf("  %-8s gap %6.2f  first %6.2f  done %6.2f  span %6.2f\n", ops[t], gap / layers / 1e3,
-                       first / layers / 1e3, done / layers / 1e3, span / layers / 1e3);
+                printf("  %-8s gap %6.2f  first %6.2f  3rd %6.2f  done %6.2f  span %6.2f\n", ops[t],
+                       gap / layers / 1e3, first / layers / 1e3, third / layers / 1e3, done / layers / 1e3,
+                       span / layers / 1e3);
             }
         }
+        p.sleep = 0;
         return 0;
     }
     printf("%-6s %-7s %4s %10s %8s %8s %10s\n", "mode", "compute", "ring", "us/step", "TB/s", "% copy", "us/layer");
