@@ -1,6 +1,7 @@
 #!/bin/bash
 # Device call: test_cuda on main (default and TSR_CUDA_DQ_PAIR=0), the 8B synth model, bench at batch 64-256 and 1,
-# and per-op device profiles at batch 1 and 256. Carry .parpack (tests/parallel/gpu-pack.sh). Logs under $OUT.
+# scripts/persist-probe.cu, then per-op device profiles at batch 1 and 256. Carry .parpack (made here by
+# TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh). Logs under $OUT; summary.txt has each step's return code.
 set -u
 . tests/parallel/gpu-env.sh >/dev/null
 export TSR_FIXTURES=$PWD/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$PWD/models
