@@ -46,14 +46,12 @@ if step "NCCL correctness" 120; then
 fi
 m8=/tmp/llama8b-4.0
 if step "8B EXL2 bench" 150; then
-  "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 \
-    --bpw 4.0 --shard-size 2048 --out $m8 > /dev/null
+  synth_8b $m8
   timeout 150 "$bin" bench --model $m8 --device cuda --batch 1,8,32,64 --prompt-len 512 --gen 64 \
     --json "$out/bench-8b.json" 2>&1 | tee "$out/bench-8b.txt"
 fi
 if step "8B service concurrency" 150; then
-  [ -f $m8/config.json ] || "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 \
-    --intermediate 14336 --vocab 128256 --bpw 4.0 --shard-size 2048 --out $m8 > /dev/null
+  synth_8b $m8
   for shared in 0 600; do
     timeout 60 "$bin" bench --model $m8 --device cuda --concurrency 1,8,32,64 --requests 64 --prompt-len 1024 \
       --gen 64 --shared-prefix $shared 2>&1 | tee "$out/bench-8b-service-$shared.txt"
@@ -71,8 +69,7 @@ if step "8B split over two GPUs" 150; then
   TSR_MODEL_8B=$m8 TSR_RUN_TIMEOUT=70 timeout 200 bash tests/parallel/gpu-check.sh bench 2>&1 | tail -30
 fi
 if step "8B kernel variants" 200; then
-  [ -f $m8/config.json ] || "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 \
-    --intermediate 14336 --vocab 128256 --bpw 4.0 --shard-size 2048 --out $m8 > /dev/null
+  synth_8b $m8
   for v in 1 5; do
     echo "--- TSR_CUDA_DQ_MIN_M=$v"
     TSR_CUDA_DQ_MIN_M=$v timeout 60 "$bin" bench --model $m8 --device cuda --batch 4,8,16 --prompt-len 512 --gen 32 \
@@ -89,8 +86,7 @@ if step "8B kernel variants" 200; then
   tail -25 "$out/profile-8b.txt"
 fi
 if step "8B tensor profile" 150; then
-  [ -f $m8/config.json ] || "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 \
-    --intermediate 14336 --vocab 128256 --bpw 4.0 --shard-size 2048 --out $m8 > /dev/null
+  synth_8b $m8
   args=(generate --bench --model $m8 --device cuda --batch 1 --prompt-len 512 --gen 32)
   TSR_CUDA_PROFILE=2 timeout 60 "$bin" "${args[@]}" > "$out/prof-1gpu.txt" 2>&1
   OMPI_MCA_orte_tag_output=1 TSR_CUDA_PROFILE=2 TSR_RUN_TIMEOUT=90 mpi 3 "${args[@]}" --split tensor > "$out/prof-tensor.txt" 2>&1

@@ -17,8 +17,7 @@ SECONDS=0
 . tests/parallel/gpu-env.sh
 [ "${TSR_GEMV_TESTS:-1}" = 1 ] && run_test_cuda "$out" "${TSR_GEMV_TEST_VARIANTS:-}"
 m8=/tmp/llama8b-${TSR_GEMV_BPW:-4.0}
-"$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 \
-  --bpw "${TSR_GEMV_BPW:-4.0}" --shard-size 2048 --threads 16 --out $m8 > /dev/null
+synth_8b $m8 "${TSR_GEMV_BPW:-4.0}"
 echo "synth done at $SECONDS s"
 for v in ${TSR_GEMV_VARIANTS:-default:}; do
   name=${v%%:*}; envs=${v#*:}

@@ -28,8 +28,7 @@ if [ "$tests" != none ]; then
   done
   grep -E "rope_store" "$out/test_cuda-default.log" | head -30
 fi
-m=/tmp/l8; "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 \
-  --vocab 128256 --bpw 4.0 --max-pos 33280 --shard-size 2048 --threads 16 --out $m > /dev/null
+m=/tmp/l8; synth_8b $m 4.0 --max-pos 33280
 echo "synth at $SECONDS s"
 # bench_variant NAME:KV,ENV=V,BIN=NAME PROMPT BATCH GEN [STEP]: one `tessera bench` (STEP: --max-tokens, default
 # the prompt up to 2048), its last rows

@@ -14,8 +14,7 @@ SECONDS=0
 . tests/parallel/gpu-env.sh
 [ "${TSR_LC_TESTS:-1}" = 1 ] && run_test_cuda "$out" "${TSR_LC_TEST_VARIANTS:-}"
 m8=/tmp/llama8b-4.0-32k
-"$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 \
-  --bpw 4.0 --max-pos 33280 --shard-size 2048 --threads 16 --out $m8 > /dev/null
+synth_8b $m8 4.0 --max-pos 33280
 echo "synth done at $SECONDS s"
 # batches per length: a 32K batch of 4 holds 17 GB of K/V, of 8 the 8K one 8.6 GB
 batches() { case $1 in 512) echo 1,8,32 ;; 8192) echo 1,2,8 ;; *) echo 1,4 ;; esac; }

@@ -15,8 +15,7 @@ SECONDS=0
 . tests/parallel/gpu-env.sh
 [ "${TSR_PREFILL_TESTS:-1}" = 1 ] && run_test_cuda "$out" "${TSR_PREFILL_TEST_VARIANTS:-}"
 m8=/tmp/llama8b-4.0
-[ -f $m8/config.json ] || "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 \
-  --intermediate 14336 --vocab 128256 --bpw 4.0 --shard-size 2048 --threads 16 --out $m8 > /dev/null
+synth_8b $m8
 echo "synth done at $SECONDS s"
 chunk=${TSR_PREFILL_CHUNK:-2048}
 echo "batch prefill tok/s decode tok/s   ms/step (2048-token prompt, chunks of $chunk)"

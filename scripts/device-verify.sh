@@ -9,7 +9,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > $OUT/gpu.t
 ( timeout 150 $P/bin/test_cuda > $OUT/t.log 2>&1; echo "test_cuda rc=$?" ) >> $OUT/summary.txt
 ( TSR_CUDA_DQ_PAIR=0 timeout 150 $P/bin/test_cuda > $OUT/t_nopair.log 2>&1; echo "test_cuda DQ_PAIR=0 rc=$?" ) >> $OUT/summary.txt
 m8=/tmp/llama8b-4.0
-[ -d $m8 ] || $bin synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 --bpw 4.0 --shard-size 2048 --threads 16 --out $m8 > $OUT/synth.log 2>&1
+synth_8b $m8
 timeout 200 $bin bench --model $m8 --device cuda --batch 64,128,192,256 --prompt-len 32 --gen 64 > $OUT/bench_big.log 2>&1; echo "bench big rc=$?" >> $OUT/summary.txt
 timeout 100 $bin bench --model $m8 --device cuda --batch 1 --prompt-len 512 --gen 128 > $OUT/bench_b1.log 2>&1; echo "bench b1 rc=$?" >> $OUT/summary.txt
 # the persistent step's memory-side ceiling (scripts/persist-probe.cu)

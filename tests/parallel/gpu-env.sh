@@ -81,3 +81,11 @@ for f in glob.glob("tests/fixtures/reference/*.xz"):
         with lzma.open(f) as a, open(dst, "wb") as b:
             b.write(a.read())
 PY
+# synth_8b DIR [BPW [ARGS...]]: the Llama-3-8B-geometry EXL2 model (tessera synth, BPW 4.0 unless given, ARGS added
+# to its command) at DIR, made unless DIR/config.json is there already (a machine still warm from an earlier call)
+synth_8b() {
+  local dir=$1 bpw=${2:-4.0}
+  shift; [ $# -gt 0 ] && shift
+  [ -f "$dir/config.json" ] || "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 \
+    --intermediate 14336 --vocab 128256 --bpw "$bpw" --shard-size 2048 --threads 16 "$@" --out "$dir" > /dev/null
+}
