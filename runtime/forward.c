@@ -98,6 +98,8 @@ static int alloc_arrays(layout_arrays *a, void *(*alloc)(size_t), size_t T, size
 
 static void *host_calloc(size_t n) { return calloc(1, n ? n : 1); }
 
+int tsr_forward_head_rows(int max_tokens) { return max_tokens < TSR_HEAD_ROWS ? max_tokens : TSR_HEAD_ROWS; }
+
 tsr_status tsr_forward_ctx_new(const tsr_model *model, const tsr_ops *ops, tsr_kv_cache *kv, int max_tokens,
                                tsr_forward_ctx **out)
 {
@@ -131,7 +133,7 @@ tsr_status tsr_forward_ctx_new(const tsr_model *model, const tsr_ops *ops, tsr_k
     x->gate = ops->alloc(T * lo->intermediate * sizeof(float));
     x->up = ops->alloc(T * lo->intermediate * sizeof(float));
     x->out_rows = ops->alloc(T * c->hidden * sizeof(float));
-    x->logit_rows = max_tokens < 128 ? max_tokens : 128;
+    x->logit_rows = tsr_forward_head_rows(max_tokens);
     static uint32_t next_id;
     x->id = ++next_id;
     x->logits = ops->alloc((size_t)x->logit_rows * (size_t)(model->part.head ? lo->vocab : 1) * sizeof(float));

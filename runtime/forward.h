@@ -28,6 +28,15 @@
  * 8B shape there), and the workspace grows with it (about 230 KB per token for the 8B shape, 460 KB for 70B). */
 #define TSR_STEP_TOKENS_DEFAULT 2048
 
+/* Rows of logits one head call computes (the logits buffer holds this many rows, or max_tokens if fewer). More rows
+ * (a larger decode batch, or every position of a prompt) run the head in slices of this many, and on the GPU each
+ * slice dequantizes the whole head again: about 1 ms a slice for the 8B shape's 6-bit head on an H100 (NOTES.md,
+ * stop 61). 256 rows keep decode batches up to 256 in one slice, for a buffer of 131 MB at a 128k vocabulary. */
+#define TSR_HEAD_ROWS 256
+
+/* The rows of logits a forward context for max_tokens tokens holds: min(max_tokens, TSR_HEAD_ROWS). */
+int tsr_forward_head_rows(int max_tokens);
+
 typedef enum tsr_logits_mode { TSR_LOGITS_NONE, TSR_LOGITS_LAST, TSR_LOGITS_ALL } tsr_logits_mode;
 
 typedef struct tsr_seq_input {
@@ -70,8 +79,8 @@ float *tsr_forward_hidden(tsr_forward_ctx *ctx);
  * the pool; fails with the hook's status (TSR_ERR_REMOTE) when the comm hook failed (the group is then unusable). */
 tsr_status tsr_forward(tsr_forward_ctx *ctx, const tsr_seq_input *seqs, int n_seqs, float *logits);
 
-/* Rows one tsr_forward_argmax call can pick from (max_tokens: past 128 rows the head and the picks run in slices of
- * 128); 0 when it cannot work here (the backend has no ops->argmax_rows, or the part holds no head). */
+/* Rows one tsr_forward_argmax call can pick from (max_tokens: past TSR_HEAD_ROWS rows the head and the picks run
+ * in slices of that many); 0 when it cannot work here (the backend has no ops->argmax_rows, or the part holds no head). */
 int tsr_forward_pick_rows(const tsr_forward_ctx *ctx);
 
 /* Runs the batch like tsr_forward, but hands back only each logits row's greedy pick: ids[r] the first index of
@@ -93,8 +102,8 @@ tsr_status tsr_forward_top(tsr_forward_ctx *ctx, const tsr_seq_input *seqs, int 
 
 /* Copies logits rows [row0, row0 + n) ([n][local.vocab] fp32) of the last tsr_forward_top or tsr_forward_argmax
  * call to out (for rows their candidates cannot sample), bit for bit the values that call reduced: in one copy, or,
- * where that call had more rows than one head call takes (128), from the head run again on each slice of 128 rows
- * that holds them. TSR_ERR_ARG for rows that call did not produce. */
+ * where that call had more rows than one head call takes (TSR_HEAD_ROWS), from the head run again on each whole
+ * slice that holds them. TSR_ERR_ARG for rows that call did not produce. */
 tsr_status tsr_forward_fetch_rows(tsr_forward_ctx *ctx, int row0, int n, float *out);
 
 /* Number of logit rows the batch produces (when the part has the head). */

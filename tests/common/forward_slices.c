@@ -99,7 +99,10 @@ int tsr_check_forward_slices(const char *model_dir, const tsr_ops *ops, int rows
 {
     slices_ctx c = {NULL, NULL, 0, rows, err, cap};
     tsr_engine *e = NULL;
-    if (rows < 141) return fail(&c, "%d rows: the check needs more than 140 (two slices and rows 120..139)", rows);
+    const int cut = TSR_HEAD_ROWS; /* where the first slice ends */
+    if (rows < cut + 13)
+        return fail(&c, "%d rows: the check needs at least %d (two slices and rows %d..%d)", rows, cut + 13, cut - 8,
+                    cut + 11);
     tsr_engine_opts o = {.max_tokens = rows, .page_size = 16, .kv_tokens = 16L * rows, .kv_dtype = TSR_F16, .ops = ops};
     if (tsr_engine_open(model_dir, &o, &e) != TSR_OK) return fail(&c, "open %s: %s", model_dir, tsr_last_error());
     c.f = e->fwd;
@@ -123,7 +126,7 @@ int tsr_check_forward_slices(const char *model_dir, const tsr_ops *ops, int rows
     if (rc == 0) rc = expect_rows(&c, rows - 3, 3); /* the slice still held */
     if (rc == 0) rc = expect_rows(&c, 5, 3);        /* an earlier slice: the head again */
     if (rc == 0) rc = check_candidates(&c, in, z_rel);
-    if (rc == 0) rc = expect_rows(&c, 120, 20); /* across two slices */
+    if (rc == 0) rc = expect_rows(&c, cut - 8, 20); /* across two slices */
     if (rc == 0) rc = expect_rows(&c, rows - 1, 1);
     float one[2];
     if (rc == 0 && tsr_forward_fetch_rows(c.f, rows - 1, 2, one) != TSR_ERR_ARG)

@@ -1,9 +1,9 @@
 /* A check shared by the CPU and GPU suites: device-side reductions of more logits rows than one head call takes
- * (runtime/forward.c, 128 rows). A decode batch of `rows` one-token sequences on a fixture model: its greedy picks
+ * (runtime/forward.c, TSR_HEAD_ROWS). A decode batch of `rows` one-token sequences on a fixture model: its greedy picks
  * (tsr_forward_argmax) and sampling candidates (tsr_forward_top), whose head and reduction run slice by slice inside
  * the forward, against the whole rows of tsr_forward reduced on the host; each call twice, so that a backend that
  * records decode steps (CUDA graphs) is checked on the recording and on its replay; then tsr_forward_fetch_rows for
- * rows of the slice still held, of an earlier slice, and across both. */
+ * rows of the slice still held, of an earlier slice, and across both (rows must be at least TSR_HEAD_ROWS + 13). */
 #ifndef TSR_TESTS_FORWARD_SLICES_H
 #define TSR_TESTS_FORWARD_SLICES_H
 

@@ -8,12 +8,13 @@
 
 #include "kernels/ops.h"
 #include "tests/common/fixtures.h"
+#include "runtime/forward.h"
 #include "tests/common/forward_slices.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
-#define ROWS 200 /* more than the 128 rows of one head call */
+#define ROWS (TSR_HEAD_ROWS + 72) /* more than the rows of one head call */
 
 static void test_rows_past_one_head_call(void **state)
 {
@@ -22,7 +23,8 @@ static void test_rows_past_one_head_call(void **state)
     char dir[4096], err[512];
     if (!tsr_fixture_model(dir, sizeof dir, "tiny-llama-exl2-4.0bpw")) fail_msg("fixture model not found");
     if (tsr_check_forward_slices(dir, tsr_ops_cpu(), ROWS, 0.0f, err, sizeof err) != 0) fail_msg("%s", err);
-    printf("%d rows: picks, candidates and fetched rows equal the whole rows' (logits in slices of 128)\n", ROWS);
+    printf("%d rows: picks, candidates and fetched rows equal the whole rows' (logits in slices of %d)\n", ROWS,
+           TSR_HEAD_ROWS);
 }
 
 int main(void)

@@ -386,15 +386,16 @@ static void test_step_top(void **state)
     assert_true(checked > 0);
 }
 
-/* A decode batch of 200 rows, past the 128 of one head call: picks and candidates reduced slice by slice inside the
- * recorded step, against the GPU's own whole rows reduced on the host (tests/common/forward_slices.h). */
+/* A decode batch of TSR_HEAD_ROWS + 72 rows, past the rows of one head call: picks and candidates reduced slice
+ * by slice inside the recorded step, against the GPU's own whole rows reduced on the host (tests/common/forward_slices.h). */
 static void test_forward_slices(void **state)
 {
     (void)state;
     char dir[1024], err[512];
     if (!tsr_fixture_model(dir, sizeof dir, "tiny-llama-exl2-4.0bpw")) fail_msg("fixture model not found");
-    if (tsr_check_forward_slices(dir, gpu, 200, 1e-4f, err, sizeof err) != 0) fail_msg("%s", err);
-    print_message("200 rows: picks, candidates and fetched rows equal the whole rows' (recorded and replayed)\n");
+    if (tsr_check_forward_slices(dir, gpu, TSR_HEAD_ROWS + 72, 1e-4f, err, sizeof err) != 0) fail_msg("%s", err);
+    print_message("%d rows: picks, candidates and fetched rows equal the whole rows' (recorded and replayed)\n",
+                  TSR_HEAD_ROWS + 72);
 }
 
 /* A batch of sequences: rows [row0, row0+n) of seq s at positions pos0.. ; page tables are scrambled. */
