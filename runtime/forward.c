@@ -98,7 +98,13 @@ static int alloc_arrays(layout_arrays *a, void *(*alloc)(size_t), size_t T, size
 
 static void *host_calloc(size_t n) { return calloc(1, n ? n : 1); }
 
-int tsr_forward_head_rows(int max_tokens) { return max_tokens < TSR_HEAD_ROWS ? max_tokens : TSR_HEAD_ROWS; }
+int tsr_forward_head_rows(int max_tokens)
+{
+    const char *env = getenv("TSR_HEAD_ROWS");
+    const long want = env && *env ? strtol(env, NULL, 10) : TSR_HEAD_ROWS;
+    const int cap = want >= 1 && want <= 4096 ? (int)want : TSR_HEAD_ROWS;
+    return max_tokens < cap ? max_tokens : cap;
+}
 
 tsr_status tsr_forward_ctx_new(const tsr_model *model, const tsr_ops *ops, tsr_kv_cache *kv, int max_tokens,
                                tsr_forward_ctx **out)

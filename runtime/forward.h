@@ -34,7 +34,9 @@
  * stop 61). 256 rows keep decode batches up to 256 in one slice, for a buffer of 131 MB at a 128k vocabulary. */
 #define TSR_HEAD_ROWS 256
 
-/* The rows of logits a forward context for max_tokens tokens holds: min(max_tokens, TSR_HEAD_ROWS). */
+/* The rows of logits a forward context for max_tokens tokens holds: min(max_tokens, TSR_HEAD_ROWS), or the
+ * environment's TSR_HEAD_ROWS (1..4096; other values are ignored) in place of the constant: less memory for a large
+ * vocabulary, or A/B timings. */
 int tsr_forward_head_rows(int max_tokens);
 
 typedef enum tsr_logits_mode { TSR_LOGITS_NONE, TSR_LOGITS_LAST, TSR_LOGITS_ALL } tsr_logits_mode;
