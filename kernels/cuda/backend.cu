@@ -724,7 +724,7 @@ static tsr_status cuda_prepare_model(struct tsr_model *m)
             tsr_linear *all[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->up, &ly->down};
             for (int i = 0; i < 7; i++) {
                 const tsr_linear_dev *d = (const tsr_linear_dev *)all[i]->dev;
-                const size_t bytes = d && d->kind == TSR_LINEAR_EXL2 && !tsr_cuda_dq_wgmma_takes(d)
+                const size_t bytes = d && d->kind == TSR_LINEAR_EXL2 && !tsr_cuda_dq_wgmma_takes_all(d)
                                          ? (size_t)32 * d->n_units * d->Npad * 2
                                          : 0;
                 if (bytes > dq) dq = bytes;
@@ -733,7 +733,7 @@ static tsr_status cuda_prepare_model(struct tsr_model *m)
         /* the head runs in slabs of that buffer; a model whose head is its only quantized matrix gets up to
          * 128 MiB for it */
         const tsr_linear_dev *h = (const tsr_linear_dev *)m->head.dev;
-        if (h && h->kind == TSR_LINEAR_EXL2 && !tsr_cuda_dq_wgmma_takes(h)) {
+        if (h && h->kind == TSR_LINEAR_EXL2 && !tsr_cuda_dq_wgmma_takes_all(h)) {
             size_t head = (size_t)32 * h->n_units * h->Npad * 2, cap = (size_t)128 << 20;
             if ((head < cap ? head : cap) > dq) dq = head < cap ? head : cap;
         }

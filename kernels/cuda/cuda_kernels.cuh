@@ -146,8 +146,13 @@ bool tsr_cuda_wgmma_code(void);
  * dequantizes for cuBLAS). */
 int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, int M, void *const *y, float beta,
                       bool y_half);
-/* Whether tsr_cuda_dq_wgmma takes L's products (then L needs no dequantize buffer). */
-bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L);
+/* Whether tsr_cuda_dq_wgmma takes L's products of M rows: TSR_CUDA_DQ_WGMMA=1 every M, =0 none, else M up to
+ * TSR_CUDA_DQ_WGMMA_MAX_M (gemm_dq_wgmma.cu's default). */
+bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L, int M);
+/* Whether it takes L's products of every row count (then L needs no dequantize buffer). */
+bool tsr_cuda_dq_wgmma_takes_all(const tsr_linear_dev *L);
+/* The dequantize buffer's bytes reserved at model preparation (scratch slot 3; matmul.cu). */
+size_t tsr_cuda_dq_reserved(void);
 /* Decode attention over an fp16 or quantized cache with head_dim 64 or 128 and at most 16 query heads per KV head
  * (attention_decode.cu; quantized rows rebuilt as fp16 in its tiles, kvq_tile.cuh): returns 1 after launching it,
  * 0 when the caller must use the general kernel. */

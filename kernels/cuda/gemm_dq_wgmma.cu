@@ -36,6 +36,7 @@
 #include "kernels/cuda/wgmma.cuh"
 
 #include <cuda.h> /* CUtensorMap and its encoder's signature only: the encoder is reached through the runtime */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,6 +71,8 @@ struct dw_parts {
     void *y[TSR_GEMV_MAX_PARTS];
     int tiles_end[TSR_GEMV_MAX_PARTS];
     int n;
+    int splits;                       /* K ranges per tile (grid.z); past 1 each writes fp32 partial sums */
+    float *part[TSR_GEMV_MAX_PARTS];  /* split z of part p: part[p] + z · M · N, reduced by dw_reduce_kernel */
     CUtensorMap codes[TSR_GEMV_MAX_PARTS];  /* each part's scale codes (GPTQ: zero codes), boxes of DW_GB groups */
     CUtensorMap scales[TSR_GEMV_MAX_PARTS]; /* GPTQ: each part's fp16 scales, boxes of DW_GB groups */
 };
@@ -228,34 +231,37 @@ __device__ __forceinline__ void dw_store(const float (&acc)[128], const tsr_line
 template <bool GPTQ, int DG>
 __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtensorMap *map, const CUtensorMap *codes,
                                            const CUtensorMap *scales, const uint2 *rec, int m0, int cb0,
-                                           uint32_t a_base)
+                                           uint32_t a_base, int s0, int n_local)
 {
     constexpr int AHEAD = DW_WST - DW_AST;
-    const int n_stages = (L.n_units + 1) / 2, n_copied = DG_RECOPY(DG) ? min(DW_AST, n_stages) : n_stages;
+    const int n_copied = DG_RECOPY(DG) ? min(DW_AST, n_local) : n_local;
     const int lane = threadIdx.x & 31;
     const uint32_t bars = a_base + DW_BAR_OFF, full_w = bars + 8 * DW_AST, empty = full_w + 8 * DW_WST;
-    int batches = 0; /* batches of group parameters issued so far */
+    /* batches of group parameters issued so far, counted from the batch of the range's first unit (a range never
+     * starts at a stage whose two units lie in two batches: dw_split_start) */
+    int batches = n_local > 0 ? (int)(rec[2 * s0].y & 0xffffffu) / DW_GB : 0;
+    /* the ring's buffers are indexed by t, the stage's place in the block's range; the copies by s0 + t */
     auto words = [&](int t) {
-        const int last = min(2 * t + 1, L.n_units - 1), grp = (int)(rec[last].y & 0xffffffu);
+        const int s = s0 + t, last = min(2 * s + 1, L.n_units - 1), grp = (int)(rec[last].y & 0xffffffu);
         int batch = -1; /* the stage's last unit is in group DW_GB · batches or later: that batch comes with it */
         if (grp >= DW_GB * batches) batch = batches++;
         if (DG == DG_COPY_ACT || DG == DG_ACTONLY) {
             if (lane == 0) dw_bar_arrive(full_w + 8 * (t % DW_WST));
             return;
         }
-        dw_issue_words<GPTQ>(L, codes, scales, rec, t, DG == DG_NOPARAMS && t > 0 ? -1 : batch, cb0,
+        dw_issue_words<GPTQ>(L, codes, scales, rec, s, DG == DG_NOPARAMS && t > 0 ? -1 : batch, cb0,
                              a_base + DW_W_OFF + (t % DW_WST) * DW_W_BYTES, a_base + DW_P_OFF, a_base + DW_T_OFF,
                              full_w + 8 * (t % DW_WST), lane);
     };
     for (int t = 0; t < min(AHEAD, n_copied); t++) words(t);
-    for (int s = 0; s < n_copied; s++) {
-        if (s >= DW_AST) dw_bar_wait(empty + 8 * ((s - DW_AST) % DW_WST), (uint32_t)((s - DW_AST) / DW_WST) & 1u);
+    for (int t = 0; t < n_copied; t++) {
+        if (t >= DW_AST) dw_bar_wait(empty + 8 * ((t - DW_AST) % DW_WST), (uint32_t)((t - DW_AST) / DW_WST) & 1u);
         if (lane == 0) {
-            const uint32_t bar = bars + 8 * (s % DW_AST);
+            const uint32_t bar = bars + 8 * (t % DW_AST);
             dw_bar_expect(bar, DG == DG_COPY_WORDS ? 0u : (uint32_t)DW_A_BYTES);
-            if (DG != DG_COPY_WORDS) dw_tma(a_base + (s % DW_AST) * DW_A_BYTES, map, 64 * s, m0, bar);
+            if (DG != DG_COPY_WORDS) dw_tma(a_base + (t % DW_AST) * DW_A_BYTES, map, 64 * (s0 + t), m0, bar);
         }
-        if (s + AHEAD < n_copied) words(s + AHEAD);
+        if (t + AHEAD < n_copied) words(t + AHEAD);
     }
 }
 
@@ -265,11 +271,12 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
  * DG: a diagnostic (dw_diag) in place of the full work. */
 template <bool GPTQ, int CT, int DG>
 __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, float beta, int y_half,
-                                       unsigned char *smem, uint32_t a_base, const uint2 *rec, int m0, int cb0)
+                                       unsigned char *smem, uint32_t a_base, const uint2 *rec, int m0, int cb0,
+                                       unsigned s0, unsigned n_local)
 {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, cbl = warp & 3;
     const int cb = cb0 + cbl;
-    const unsigned n_units = (unsigned)L.n_units, n_stages = (n_units + 1) / 2; /* unsigned: cheap % and / */
+    const unsigned n_units = (unsigned)L.n_units; /* unsigned: cheap % and / */
     const bool owns = cb < L.Npad / 32;
     const uint32_t bars = a_base + DW_BAR_OFF, full_w = bars + 8 * DW_AST, empty = full_w + 8 * DW_WST;
     const uint32_t *w_ring = (const uint32_t *)(smem + DW_W_OFF);
@@ -289,7 +296,7 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
 
     frag_scales sc;  /* the group's parameters, decoded where it starts (fresh) */
     __half2 h0, h1; /* and the scales of the warp's two columns */
-    /* unit u (ui of stage s): decode into a, then its two wgmma's */
+    /* unit u (ui of the range's stage s, whose buffers are the ring's s-th): decode into a, then its two wgmma's */
     auto unit = [&](unsigned s, unsigned u, unsigned ui, bool fresh, uint32_t (&a)[2][4]) {
         const uint32_t *slot = w_ring + ((s % DW_WST) * 2 + ui) * DW_CBS * (DW_W_UNIT / 4);
         if (DG == DG_NODECODE) { /* ones (wrong results) */
@@ -342,8 +349,8 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
         grp = g;
         return fresh;
     };
-    for (unsigned s = 0; s < n_stages; s++) {
-        const unsigned u0 = 2 * s;
+    for (unsigned s = 0; s < n_local; s++) {
+        const unsigned u0 = 2 * (s0 + s);
         if (!DG_RECOPY(DG) || s < DW_AST) {
             dw_bar_wait(bars + 8 * (s % DW_AST), (uint32_t)(s / DW_AST) & 1u);
             dw_bar_wait(full_w + 8 * (s % DW_WST), (uint32_t)(s / DW_WST) & 1u);
@@ -366,6 +373,18 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
 }
 #endif
 
+/* The first K stage of split z of `splits` (n_stages at z == splits): an even share, moved one stage on where that
+ * stage's two units lie in two batches of group parameters, so that a range's first stage needs one batch only (the
+ * producer issues one batch per stage; a batch spans at least 16 units, so the next stage lies in one). */
+__device__ __forceinline__ int dw_split_start(const uint2 *rec, int n_units, int n_stages, int splits, int z)
+{
+    if (z <= 0) return 0;
+    if (z >= splits) return n_stages;
+    int s = (int)((long long)n_stages * z / splits);
+    if (2 * s + 1 < n_units && (rec[2 * s].y & 0xffffffu) / DW_GB != (rec[2 * s + 1].y & 0xffffffu) / DW_GB) s++;
+    return s;
+}
+
 template <bool GPTQ, int DG>
 __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     dq_wgmma_kernel(const __grid_constant__ dw_parts P, const __grid_constant__ CUtensorMap xmap, int M, float beta,
@@ -383,6 +402,14 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     const tsr_linear_dev &L = P.L[p];
     const int cb0 = (tile - (p ? P.tiles_end[p - 1] : 0)) * DW_CBS;
     for (int u = threadIdx.x; u < L.n_units; u += blockDim.x) rec[u] = L.units[u];
+    /* the block's range of K stages (split blockIdx.z of P.splits), and where its sums go: y itself, or the split's
+     * fp32 partial sums (beta applied by the reduction) */
+    const int n_stages = (L.n_units + 1) / 2, split = (int)blockIdx.z;
+    void *y = P.y[p];
+    if (P.splits > 1) {
+        y = P.part[p] + (size_t)split * M * L.N;
+        beta = 0.0f, y_half = 0;
+    }
     if (threadIdx.x == 0) {
         for (int b = 0; b < DW_AST + DW_WST; b++) dw_bar_init(bars + 8 * b, 1); /* full: the producer's arrival */
         for (int b = 0; b < DW_WST; b++)
@@ -390,17 +417,19 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
+    const int s0 = dw_split_start(rec, L.n_units, n_stages, P.splits, split);
+    const int n_local = dw_split_start(rec, L.n_units, n_stages, P.splits, split + 1) - s0;
     if (threadIdx.x >= DW_THREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (threadIdx.x < DW_THREADS + 32)
-            dw_produce<GPTQ, DG>(L, &xmap, &P.codes[p], &P.scales[p], rec, m0, cb0, a_base);
+            dw_produce<GPTQ, DG>(L, &xmap, &P.codes[p], &P.scales[p], rec, m0, cb0, a_base, s0, n_local);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     if (threadIdx.x < 128)
-        dw_run<GPTQ, 0, DG>(L, M, P.y[p], beta, y_half, smem, a_base, rec, m0, cb0);
+        dw_run<GPTQ, 0, DG>(L, M, y, beta, y_half, smem, a_base, rec, m0, cb0, (unsigned)s0, (unsigned)n_local);
     else
-        dw_run<GPTQ, 1, DG>(L, M, P.y[p], beta, y_half, smem, a_base, rec, m0, cb0);
+        dw_run<GPTQ, 1, DG>(L, M, y, beta, y_half, smem, a_base, rec, m0, cb0, (unsigned)s0, (unsigned)n_local);
 #endif
 }
 
@@ -457,19 +486,78 @@ static dw_diag dw_diag_asked(void)
     return asked;
 }
 
-/* Whether the kernel runs where it can: TSR_CUDA_DQ_WGMMA=1 or 0, else DW_DEFAULT (the dequantize pass and cuBLAS
- * where it does not). */
-#define DW_DEFAULT 0
-static bool dw_enabled(void)
+/* The rows the kernel takes (the dequantize pass and cuBLAS take the others): TSR_CUDA_DQ_WGMMA=1 every row count,
+ * =0 none, else up to TSR_CUDA_DQ_WGMMA_MAX_M rows (default DW_MAX_M). */
+#define DW_MAX_M 0
+static int dw_max_m(void)
 {
-    static const bool on = getenv("TSR_CUDA_DQ_WGMMA") ? atoi(getenv("TSR_CUDA_DQ_WGMMA")) != 0 : DW_DEFAULT;
-    return on && tsr_cuda_wgmma_code() && dw_encoder() &&
-           dw_smem_bytes(DW_MAX_UNITS) <= (size_t)tsr_cuda_smem_block();
+    static int v = -2;
+    if (v == -2) {
+        const char *on = getenv("TSR_CUDA_DQ_WGMMA"), *max = getenv("TSR_CUDA_DQ_WGMMA_MAX_M");
+        v = on && *on ? (atoi(on) != 0 ? INT_MAX : 0) : max && *max && atoi(max) >= 0 ? atoi(max) : DW_MAX_M;
+    }
+    return v;
 }
 
-bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L)
+static bool dw_possible(const tsr_linear_dev *L)
 {
-    return L->kind == TSR_LINEAR_EXL2 && L->n_units <= DW_MAX_UNITS && L->n_groups > 0 && dw_enabled();
+    return L->kind == TSR_LINEAR_EXL2 && L->n_units <= DW_MAX_UNITS && L->n_groups > 0 && dw_max_m() > 0 &&
+           tsr_cuda_wgmma_code() && dw_encoder() && dw_smem_bytes(DW_MAX_UNITS) <= (size_t)tsr_cuda_smem_block();
+}
+
+bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L, int M)
+{
+    return M <= dw_max_m() && dw_possible(L);
+}
+
+bool tsr_cuda_dq_wgmma_takes_all(const tsr_linear_dev *L)
+{
+    return dw_max_m() == INT_MAX && dw_possible(L);
+}
+
+/* K ranges per tile (grid.z): enough for the grid to fill the chip's SMs once (one block fits an SM), each range of
+ * at least DW_MIN_STAGES stages, at most DW_MAX_SPLITS, and their partial sums within the dequantize buffer (or 64
+ * MiB where none is reserved); TSR_CUDA_DW_SPLITS=N asks for N (still bounded by the stages). */
+#define DW_MIN_STAGES 6
+#define DW_MAX_SPLITS 8
+static int dw_splits(int tiles, int n_stages, size_t partial_bytes)
+{
+    static const int sms = tsr_cuda_device_attr(cudaDevAttrMultiProcessorCount, 132);
+    static const int asked = getenv("TSR_CUDA_DW_SPLITS") ? atoi(getenv("TSR_CUDA_DW_SPLITS")) : 0;
+    int splits = asked > 0 ? asked : tiles < sms ? sms / tiles : 1;
+    if (splits > DW_MAX_SPLITS) splits = DW_MAX_SPLITS;
+    if (splits > n_stages / DW_MIN_STAGES && asked <= 0) splits = n_stages / DW_MIN_STAGES;
+    if (splits > n_stages) splits = n_stages;
+    const size_t cap = tsr_cuda_dq_reserved() > ((size_t)64 << 20) ? tsr_cuda_dq_reserved() : (size_t)64 << 20;
+    while (splits > 1 && (size_t)splits * partial_bytes > cap) splits--;
+    return splits < 1 ? 1 : splits;
+}
+
+/* The splits' partial sums of each part added in split order (the same sums whatever the run), then beta · y: y =
+ * sum + beta · y, fp32 or fp16. Thread i takes element i of the flattened parts. */
+struct dw_reduce_args {
+    const float *part[TSR_GEMV_MAX_PARTS];
+    void *y[TSR_GEMV_MAX_PARTS];
+    size_t end[TSR_GEMV_MAX_PARTS]; /* part p's elements end at end[p] of the flattened index (M · N each) */
+    int n, splits;
+};
+
+__global__ void dw_reduce_kernel(const __grid_constant__ dw_reduce_args a, float beta, int y_half)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= a.end[a.n - 1]) return;
+    int p = 0;
+    while (p + 1 < a.n && i >= a.end[p]) p++;
+    const size_t e = i - (p ? a.end[p - 1] : 0), count = a.end[p] - (p ? a.end[p - 1] : 0);
+    float v = 0.0f;
+    for (int z = 0; z < a.splits; z++) v += a.part[p][(size_t)z * count + e];
+    if (y_half) {
+        __half *y = (__half *)a.y[p];
+        y[e] = __float2half_rn(beta != 0.0f ? fmaf(beta, __half2float(y[e]), v) : v);
+    } else {
+        float *y = (float *)a.y[p];
+        y[e] = beta != 0.0f ? fmaf(beta, y[e], v) : v;
+    }
 }
 
 template <bool GPTQ, int DG = DG_NONE>
@@ -481,9 +569,21 @@ static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int 
         tsr_cuda_allow_smem((const void *)kernel, dw_smem_bytes(DW_MAX_UNITS), "the EXL2/GPTQ wgmma product");
         configured = true;
     }
-    const dim3 grid((unsigned)tsr_div_up((size_t)M, DW_ROWS), (unsigned)parts.tiles_end[parts.n - 1]);
+    const dim3 grid((unsigned)tsr_div_up((size_t)M, DW_ROWS), (unsigned)parts.tiles_end[parts.n - 1],
+                    (unsigned)parts.splits);
     kernel<<<grid, DW_THREADS + DW_PRODUCER, dw_smem_bytes(n_units), tsr_cuda_stream()>>>(parts, map, M, beta,
                                                                                           (int)y_half);
+    TSR_CUDA_LAUNCHED();
+    if (parts.splits == 1) return;
+    dw_reduce_args r;
+    memset(&r, 0, sizeof r);
+    r.n = parts.n, r.splits = parts.splits;
+    for (int p = 0; p < parts.n; p++) {
+        r.part[p] = parts.part[p], r.y[p] = parts.y[p];
+        r.end[p] = (p ? r.end[p - 1] : 0) + (size_t)M * parts.L[p].N;
+    }
+    dw_reduce_kernel<<<(unsigned)tsr_div_up(r.end[parts.n - 1], 256), 256, 0, tsr_cuda_stream()>>>(r, beta,
+                                                                                                    (int)y_half);
     TSR_CUDA_LAUNCHED();
 }
 
@@ -510,13 +610,25 @@ int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, i
     if (M <= 0 || n < 1 || n > TSR_GEMV_MAX_PARTS) return 0;
     dw_parts parts;
     memset(&parts, 0, sizeof parts);
+    size_t partial_bytes = 0; /* one split's partial sums, every part */
     for (int i = 0; i < n; i++) {
-        if (!tsr_cuda_dq_wgmma_takes(L[i]) || L[i]->n_units != L[0]->n_units || L[i]->gptq != L[0]->gptq) return 0;
+        if (!tsr_cuda_dq_wgmma_takes(L[i], M) || L[i]->n_units != L[0]->n_units || L[i]->gptq != L[0]->gptq)
+            return 0;
         parts.L[i] = *L[i];
         parts.y[i] = y[i];
         parts.tiles_end[i] = (i ? parts.tiles_end[i - 1] : 0) + (int)tsr_div_up((size_t)L[i]->Npad / 32, DW_CBS);
+        partial_bytes += (size_t)M * L[i]->N * sizeof(float);
     }
     parts.n = n;
+    const int tiles = (int)tsr_div_up((size_t)M, DW_ROWS) * parts.tiles_end[n - 1];
+    parts.splits = dw_splits(tiles, (L[0]->n_units + 1) / 2, partial_bytes);
+    if (parts.splits > 1) { /* the dequantize buffer (scratch slot 3), which this product does not otherwise use */
+        float *ws = (float *)tsr_cuda_scratch(3, (size_t)parts.splits * partial_bytes);
+        for (int i = 0; i < n; i++) {
+            parts.part[i] = ws;
+            ws += (size_t)parts.splits * M * L[i]->N;
+        }
+    }
     /* xp as M rows of Kp halves, read in boxes of 256 rows × 64 halves in the 128-byte swizzle */
     const size_t kp = (size_t)32 * L[0]->n_units;
     CUtensorMap map;

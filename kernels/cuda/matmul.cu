@@ -289,6 +289,11 @@ static size_t dq_slab_cols(void)
 static size_t g_dq_bytes; /* the slab buffer, sized at model preparation: scratch slot 3, which the GEMVs also use for
                            * their partial sums (each op uses it only while it runs, on the one stream) */
 
+size_t tsr_cuda_dq_reserved(void)
+{
+    return g_dq_bytes;
+}
+
 void tsr_cuda_dq_reserve(size_t bytes)
 {
     if (bytes <= g_dq_bytes) return;
@@ -390,12 +395,12 @@ static void exl2_dq_gemm(const tsr_linear_dev *L, const __half *xp, int M, void 
  * columns (4096 x 1024 at the 8B shape: 27 us each at 2048 rows on the H100, a third of the tensor cores' rate) fill
  * the chip together. ya and yb are fp32 outputs that do not overlap; beta 0. Only where both matrices fit the buffer
  * whole (dq_pair_fits); TSR_CUDA_DQ_SLAB_COLS still narrows the slabs (tests). */
-static bool dq_pair_fits(const tsr_linear_dev *A, const tsr_linear_dev *B)
+static bool dq_pair_fits(const tsr_linear_dev *A, const tsr_linear_dev *B, int M)
 {
     static const bool enabled = !tsr_cuda_env_off("TSR_CUDA_DQ_PAIR"); /* 0: one product each (comparisons) */
     return enabled && A->kind == TSR_LINEAR_EXL2 && B->kind == TSR_LINEAR_EXL2 && A->K == B->K && A->N == B->N &&
-           A->Npad == B->Npad && A->n_units == B->n_units && !tsr_cuda_dq_wgmma_takes(A) &&
-           !tsr_cuda_dq_wgmma_takes(B) && (size_t)2 * 32 * A->n_units * A->Npad * sizeof(__half) <= g_dq_bytes;
+           A->Npad == B->Npad && A->n_units == B->n_units && !tsr_cuda_dq_wgmma_takes(A, M) &&
+           !tsr_cuda_dq_wgmma_takes(B, M) && (size_t)2 * 32 * A->n_units * A->Npad * sizeof(__half) <= g_dq_bytes;
 }
 
 static unsigned long long g_dq_pairs_run;
@@ -750,7 +755,7 @@ static bool dq_group_wgmma(const tsr_linear *const *Lh, int n, const float *x, i
     const tsr_linear_dev *L[TSR_GEMV_MAX_PARTS];
     for (int i = 0; i < n; i++) {
         L[i] = (const tsr_linear_dev *)Lh[i]->dev;
-        if (!L[i] || L[i]->kind != TSR_LINEAR_EXL2 || !tsr_cuda_dq_wgmma_takes(L[i])) return false;
+        if (!L[i] || L[i]->kind != TSR_LINEAR_EXL2 || !tsr_cuda_dq_wgmma_takes(L[i], M)) return false;
         if (i && !tsr_cuda_same_unit_order(L[0], L[i])) return false;
     }
     const int Kp = 32 * L[0]->n_units;
@@ -788,7 +793,7 @@ void tsr_cuda_linear_many(const tsr_linear *const *Lh, int n, const float *x, in
         const tsr_linear_dev *e = i + 1 < n ? (const tsr_linear_dev *)Lh[i + 1]->dev : NULL;
         if (M > 0 && d && d->kind == TSR_LINEAR_EXL2 && dq_path(M)) {
             const int permute = !prev || !tsr_cuda_same_unit_order(prev, d);
-            if (enabled && e && y[i] != y[i + 1] && dq_pair_fits(d, e) && tsr_cuda_same_unit_order(d, e)) {
+            if (enabled && e && y[i] != y[i + 1] && dq_pair_fits(d, e, M) && tsr_cuda_same_unit_order(d, e)) {
                 dq_pair_product(d, e, x, M, y[i], y[i + 1], permute); /* k and v */
                 dq_add_bias(d, y[i], M);
                 dq_add_bias(e, y[i + 1], M);

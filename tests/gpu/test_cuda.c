@@ -1210,6 +1210,21 @@ static void test_linear_many_groups(void **state)
     check_linear_rows(512, 500, 48, bits, rows, Ms, 2, "48 groups of 32 rows");
 }
 
+/* K split into ranges whose even shares start at stages that straddle two batches of 16 groups' parameters: a group
+ * of 64 rows, then 46 of 32 (48 units, 24 stages; group 16 starts at unit 17, group 32 at unit 33). With
+ * TSR_CUDA_DQ_WGMMA=1 and TSR_CUDA_DW_SPLITS=3 (test_cuda_dwsplit3) the wgmma product's ranges would start at stages
+ * 8 and 16, each of whose two units lie in two batches; they start one stage later (gemm_dq_wgmma.cu,
+ * dw_split_start). Elsewhere the same product through whichever path takes it. */
+static void test_linear_split_straddle(void **state)
+{
+    (void)state;
+    int bits[47], rows[47];
+    const int widths[] = {8, 6, 5, 4, 3, 2};
+    for (int g = 0; g < 47; g++) bits[g] = widths[g / 8], rows[g] = g ? 32 : 64;
+    const int Ms[] = {300, 70};
+    check_linear_rows(512, 500, 47, bits, rows, Ms, 2, "ranges past a straddling stage");
+}
+
 /* Whether a decode GEMV of M rows takes activations staged ahead by the launch before it (stage_ahead.cuh): not with
  * TSR_CUDA_STAGE_AHEAD=0, nor for exact rows (up to 4) with TSR_CUDA_GEMV_PRESTAGE=0, where its blocks gather
  * theirs; never above 8 rows. */
@@ -2015,6 +2030,7 @@ int main(void)
         cmocka_unit_test(test_linear_waves),
         cmocka_unit_test(test_linear_long_groups),
         cmocka_unit_test(test_linear_many_groups),
+        cmocka_unit_test(test_linear_split_straddle),
         cmocka_unit_test(test_linear_in_order),
         cmocka_unit_test(test_mlp_fused),
         cmocka_unit_test(test_stage_ahead),
