@@ -1,8 +1,8 @@
 #!/bin/bash
 # Device call for the wgmma product's K split (kernels/cuda/gemm_dq_wgmma.cu, stop 61): test_cuda by default, with
 # the product on (its own splits) and with 3 ranges per tile everywhere; then the 8B synth model's decode at 96-256
-# rows and its 2048-token prefill in chunks of 512 and whole, through the cuBLAS path, the product with its splits
-# and the product unsplit, and the per-matrix times of a 256-row step (TSR_CUDA_DQ_TIMES). Carry .parpack (made
+# rows and its 2048-token prefill in chunks of 512 and whole, through the cuBLAS path, the product with its splits,
+# the product unsplit and the product in tiles of 256 rows only (decode), and the per-matrix times of a 256-row step (TSR_CUDA_DQ_TIMES). Carry .parpack (made
 # here by TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh). Logs under $OUT; summary.txt has each step's result.
 set -u
 . tests/parallel/gpu-env.sh >/dev/null
@@ -19,7 +19,8 @@ tests() {
 tests "dw:TSR_CUDA_DQ_WGMMA=1"
 m8=/tmp/llama8b-4.0
 synth_8b $m8
-variants=("cublas:TSR_CUDA_DQ_WGMMA=0" "dw:TSR_CUDA_DQ_WGMMA_MAX_M=4096" "dw1:TSR_CUDA_DQ_WGMMA_MAX_M=4096 TSR_CUDA_DW_SPLITS=1")
+variants=("cublas:TSR_CUDA_DQ_WGMMA=0" "dw:TSR_CUDA_DQ_WGMMA_MAX_M=4096" "dw1:TSR_CUDA_DQ_WGMMA_MAX_M=4096 TSR_CUDA_DW_SPLITS=1"
+  "dw256:TSR_CUDA_DQ_WGMMA_MAX_M=4096 TSR_CUDA_DW_ROWS=256")
 for v in "${variants[@]}"; do
   name=${v%%:*}; envs=${v#*:}
   env $envs timeout 120 $bin bench --model $m8 --device cuda --batch 96,128,192,256 --prompt-len 32 --gen 64 \

@@ -43,9 +43,10 @@
 #define DW_THREADS   256 /* two warpgroups of consumers */
 #define DW_PRODUCER  128 /* a third warpgroup, of which one warp issues the copies; its registers go to the consumers
                           * (setmaxnreg) */
-#define DW_ROWS      256 /* activation rows per block: the wgmma's N */
+#define DW_ROWS      256 /* activation rows per block at most: the wgmma's N (128 where M <= 128, dw_rows) */
 #define DW_CBS       4   /* column blocks of 32 per block, one per warp of a warpgroup */
-#define DW_A_BYTES   (DW_ROWS * 128)          /* a stage's activations: 256 rows × 64 halves */
+#define DW_A_BYTES   (DW_ROWS * 128)          /* a stage's activations: 256 rows × 64 halves (a block of 128 rows
+                                               * uses the first half of each stage's buffer) */
 #define DW_W_UNIT    (32 * 8 * 4)             /* one (unit, column block): up to 8 words per lane */
 #define DW_W_BYTES   (DW_CBS * 2 * DW_W_UNIT) /* a stage's words: per unit, its 4 column blocks as in memory */
 #define DW_GB        16  /* groups whose parameters are copied together: the scale codes (GPTQ: zero codes) of the
@@ -199,7 +200,8 @@ __device__ __forceinline__ void dw_issue_words(const tsr_linear_dev &L, const CU
 
 /* A warp's part of the 64 × 256 accumulator: element 4 j + i is column col + g + 8 (i / 2), row m0 + 8 j + 2 t4 + i % 2
  * (g = lane / 4, t4 = lane % 4); y = it + beta · y, columns past N and rows past M left alone. */
-__device__ __forceinline__ void dw_store(const float (&acc)[128], const tsr_linear_dev &L, int M, void *y, float beta,
+template <int R>
+__device__ __forceinline__ void dw_store(const float (&acc)[R / 2], const tsr_linear_dev &L, int M, void *y, float beta,
                                          int y_half, int m0, int col, int lane)
 {
     const int g = lane >> 2, t4 = lane & 3;
@@ -208,7 +210,7 @@ __device__ __forceinline__ void dw_store(const float (&acc)[128], const tsr_line
         const int n = col + g + 8 * (i >> 1);
         if (n >= L.N) continue;
 #pragma unroll
-        for (int j = 0; j < 32; j++) {
+        for (int j = 0; j < R / 8; j++) {
             const int m = m0 + 8 * j + 2 * t4 + (i & 1);
             if (m >= M) continue;
             const size_t at = (size_t)m * L.N + n;
@@ -228,7 +230,7 @@ __device__ __forceinline__ void dw_store(const float (&acc)[128], const tsr_line
 /* The producer warp: stage s's activation tile and the words and parameters of stage s + DW_WST - DW_AST, as soon as
  * the consumers have released stage s - DW_AST (whose tile buffer the one and whose words' buffer the other reuses).
  * The words thus run DW_WST - DW_AST stages ahead of the tiles. */
-template <bool GPTQ, int DG>
+template <bool GPTQ, int DG, int R>
 __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtensorMap *map, const CUtensorMap *codes,
                                            const CUtensorMap *scales, const uint2 *rec, int m0, int cb0,
                                            uint32_t a_base, int s0, int n_local)
@@ -258,7 +260,7 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
         if (t >= DW_AST) dw_bar_wait(empty + 8 * ((t - DW_AST) % DW_WST), (uint32_t)((t - DW_AST) / DW_WST) & 1u);
         if (lane == 0) {
             const uint32_t bar = bars + 8 * (t % DW_AST);
-            dw_bar_expect(bar, DG == DG_COPY_WORDS ? 0u : (uint32_t)DW_A_BYTES);
+            dw_bar_expect(bar, DG == DG_COPY_WORDS ? 0u : (uint32_t)(R * 128));
             if (DG != DG_COPY_WORDS) dw_tma(a_base + (t % DW_AST) * DW_A_BYTES, map, 64 * (s0 + t), m0, bar);
         }
         if (t + AHEAD < n_copied) words(t + AHEAD);
@@ -269,7 +271,7 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
  * tile and words, decode and multiply its two units, and release the stage before (whose wgmma's have finished) to
  * the producer on its empty barrier (two pairs left in flight, with four register sets, measured the same, stop 56).
  * DG: a diagnostic (dw_diag) in place of the full work. */
-template <bool GPTQ, int CT, int DG>
+template <bool GPTQ, int CT, int DG, int R>
 __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, float beta, int y_half,
                                        unsigned char *smem, uint32_t a_base, const uint2 *rec, int m0, int cb0,
                                        unsigned s0, unsigned n_local)
@@ -284,9 +286,9 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
     const uint64_t d0 = wg_desc(a_base, 0); /* the first tile's descriptor; others add their offset / 16 */
     unsigned grp = ~0u;                     /* the group of the unit being decoded */
 
-    float acc[128];
+    float acc[R / 2];
 #pragma unroll
-    for (int i = 0; i < 128; i++) acc[i] = 0.0f;
+    for (int i = 0; i < R / 2; i++) acc[i] = 0.0f;
     uint32_t ax[2][4], ay[2][4]; /* A fragments of a stage's first and second unit; a warp past the matrix's columns
                                   * multiplies these zeros (its rows of the product are not stored) */
 #pragma unroll
@@ -331,8 +333,13 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
         }
         const uint64_t d = (d0 & ~0xffffffffull) | (uint32_t)(d0 + (((s % DW_AST) * DW_A_BYTES + ui * 64) >> 4));
         wg_arrive();
-        wg_mma_rs256k(acc, a[0], d);
-        wg_mma_rs256k(acc, a[1], d + 2);
+        if constexpr (R == 256) {
+            wg_mma_rs256k(acc, a[0], d);
+            wg_mma_rs256k(acc, a[1], d + 2);
+        } else {
+            wg_mma_rs128k(acc, a[0], d);
+            wg_mma_rs128k(acc, a[1], d + 2);
+        }
         wg_commit();
         wg_wait<1>();
     };
@@ -369,7 +376,7 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
     wg_keep(acc);
     if (!owns || DG_COPY_ONLY(DG)) return;
 
-    dw_store(acc, L, M, y, beta, y_half, m0, 32 * cb + 16 * CT, lane);
+    dw_store<R>(acc, L, M, y, beta, y_half, m0, 32 * cb + 16 * CT, lane);
 }
 #endif
 
@@ -385,7 +392,7 @@ __device__ __forceinline__ int dw_split_start(const uint2 *rec, int n_units, int
     return s;
 }
 
-template <bool GPTQ, int DG>
+template <bool GPTQ, int DG, int R>
 __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     dq_wgmma_kernel(const __grid_constant__ dw_parts P, const __grid_constant__ CUtensorMap xmap, int M, float beta,
                     int y_half)
@@ -396,7 +403,7 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     unsigned char *smem = dw_smem + pad;
     const uint32_t a_base = raw + pad, bars = a_base + DW_BAR_OFF;
     uint2 *rec = (uint2 *)(smem + DW_REC_OFF);
-    const int tile = (int)blockIdx.y, m0 = (int)blockIdx.x * DW_ROWS;
+    const int tile = (int)blockIdx.y, m0 = (int)blockIdx.x * R;
     int p = 0;
     while (p + 1 < P.n && tile >= P.tiles_end[p]) p++;
     const tsr_linear_dev &L = P.L[p];
@@ -422,14 +429,14 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     if (threadIdx.x >= DW_THREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (threadIdx.x < DW_THREADS + 32)
-            dw_produce<GPTQ, DG>(L, &xmap, &P.codes[p], &P.scales[p], rec, m0, cb0, a_base, s0, n_local);
+            dw_produce<GPTQ, DG, R>(L, &xmap, &P.codes[p], &P.scales[p], rec, m0, cb0, a_base, s0, n_local);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     if (threadIdx.x < 128)
-        dw_run<GPTQ, 0, DG>(L, M, y, beta, y_half, smem, a_base, rec, m0, cb0, (unsigned)s0, (unsigned)n_local);
+        dw_run<GPTQ, 0, DG, R>(L, M, y, beta, y_half, smem, a_base, rec, m0, cb0, (unsigned)s0, (unsigned)n_local);
     else
-        dw_run<GPTQ, 1, DG>(L, M, y, beta, y_half, smem, a_base, rec, m0, cb0, (unsigned)s0, (unsigned)n_local);
+        dw_run<GPTQ, 1, DG, R>(L, M, y, beta, y_half, smem, a_base, rec, m0, cb0, (unsigned)s0, (unsigned)n_local);
 #endif
 }
 
@@ -515,6 +522,14 @@ bool tsr_cuda_dq_wgmma_takes_all(const tsr_linear_dev *L)
     return dw_max_m() == INT_MAX && dw_possible(L);
 }
 
+/* Activation rows per block: 128 where M <= 128 (the m64n128 wgmma, half the tensor work of a 256-row tile on
+ * those rows), else 256; TSR_CUDA_DW_ROWS=256 keeps 256 (comparisons). The diagnostics (EXL2) run at 256. */
+static int dw_rows(int M, bool gptq)
+{
+    static const bool narrow = getenv("TSR_CUDA_DW_ROWS") ? atoi(getenv("TSR_CUDA_DW_ROWS")) != 256 : true;
+    return M <= 128 && narrow && (gptq || dw_diag_asked() == DG_NONE) ? 128 : 256;
+}
+
 /* K ranges per tile (grid.z): enough for the grid to fill the chip's SMs once (one block fits an SM), each range of
  * at least DW_MIN_STAGES stages, at most DW_MAX_SPLITS, and their partial sums within the dequantize buffer (or 64
  * MiB where none is reserved); TSR_CUDA_DW_SPLITS=N asks for N (still bounded by the stages). */
@@ -560,16 +575,16 @@ __global__ void dw_reduce_kernel(const __grid_constant__ dw_reduce_args a, float
     }
 }
 
-template <bool GPTQ, int DG = DG_NONE>
+template <bool GPTQ, int DG = DG_NONE, int R = DW_ROWS>
 static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int n_units, float beta, bool y_half)
 {
-    void (*kernel)(dw_parts, CUtensorMap, int, float, int) = dq_wgmma_kernel<GPTQ, DG>;
+    void (*kernel)(dw_parts, CUtensorMap, int, float, int) = dq_wgmma_kernel<GPTQ, DG, R>;
     static bool configured = false;
     if (!configured) {
         tsr_cuda_allow_smem((const void *)kernel, dw_smem_bytes(DW_MAX_UNITS), "the EXL2/GPTQ wgmma product");
         configured = true;
     }
-    const dim3 grid((unsigned)tsr_div_up((size_t)M, DW_ROWS), (unsigned)parts.tiles_end[parts.n - 1],
+    const dim3 grid((unsigned)tsr_div_up((size_t)M, R), (unsigned)parts.tiles_end[parts.n - 1],
                     (unsigned)parts.splits);
     kernel<<<grid, DW_THREADS + DW_PRODUCER, dw_smem_bytes(n_units), tsr_cuda_stream()>>>(parts, map, M, beta,
                                                                                           (int)y_half);
@@ -587,10 +602,15 @@ static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int 
     TSR_CUDA_LAUNCHED();
 }
 
+/* rows: the block's activation rows (dw_rows); the diagnostics run at 256 only */
 template <bool GPTQ>
 static void dw_launch_variant(const dw_parts &parts, const CUtensorMap &map, int M, int n_units, float beta,
-                              bool y_half)
+                              bool y_half, int rows)
 {
+    if (rows == 128) {
+        dw_launch<GPTQ, DG_NONE, 128>(parts, map, M, n_units, beta, y_half);
+        return;
+    }
     switch (GPTQ ? DG_NONE : dw_diag_asked()) {
     case DG_NONE: dw_launch<GPTQ>(parts, map, M, n_units, beta, y_half); break;
     case DG_NODECODE: dw_launch<false, DG_NODECODE>(parts, map, M, n_units, beta, y_half); break;
@@ -620,7 +640,8 @@ int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, i
         partial_bytes += (size_t)M * L[i]->N * sizeof(float);
     }
     parts.n = n;
-    const int tiles = (int)tsr_div_up((size_t)M, DW_ROWS) * parts.tiles_end[n - 1];
+    const int rows = dw_rows(M, L[0]->gptq != 0);
+    const int tiles = (int)tsr_div_up((size_t)M, rows) * parts.tiles_end[n - 1];
     parts.splits = dw_splits(tiles, (L[0]->n_units + 1) / 2, partial_bytes);
     if (parts.splits > 1) { /* the dequantize buffer (scratch slot 3), which this product does not otherwise use */
         float *ws = (float *)tsr_cuda_scratch(3, (size_t)parts.splits * partial_bytes);
@@ -629,10 +650,10 @@ int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, i
             ws += (size_t)parts.splits * M * L[i]->N;
         }
     }
-    /* xp as M rows of Kp halves, read in boxes of 256 rows × 64 halves in the 128-byte swizzle */
+    /* xp as M rows of Kp halves, read in boxes of `rows` rows × 64 halves in the 128-byte swizzle */
     const size_t kp = (size_t)32 * L[0]->n_units;
     CUtensorMap map;
-    dw_map_2d(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, xp, kp, (size_t)M, 2 * kp, 64, DW_ROWS,
+    dw_map_2d(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, xp, kp, (size_t)M, 2 * kp, 64, (unsigned)rows,
               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
               "cuTensorMapEncodeTiled refused the activations of the wgmma product");
     /* each part's codes as G rows of Npad / 8 words, and GPTQ's scales as G rows of Npad halves, read DW_GB rows at a
@@ -649,8 +670,8 @@ int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, i
                       CU_TENSOR_MAP_L2_PROMOTION_NONE, what);
     }
     if (L[0]->gptq)
-        dw_launch_variant<true>(parts, map, M, L[0]->n_units, beta, y_half);
+        dw_launch_variant<true>(parts, map, M, L[0]->n_units, beta, y_half, rows);
     else
-        dw_launch_variant<false>(parts, map, M, L[0]->n_units, beta, y_half);
+        dw_launch_variant<false>(parts, map, M, L[0]->n_units, beta, y_half, rows);
     return 1;
 }
