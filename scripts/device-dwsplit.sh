@@ -17,6 +17,7 @@ tests() {
   done
 }
 tests "dw:TSR_CUDA_DQ_WGMMA=1"
+grep -q "rc=124" $s && { echo "test_cuda timed out: nothing timed" >> $s; exit 1; }
 m8=/tmp/llama8b-4.0
 synth_8b $m8
 variants=("cublas:TSR_CUDA_DQ_WGMMA=0" "dw:TSR_CUDA_DQ_WGMMA_MAX_M=4096" "dw1:TSR_CUDA_DQ_WGMMA_MAX_M=4096 TSR_CUDA_DW_SPLITS=1"
@@ -27,6 +28,7 @@ for v in "${variants[@]}"; do
     > $OUT/decode-$name.log 2>&1
   echo "decode $name rc=$?" >> $s; grep -E '^ +[0-9]+ ' $OUT/decode-$name.log >> $s
 done
+tests "split3:TSR_CUDA_DQ_WGMMA=1 TSR_CUDA_DW_SPLITS=3"
 for rep in 1 2; do
   for v in "${variants[@]:0:2}"; do
     name=${v%%:*}; envs=${v#*:}
@@ -42,4 +44,4 @@ for v in "${variants[@]:0:2}"; do
   env $envs TSR_CUDA_DQ_TIMES=1 timeout 60 $bin bench --model $m8 --device cuda --batch 256 --prompt-len 32 --gen 4 \
     > $OUT/times-$name.log 2>&1
 done
-tests "split3:TSR_CUDA_DQ_WGMMA=1 TSR_CUDA_DW_SPLITS=3" "default:"
+tests "default:"
