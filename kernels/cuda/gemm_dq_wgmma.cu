@@ -33,6 +33,7 @@
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/exl2_frag.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/ops_cuda.h"
 #include "kernels/cuda/wgmma.cuh"
 
 #include <cuda.h> /* CUtensorMap and its encoder's signature only: the encoder is reached through the runtime */
@@ -515,6 +516,12 @@ static bool dw_possible(const tsr_linear_dev *L)
 bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L, int M)
 {
     return M <= dw_max_m() && dw_possible(L);
+}
+
+extern "C" int tsr_cuda_dq_wgmma_rows(int M)
+{
+    return M <= dw_max_m() && dw_max_m() > 0 && tsr_cuda_wgmma_code() && dw_encoder() &&
+           dw_smem_bytes(DW_MAX_UNITS) <= (size_t)tsr_cuda_smem_block();
 }
 
 bool tsr_cuda_dq_wgmma_takes_all(const tsr_linear_dev *L)

@@ -44,6 +44,9 @@ unsigned long long tsr_cuda_staged_taken(void);
 unsigned long long tsr_cuda_dq_handoffs_taken(void);
 /* Pairs of products (k and v) that the dequantize path ran as one batched product so far (matmul.cu), for tests. */
 unsigned long long tsr_cuda_dq_pairs_run(void);
+/* Whether EXL2 products of M rows go to the wgmma product that dequantizes in registers (gemm_dq_wgmma.cu) on this
+ * device rather than the dequantize pass and cuBLAS, for matrices it can take (K up to 32768), for tests. */
+int tsr_cuda_dq_wgmma_rows(int M);
 /* Measures device-to-device copy bandwidth (bytes read + written per second) over `bytes`-sized buffers. */
 double tsr_cuda_copy_bandwidth(size_t bytes);
 /* Measures the dense fp16 tensor-core rate as prefill uses it (cuBLAS, fp16 operands and output, fp32 accumulation):

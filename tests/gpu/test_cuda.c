@@ -1375,11 +1375,11 @@ static unsigned long long handed_off(int M)
 }
 
 /* Batched k/v products on the dequantize path for one q/k/v of 100 rows whose k and v share a shape and a unit order:
- * one, none with TSR_CUDA_DQ_PAIR=0, or where the wgmma product takes q, k and v (TSR_CUDA_DQ_WGMMA=1). */
+ * one, none with TSR_CUDA_DQ_PAIR=0, or where the wgmma product takes q, k and v at 100 rows (TSR_CUDA_DQ_WGMMA=1,
+ * or its default rows). */
 static unsigned long long kv_paired(void)
 {
-    const char *wg = getenv("TSR_CUDA_DQ_WGMMA");
-    return env_off("TSR_CUDA_DQ_PAIR") || (wg && atoi(wg) != 0) ? 0 : 1;
+    return env_off("TSR_CUDA_DQ_PAIR") || tsr_cuda_dq_wgmma_rows(100) ? 0 : 1;
 }
 
 /* Prefill's hand-off into the MLP (matmul.cu): the MLP norm over 100 rows (the dequantize path) writes gate's input
