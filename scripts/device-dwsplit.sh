@@ -2,7 +2,8 @@
 # Device call for the wgmma product's K split (kernels/cuda/gemm_dq_wgmma.cu, stop 61): test_cuda by default, with
 # the product on (its own splits) and with 3 ranges per tile everywhere; then the 8B synth model's decode at 96-256
 # rows and its 2048-token prefill in chunks of 512 and whole, through the cuBLAS path, the product with its splits,
-# the product unsplit and the product in tiles of 256 rows only (decode), and the per-matrix times of a 256-row step (TSR_CUDA_DQ_TIMES). Carry .parpack (made
+# the product unsplit and the product in tiles of 256 rows only (decode), the bulk GEMV against the product at 40
+# and 64 rows, and the per-matrix times of a 256-row step (TSR_CUDA_DQ_TIMES). Carry .parpack (made
 # here by TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh). Logs under $OUT; summary.txt has each step's result.
 set -u
 . tests/parallel/gpu-env.sh >/dev/null
@@ -25,6 +26,13 @@ variants=("cublas:TSR_CUDA_DQ_WGMMA=0" "dw:TSR_CUDA_DQ_WGMMA_MAX_M=4096" "dw1:TS
 for v in "${variants[@]}"; do
   name=${v%%:*}; envs=${v#*:}
   env $envs timeout 120 $bin bench --model $m8 --device cuda --batch 96,128,192,256 --prompt-len 32 --gen 64 \
+    > $OUT/decode-$name.log 2>&1
+  echo "decode $name rc=$?" >> $s; grep -E '^ +[0-9]+ ' $OUT/decode-$name.log >> $s
+done
+# 33-64 rows: the bulk GEMV (default) against the product
+for v in "gemv:" "dwlow:TSR_CUDA_DQ_MIN_M=33 TSR_CUDA_DQ_WGMMA_MAX_M=4096"; do
+  name=${v%%:*}; envs=${v#*:}
+  env $envs timeout 100 $bin bench --model $m8 --device cuda --batch 40,64 --prompt-len 32 --gen 64 \
     > $OUT/decode-$name.log 2>&1
   echo "decode $name rc=$?" >> $s; grep -E '^ +[0-9]+ ' $OUT/decode-$name.log >> $s
 done
