@@ -50,7 +50,8 @@ tsr_status tsr_engine_open(const char *model_dir, const tsr_engine_opts *opts, t
             size_t per_token = tsr_kv_bytes_per_token(n_layers, lo->n_kv_heads, c->head_dim, o.kv_dtype);
             size_t per_row = (size_t)4 * (4 * (size_t)c->hidden + 3 * (size_t)lo->n_heads * c->head_dim +
                                           2 * (size_t)lo->intermediate);
-            const size_t base = per_row * (size_t)o.max_tokens + (size_t)tsr_forward_head_rows(o.max_tokens) * lo->vocab * 4 + ((size_t)512 << 20);
+            const size_t logits = (size_t)tsr_forward_head_rows(o.max_tokens) * lo->vocab * 4;
+            const size_t base = per_row * (size_t)o.max_tokens + logits + ((size_t)512 << 20);
             for (int pass = 0; pass < 2; pass++) { /* a pool shorter than the model's context: reserve for the pool */
                 const long positions = tsr_kv_expand_positions(o.max_tokens, context, o.page_size);
                 const size_t reserve = base + tsr_kv_expand_bytes(lo->n_kv_heads, c->head_dim, o.kv_dtype, positions);

@@ -82,7 +82,8 @@ float *tsr_forward_hidden(tsr_forward_ctx *ctx);
 tsr_status tsr_forward(tsr_forward_ctx *ctx, const tsr_seq_input *seqs, int n_seqs, float *logits);
 
 /* Rows one tsr_forward_argmax call can pick from (max_tokens: past TSR_HEAD_ROWS rows the head and the picks run
- * in slices of that many); 0 when it cannot work here (the backend has no ops->argmax_rows, or the part holds no head). */
+ * in slices of that many); 0 when it cannot work here (the backend has no ops->argmax_rows, or the part holds no
+ * head). */
 int tsr_forward_pick_rows(const tsr_forward_ctx *ctx);
 
 /* Runs the batch like tsr_forward, but hands back only each logits row's greedy pick: ids[r] the first index of

@@ -21,7 +21,8 @@ tests "dw:TSR_CUDA_DQ_WGMMA=1"
 grep -q "rc=124" $s && { echo "test_cuda timed out: nothing timed" >> $s; exit 1; }
 m8=/tmp/llama8b-4.0
 synth_8b $m8
-variants=("cublas:TSR_CUDA_DQ_WGMMA=0" "dw:TSR_CUDA_DQ_WGMMA_MAX_M=4096" "dw1:TSR_CUDA_DQ_WGMMA_MAX_M=4096 TSR_CUDA_DW_SPLITS=1"
+variants=("cublas:TSR_CUDA_DQ_WGMMA=0" "dw:TSR_CUDA_DQ_WGMMA_MAX_M=4096"
+  "dw1:TSR_CUDA_DQ_WGMMA_MAX_M=4096 TSR_CUDA_DW_SPLITS=1"
   "dw256:TSR_CUDA_DQ_WGMMA_MAX_M=4096 TSR_CUDA_DW_ROWS=256")
 for v in "${variants[@]}"; do
   name=${v%%:*}; envs=${v#*:}
@@ -43,7 +44,8 @@ for rep in 1 2; do
     for chunk in 512 2048; do
       env $envs timeout 60 $bin bench --model $m8 --device cuda --batch 1 --prompt-len 2048 --gen 2 \
         --max-tokens $chunk > $OUT/prefill-$name-$chunk-$rep.log 2>&1
-      echo "prefill $name chunk $chunk rc=$?: $(grep -E '^ +[0-9]+ ' $OUT/prefill-$name-$chunk-$rep.log | head -1)" >> $s
+      rc=$?; row=$(grep -E '^ +[0-9]+ ' $OUT/prefill-$name-$chunk-$rep.log | head -1)
+      echo "prefill $name chunk $chunk rc=$rc: $row" >> $s
     done
   done
 done

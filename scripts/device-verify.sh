@@ -1,7 +1,8 @@
 #!/bin/bash
 # Device call: test_cuda on main (default and TSR_CUDA_DQ_PAIR=0), the 8B synth model, bench at batch 64-256 and 1,
 # the head at 256 rows against 128 (TSR_HEAD_ROWS), scripts/persist-probe.cu (plain and --trace), then per-op device
-# profiles at batch 1 and 256. Carry .parpack (made here by TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh). Logs under $OUT; summary.txt has each step's return code.
+# profiles at batch 1 and 256. Carry .parpack (made here by TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh). Logs
+# under $OUT; summary.txt has each step's return code.
 set -u
 . tests/parallel/gpu-env.sh >/dev/null
 export TSR_FIXTURES=$PWD/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$PWD/models
@@ -14,7 +15,8 @@ timeout 200 $bin bench --model $m8 --device cuda --batch 64,128,192,256 --prompt
 # the head in one call of 256 rows (TSR_HEAD_ROWS, the default) against two of 128 (stop 60), alternating
 for r in 128 256 128 256; do
   TSR_HEAD_ROWS=$r timeout 100 $bin bench --model $m8 --device cuda --batch 256 --prompt-len 32 --gen 64 \
-    > $OUT/bench_head$r.log 2>&1; echo "bench head $r rc=$? $(grep -o '[0-9.]* tok/s' $OUT/bench_head$r.log | tr '\n' ' ')" >> $OUT/summary.txt
+    > $OUT/bench_head$r.log 2>&1
+  echo "bench head $r rc=$?" >> $OUT/summary.txt; grep -E '^ +[0-9]+ ' $OUT/bench_head$r.log >> $OUT/summary.txt
 done
 timeout 100 $bin bench --model $m8 --device cuda --batch 1 --prompt-len 512 --gen 128 > $OUT/bench_b1.log 2>&1; echo "bench b1 rc=$?" >> $OUT/summary.txt
 # the persistent step's memory-side ceiling (scripts/persist-probe.cu)

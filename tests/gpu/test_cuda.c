@@ -387,7 +387,8 @@ static void test_step_top(void **state)
 }
 
 /* A decode batch of TSR_HEAD_ROWS + 72 rows, past the rows of one head call: picks and candidates reduced slice
- * by slice inside the recorded step, against the GPU's own whole rows reduced on the host (tests/common/forward_slices.h). */
+ * by slice inside the recorded step, against the GPU's own whole rows reduced on the host
+ * (tests/common/forward_slices.h). */
 static void test_forward_slices(void **state)
 {
     (void)state;
