@@ -1,4 +1,4 @@
-/* The prefill product of an EXL2 or GPTQ matrix on Hopper's warpgroup tensor cores (wgmma, code for sm_90a), with the
+/* The product of many rows by an EXL2 or GPTQ matrix on Hopper's warpgroup tensor cores (wgmma, code for sm_90a), with the
  * weights dequantized in registers: no fp16 copy of the matrix is written to memory and read back, as the cuBLAS path
  * of matmul.cu does (its dequantize pass was ~12 % of an 8B 2048-token prefill; NOTES.md, stop 52).
  *
@@ -9,7 +9,8 @@
  * dequantize pass, so the weights are bit for bit the fp16 ones cuBLAS would read). The activations (xp: the input in
  * the matrix's unit row order, fp16, from matmul.cu's permutation pass) are the B operand, K-major in shared memory.
  *
- * A block takes 256 activation rows (the wgmma's N) and 4 column blocks (128 output columns). Warp w of warpgroup ct
+ * A block takes 256 activation rows (the wgmma's N; 128 where M <= 128, with m64n128k16 wgmma's: the tensor cores' work
+ * on rows past M halves) and 4 column blocks (128 output columns). Warp w of warpgroup ct
  * owns column block w's tile ct: the four warps of a warpgroup give the 64 A rows of one m64n256k16 wgmma, and each
  * (unit, column block) is decoded half by each warpgroup, so a thread keeps one 64 × 256 accumulator (128 registers)
  * and decodes 8 of the 16 registers of its words per unit. K advances in stages of two units (64 rows). Per unit a
@@ -26,9 +27,15 @@
  * parts of the kernel (dw_diag, wrong results). Output: y = product + beta · y, fp32 or fp16, columns past N and
  * rows past M left alone.
  *
- * Off by default (TSR_CUDA_DQ_WGMMA=1 turns it on) until it is measured faster than the dequantize pass and cuBLAS:
- * stop 56's version reached 30.8k tokens/s of an 8B 2048-token prefill on the H100 against the cuBLAS path's 36.0k
- * in the same call (0.85x). */
+ * Where the grid leaves SMs idle (few rows: one row tile, and o's or down's 32 column tiles at the 8B shape), each
+ * tile's K is split into up to DW_MAX_SPLITS ranges (grid.z, dw_splits): each range writes fp32 partial sums into the
+ * dequantize buffer, which this product does not otherwise use, and dw_reduce_kernel adds them in range order (the
+ * same sums every run) with beta · y.
+ *
+ * Taken by row count (dw_max_m): by default from the dequantize path's first rows (65 on an H100/H200: matmul.cu
+ * dq_min_m) up to 256, where it beats the dequantize pass and cuBLAS by 22-75 % in decode steps of the 8B shape; above
+ * that the cuBLAS path stays, which prefills 2048 tokens at 36.5k tokens/s against this product's 28.5k (H100,
+ * NOTES.md, stop 61). TSR_CUDA_DQ_WGMMA=1 takes every row count, =0 none. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/exl2_frag.cuh"
@@ -495,8 +502,10 @@ static dw_diag dw_diag_asked(void)
 }
 
 /* The rows the kernel takes (the dequantize pass and cuBLAS take the others): TSR_CUDA_DQ_WGMMA=1 every row count,
- * =0 none, else up to TSR_CUDA_DQ_WGMMA_MAX_M rows (default DW_MAX_M). */
-#define DW_MAX_M 0
+ * =0 none, else up to TSR_CUDA_DQ_WGMMA_MAX_M rows (default DW_MAX_M). Measured on the H100 (NOTES.md, stop 61), 8B
+ * at 4.0 bpw against the cuBLAS path: decode at 128 rows 14.0k tok/s against 8.0k, 192 14.4k / 11.3k, 256 17.9k /
+ * 14.7k; a 2048-token prefill in chunks of 512 24.2k / 24.9k, whole 28.5k / 36.5k. */
+#define DW_MAX_M 256
 static int dw_max_m(void)
 {
     static int v = -2;

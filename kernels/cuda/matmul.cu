@@ -15,6 +15,7 @@
  * Dense weights: a warp-per-column GEMV for M <= 8, cuBLAS (GemmEx, fp32 accumulation) above. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
+#include "kernels/cuda/ops_cuda.h"
 #include "kernels/cuda/exl2_frag.cuh"
 #include "kernels/cuda/launch.cuh"
 
@@ -250,7 +251,8 @@ __global__ void __launch_bounds__(128)
 }
 
 /* The smallest M that takes this path: TSR_CUDA_DQ_MIN_M (1 to 129) for every matrix when set; else 33 (below it
- * the GEMV; 30 where the GEMV stages little, tsr_cuda_gemv_narrow_stage), and 97 with the bulk GEMV (sm_90), which
+ * the GEMV; 30 where the GEMV stages little, tsr_cuda_gemv_narrow_stage), 65 where the bulk GEMV (sm_90) runs 64 rows
+ * and the wgmma product takes this path's rows (sm_90a, up to 256 by default), and 97 with the bulk GEMV alone, which
  * runs up to 64 rows in one launch streaming the weights once (tsr_cuda_gemv_rows; 65 where it is held to 32 rows,
  * TSR_CUDA_GEMV_BULK). Measured (NOTES.md, stops 19, 23 and 28):
  * 64 rows as two chunks of 32 beat this path already (70B geometry +9 %, 8B +6 %); as one launch of 64, 8B +36 % and
@@ -265,6 +267,10 @@ static int dq_min_m(void)
         if (v < 1 || v > 4 * TSR_GEMV_MAX_M + 1) v = 0; /* 0: the default */
     }
     if (v) return v;
+    /* where the wgmma product takes 65 rows (sm_90a), from 65: 8B at 96 rows 7.2k tok/s through the GEMV's chunks,
+     * at 128 through the product 14.0k; at 64 the one bulk launch still wins (8.0k against 7.8k; NOTES.md, stop 61) */
+    if (tsr_cuda_gemv_rows() > TSR_GEMV_MAX_M && tsr_cuda_dq_wgmma_rows(2 * TSR_GEMV_MAX_M + 1))
+        return 2 * TSR_GEMV_MAX_M + 1;
     if (tsr_cuda_gemv_rows() > TSR_GEMV_MAX_M) return 3 * TSR_GEMV_MAX_M + 1;
     if (tsr_cuda_gemv_bulk(TSR_GEMV_MAX_M)) return 2 * TSR_GEMV_MAX_M + 1;
     /* blocks of 99 KB (sm_86/sm_89), 8B 4.0 bpw planned as such a card on the H200 (NOTES.md, stop 38): the GEMV's
