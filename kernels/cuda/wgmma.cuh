@@ -163,6 +163,16 @@ __device__ __forceinline__ void wg_mma_rs128(float (&d)[64], const uint32_t (&a)
     "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111," \
     "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
 
+/* D (64 × 128) += A · B, A from registers, B K-major in shared memory (gemm_dq_wgmma.cu's tiles of 128 rows). */
+__device__ __forceinline__ void wg_mma_rs128k(float (&d)[64], const uint32_t (&a)[4], uint64_t b)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" WG_D64_TEXT "}, {%64,%65,%66,%67}, %68, "
+                 "p, 1, 1, 0;\n}\n"
+                 : WG_D64(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
 /* D (64 × 256) += A · B, A from registers, B K-major in shared memory (the activations of gemm_dq_wgmma.cu). */
 __device__ __forceinline__ void wg_mma_rs256k(float (&d)[128], const uint32_t (&a)[4], uint64_t b)
 {
