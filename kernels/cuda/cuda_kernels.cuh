@@ -138,12 +138,12 @@ int tsr_cuda_fa_wgmma(const tsr_batch_layout *b, const tsr_attn_args *a, const t
 /* Whether the device is sm_90 or newer and runs this build's sm_90a code, which the wgmma kernels need (asked once,
  * by a probe launch outside stream capture; false while capturing until then) (attention_prefill_wgmma.cu). */
 bool tsr_cuda_wgmma_code(void);
-/* The prefill products of n (1 to TSR_GEMV_MAX_PARTS) EXL2/GPTQ matrices of one input and unit row order, with their
+/* The many-row products of n (1 to TSR_GEMV_MAX_PARTS) EXL2/GPTQ matrices of one input and unit row order, with their
  * weights dequantized in registers, in one launch (gemm_dq_wgmma.cu): y[i] (M rows of L[i]'s N, fp32 or with y_half
  * fp16) = xp · W_i + beta · y[i], xp being the input in the matrices' unit row order as fp16 (M rows of 32 n_units).
  * Returns 1 after launching it; 0, having done nothing, where the device has no wgmma code, a matrix does not fit the
- * kernel's shared memory, the matrices differ in unit count or kind, or TSR_CUDA_DQ_WGMMA=0 (the caller then
- * dequantizes for cuBLAS). */
+ * kernel's shared memory, the matrices differ in unit count or kind, or M is past the rows it takes
+ * (tsr_cuda_dq_wgmma_takes; the caller then dequantizes for cuBLAS). */
 int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, int M, void *const *y, float beta,
                       bool y_half);
 /* Whether tsr_cuda_dq_wgmma takes L's products of M rows: TSR_CUDA_DQ_WGMMA=1 every M, =0 none, else M up to

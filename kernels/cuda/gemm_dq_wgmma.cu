@@ -516,10 +516,17 @@ static int dw_max_m(void)
     return v;
 }
 
+/* Whether the kernel takes some row count here: asked for, sm_90a code running, the tensor-map encoder there and
+ * the block's shared memory allowed. */
+static bool dw_runs(void)
+{
+    return dw_max_m() > 0 && tsr_cuda_wgmma_code() && dw_encoder() &&
+           dw_smem_bytes(DW_MAX_UNITS) <= (size_t)tsr_cuda_smem_block();
+}
+
 static bool dw_possible(const tsr_linear_dev *L)
 {
-    return L->kind == TSR_LINEAR_EXL2 && L->n_units <= DW_MAX_UNITS && L->n_groups > 0 && dw_max_m() > 0 &&
-           tsr_cuda_wgmma_code() && dw_encoder() && dw_smem_bytes(DW_MAX_UNITS) <= (size_t)tsr_cuda_smem_block();
+    return L->kind == TSR_LINEAR_EXL2 && L->n_units <= DW_MAX_UNITS && L->n_groups > 0 && dw_runs();
 }
 
 bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L, int M)
@@ -529,8 +536,7 @@ bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L, int M)
 
 extern "C" int tsr_cuda_dq_wgmma_rows(int M)
 {
-    return M <= dw_max_m() && dw_max_m() > 0 && tsr_cuda_wgmma_code() && dw_encoder() &&
-           dw_smem_bytes(DW_MAX_UNITS) <= (size_t)tsr_cuda_smem_block();
+    return M <= dw_max_m() && dw_runs();
 }
 
 bool tsr_cuda_dq_wgmma_takes_all(const tsr_linear_dev *L)
