@@ -272,7 +272,7 @@ static int graphs_enabled(void)
     static int enabled = -1;
     if (enabled < 0) {
         const char *off = getenv("TSR_CUDA_GRAPHS");
-        enabled = !(off && !strcmp(off, "0")) && profile_mode() == 0;
+        enabled = !(off && !strcmp(off, "0")) && profile_mode() == 0 && !tsr_cuda_dq_times();
     }
     return enabled;
 }

@@ -153,6 +153,8 @@ bool tsr_cuda_dq_wgmma_takes(const tsr_linear_dev *L, int M);
 bool tsr_cuda_dq_wgmma_takes_all(const tsr_linear_dev *L);
 /* The dequantize buffer's bytes reserved at model preparation (scratch slot 3; matmul.cu). */
 size_t tsr_cuda_dq_reserved(void);
+/* Whether TSR_CUDA_DQ_TIMES asks for the dequantize path's per-part times (matmul.cu; then no graph is recorded). */
+bool tsr_cuda_dq_times(void);
 /* Decode attention over an fp16 or quantized cache with head_dim 64 or 128 and at most 16 query heads per KV head
  * (attention_decode.cu; quantized rows rebuilt as fp16 in its tiles, kvq_tile.cuh): returns 1 after launching it,
  * 0 when the caller must use the general kernel. */

@@ -311,13 +311,16 @@ void tsr_cuda_dq_reserve(size_t bytes)
 static int dq_path(int M) { return M >= dq_min_m(); }
 
 /* TSR_CUDA_DQ_TIMES=1 (diagnosis): device time of the dequantize path's three parts per matrix shape, from events
- * with a synchronization after each call (so it also removes any overlap), printed at exit. */
+ * with a synchronization after each call (so it also removes any overlap), printed at exit. A synchronization cannot
+ * be recorded into a CUDA graph, so the setting also turns graph replay off (backend.cu graphs_enabled). */
 static int dq_times_on(void)
 {
     static int v = -1;
     if (v < 0) v = getenv("TSR_CUDA_DQ_TIMES") && atoi(getenv("TSR_CUDA_DQ_TIMES")) != 0;
     return v;
 }
+
+bool tsr_cuda_dq_times(void) { return dq_times_on() != 0; }
 struct dq_time {
     double ms[3], min[3]; /* summed and least per part (a shape's first call loads cuBLAS's kernel lazily) */
     long n;
