@@ -18,8 +18,11 @@
  *
  * Build and run on the GPU machine:
  *   nvcc -std=c++17 -O3 -arch=sm_90 -o /tmp/persist scripts/persist-probe.cu && /tmp/persist [--compute | --trace]
+ *   [--idle-fence]
  * (--trace: where each op's time goes in the ahead and chain modes, per warp, from %globaltimer; the chain's wait
- * also with its threads sleeping between looks at the clock) */
+ * also with its threads sleeping between looks at the clock; the barrier without its fence, and arrived at by a
+ * warp that streams nothing. --idle-fence: the table's barriers arrived at by that warp. Each block has one warp
+ * beside its WARPS streaming ones, which only joins the barriers.) */
 #include "probe_check.cuh"
 
 #include <cuda_fp16.h>
@@ -40,6 +43,9 @@ enum { MODE_FREE, MODE_DRAIN, MODE_AHEAD, MODE_CHAIN, MODE_CHAIN_L2 };
 
 struct plan {
     int n_ops;
+    int bar_kind; /* the grid barrier's arriving thread: 0 thread 0 (a streaming warp's) after a fence, 1 the same
+                   * without the fence, 2 a thread of a warp that streams nothing (the block's extra warp) after a
+                   * fence */
     unsigned long long step0[MAX_OPS + 1]; /* op k's steps are [step0[k], step0[k + 1]) of the whole stream */
     unsigned chain_ns[MAX_OPS];            /* MODE_CHAIN: the wait after op k's barrier */
     int sleep;                             /* the wait in __nanosleep steps instead of a spin */
@@ -59,12 +65,13 @@ __device__ __forceinline__ unsigned long long gtime()
     return t;
 }
 
-/* A grid barrier over a counter that only grows (as mlp_decode.cu's): the n-th arrival waits for the round's last. */
-__device__ __forceinline__ void grid_sync(unsigned long long *bar)
+/* A grid barrier over a counter that only grows (as mlp_decode.cu's): the n-th arrival waits for the round's last.
+ * The arriving thread per kind (plan.bar_kind): does a fence in a warp whose copies are in flight wait for them? */
+__device__ __forceinline__ void grid_sync(unsigned long long *bar, int kind)
 {
     __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
+    if (threadIdx.x == (kind == 2 ? WARPS * 32 : 0)) {
+        if (kind != 1) __threadfence();
         const unsigned long long n = gridDim.x, target = (atomicAdd(bar, 1ull) / n + 1) * n;
         unsigned long long now;
         do
@@ -99,12 +106,16 @@ __device__ __forceinline__ void work(const uint32_t *slot, int lane, float (&acc
 }
 
 template <int D, bool COMPUTE>
-__global__ void __launch_bounds__(WARPS * 32, 2) persist_kernel(plan p, int mode, const char *base,
+__global__ void __launch_bounds__(WARPS * 32 + 32, 2) persist_kernel(plan p, int mode, const char *base,
                                                                  unsigned long long *bar, float *out,
                                                                  unsigned long long *trace)
 {
     extern __shared__ uint4 smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp == WARPS) { /* the extra warp streams nothing: it only joins the barriers (arriving for bar_kind 2) */
+        for (int k = 1; k < p.n_ops && mode != MODE_FREE; k++) grid_sync(bar, p.bar_kind);
+        return;
+    }
     const unsigned long long W = (unsigned long long)gridDim.x * WARPS, w = blockIdx.x * WARPS + warp;
     char *ring = (char *)smem + warp * D * STEP_BYTES;
     /* the warp's steps of op k: [lo, hi) of the stream (32-bit products: an op has < 2^19 steps, a grid < 2^13
@@ -137,7 +148,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2) persist_kernel(plan p, int mode
     const bool cross = mode != MODE_DRAIN;
     for (int k = 0; k < p.n_ops; k++) {
         if (k > 0 && mode != MODE_FREE) {
-            grid_sync(bar);
+            grid_sync(bar, p.bar_kind);
             if (mode == MODE_CHAIN_L2 && lane == 0) /* the op's steps past the ring asked of L2 during the wait */
                 for (unsigned long long st = lo_of(k) + D; st < hi_of(k); st++)
                     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + st * STEP_BYTES),
@@ -196,7 +207,7 @@ static int run(const plan &p, int mode, char *buf, size_t region, int regions, u
     const int smem = WARPS * D * STEP_BYTES;
     CHECK(cudaFuncSetAttribute(persist_kernel<D, COMPUTE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int per_sm = 0;
-    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persist_kernel<D, COMPUTE>, WARPS * 32, smem));
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persist_kernel<D, COMPUTE>, WARPS * 32 + 32, smem));
     const int blocks = sms * std::min(per_sm, 2);
     cudaEvent_t a, b;
     CHECK(cudaEventCreate(&a));
@@ -205,7 +216,7 @@ static int run(const plan &p, int mode, char *buf, size_t region, int regions, u
     for (int r = 0; r < 7; r++) {
         CHECK(cudaMemset(bar, 0, sizeof *bar)); /* the barrier assumes a count that is a multiple of the grid */
         CHECK(cudaEventRecord(a));
-        persist_kernel<D, COMPUTE><<<blocks, WARPS * 32, smem>>>(p, mode, buf + (r % regions) * region, bar, out,
+        persist_kernel<D, COMPUTE><<<blocks, WARPS * 32 + 32, smem>>>(p, mode, buf + (r % regions) * region, bar, out,
                                                                           trace);
         CHECK(cudaEventRecord(b));
         CHECK(cudaEventSynchronize(b));
@@ -220,7 +231,11 @@ static int run(const plan &p, int mode, char *buf, size_t region, int regions, u
 
 int main(int argc, char **argv)
 {
-    const bool compute_only = argc > 1 && std::string_view(argv[1]) == "--compute";
+    bool compute_only = false, trace_asked = false, idle_fence = false;
+    for (int i = 1; i < argc; i++) {
+        const std::string_view a = argv[i];
+        compute_only |= a == "--compute", trace_asked |= a == "--trace", idle_fence |= a == "--idle-fence";
+    }
     int dev = 0, sms = 0;
     CHECK(cudaGetDevice(&dev));
     CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -265,7 +280,7 @@ int main(int argc, char **argv)
     }
     const double copy = 2.0 * (1 << 30) / (best * 1e-3) / 1e12;
     printf("copy %.3f TB/s; step bytes %.3f GB; %d SMs\n", copy, region / 1e9, sms);
-    if (argc > 1 && std::string_view(argv[1]) == "--trace") { /* where the time of an op goes, ring 4, no compute */
+    if (trace_asked) { /* where the time of an op goes, ring 4, no compute */
         const size_t W = (size_t)sms * 2 * WARPS, n = (size_t)p.n_ops * W * TRACE_FIELDS;
         unsigned long long *trace;
         CHECK(cudaMalloc(&trace, n * sizeof *trace));
@@ -275,11 +290,15 @@ int main(int argc, char **argv)
                "warp (mean) its first step landed, its 3rd (the last requested before the op; 0 for a warp with fewer) "
                "landed, the op done; "
                "the op's span from its first start to its last end\n");
-        const int modes[4] = {MODE_AHEAD, MODE_CHAIN, MODE_CHAIN, MODE_CHAIN_L2};
-        const char *names[4] = {"ahead", "chain", "chain, sleeping", "chainL2"};
-        for (int v = 0; v < 4; v++) {
+        /* (mode, sleeping wait, barrier kind): stop 60's four, then the barrier without its fence and with its fence
+         * in a warp that streams nothing (stop 62's question: does the fence wait for the warp's copies?) */
+        const int modes[7] = {MODE_AHEAD, MODE_CHAIN, MODE_CHAIN, MODE_CHAIN_L2, MODE_AHEAD, MODE_AHEAD, MODE_CHAIN};
+        const int sleeps[7] = {0, 0, 1, 0, 0, 0, 0}, kinds[7] = {0, 0, 0, 0, 1, 2, 2};
+        const char *names[7] = {"ahead",           "chain", "chain, sleeping", "chainL2", "ahead, no fence",
+                                "ahead, fence by an idle warp", "chain, fence by an idle warp"};
+        for (int v = 0; v < 7; v++) {
             float us = 0;
-            p.sleep = v == 2;
+            p.sleep = sleeps[v], p.bar_kind = kinds[v];
             if (run<4, false>(p, modes[v], buf, region, regions, bar, out, sms, &us, trace)) return 1;
             CHECK(cudaMemcpy(h.data(), trace, n * sizeof *trace, cudaMemcpyDeviceToHost));
             printf("%s, ring 4, %.1f us a step\n", names[v], us);
@@ -305,11 +324,13 @@ int main(int argc, char **argv)
                        span / layers / 1e3);
             }
         }
-        p.sleep = 0;
+        p.sleep = 0, p.bar_kind = 0;
         return 0;
     }
     printf("%-6s %-7s %4s %10s %8s %8s %10s\n", "mode", "compute", "ring", "us/step", "TB/s", "% copy", "us/layer");
     const char *names[] = {"free", "drain", "ahead", "chain", "chainL2"};
+    p.bar_kind = idle_fence ? 2 : 0;
+    printf("grid barriers arrived at by %s\n", idle_fence ? "a warp that streams nothing" : "thread 0");
     for (int c = compute_only ? 1 : 0; c < 2; c++)
         for (int mode = 0; mode < 5; mode++)
             for (int d : {4, 6}) {
