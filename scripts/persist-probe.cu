@@ -18,11 +18,11 @@
  *
  * Build and run on the GPU machine:
  *   nvcc -std=c++17 -O3 -arch=sm_90 -o /tmp/persist scripts/persist-probe.cu && /tmp/persist [--compute | --trace]
- *   [--idle-fence]
+ *   [--idle-fence | --release]
  * (--trace: where each op's time goes in the ahead and chain modes, per warp, from %globaltimer; the chain's wait
- * also with its threads sleeping between looks at the clock; the barrier without its fence, and arrived at by a
- * warp that streams nothing. --idle-fence: the table's barriers arrived at by that warp. Each block has one warp
- * beside its WARPS streaming ones, which only joins the barriers.) */
+ * also with its threads sleeping between looks at the clock; the barrier without its fence, arrived at by a warp
+ * that streams nothing, and by an atomic with release semantics. --idle-fence, --release: the table's barriers
+ * so. Each block has one warp beside its WARPS streaming ones, which only joins the barriers.) */
 #include "probe_check.cuh"
 
 #include <cuda_fp16.h>
@@ -45,7 +45,7 @@ struct plan {
     int n_ops;
     int bar_kind; /* the grid barrier's arriving thread: 0 thread 0 (a streaming warp's) after a fence, 1 the same
                    * without the fence, 2 a thread of a warp that streams nothing (the block's extra warp) after a
-                   * fence */
+                   * fence, 3 thread 0 by an atomic with release semantics (no separate fence) */
     unsigned long long step0[MAX_OPS + 1]; /* op k's steps are [step0[k], step0[k + 1]) of the whole stream */
     unsigned chain_ns[MAX_OPS];            /* MODE_CHAIN: the wait after op k's barrier */
     int sleep;                             /* the wait in __nanosleep steps instead of a spin */
@@ -71,8 +71,13 @@ __device__ __forceinline__ void grid_sync(unsigned long long *bar, int kind)
 {
     __syncthreads();
     if (threadIdx.x == (kind == 2 ? WARPS * 32 : 0)) {
-        if (kind != 1) __threadfence();
-        const unsigned long long n = gridDim.x, target = (atomicAdd(bar, 1ull) / n + 1) * n;
+        if (kind == 0 || kind == 2) __threadfence();
+        unsigned long long old;
+        if (kind == 3)
+            asm volatile("atom.add.release.gpu.u64 %0, [%1], 1;" : "=l"(old) : "l"(bar) : "memory");
+        else
+            old = atomicAdd(bar, 1ull);
+        const unsigned long long n = gridDim.x, target = (old / n + 1) * n;
         unsigned long long now;
         do
             asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(now) : "l"(bar) : "memory");
@@ -231,10 +236,11 @@ static int run(const plan &p, int mode, char *buf, size_t region, int regions, u
 
 int main(int argc, char **argv)
 {
-    bool compute_only = false, trace_asked = false, idle_fence = false;
+    bool compute_only = false, trace_asked = false, idle_fence = false, release = false;
     for (int i = 1; i < argc; i++) {
         const std::string_view a = argv[i];
         compute_only |= a == "--compute", trace_asked |= a == "--trace", idle_fence |= a == "--idle-fence";
+        release |= a == "--release";
     }
     int dev = 0, sms = 0;
     CHECK(cudaGetDevice(&dev));
@@ -292,11 +298,13 @@ int main(int argc, char **argv)
                "the op's span from its first start to its last end\n");
         /* (mode, sleeping wait, barrier kind): stop 60's four, then the barrier without its fence and with its fence
          * in a warp that streams nothing (stop 62's question: does the fence wait for the warp's copies?) */
-        const int modes[7] = {MODE_AHEAD, MODE_CHAIN, MODE_CHAIN, MODE_CHAIN_L2, MODE_AHEAD, MODE_AHEAD, MODE_CHAIN};
-        const int sleeps[7] = {0, 0, 1, 0, 0, 0, 0}, kinds[7] = {0, 0, 0, 0, 1, 2, 2};
-        const char *names[7] = {"ahead",           "chain", "chain, sleeping", "chainL2", "ahead, no fence",
-                                "ahead, fence by an idle warp", "chain, fence by an idle warp"};
-        for (int v = 0; v < 7; v++) {
+        const int modes[8] = {MODE_AHEAD, MODE_CHAIN, MODE_CHAIN, MODE_CHAIN_L2,
+                              MODE_AHEAD, MODE_AHEAD, MODE_CHAIN, MODE_AHEAD};
+        const int sleeps[8] = {0, 0, 1, 0, 0, 0, 0, 0}, kinds[8] = {0, 0, 0, 0, 1, 2, 2, 3};
+        const char *names[8] = {"ahead",           "chain", "chain, sleeping", "chainL2", "ahead, no fence",
+                                "ahead, fence by an idle warp", "chain, fence by an idle warp",
+                                "ahead, a releasing atomic"};
+        for (int v = 0; v < 8; v++) {
             float us = 0;
             p.sleep = sleeps[v], p.bar_kind = kinds[v];
             if (run<4, false>(p, modes[v], buf, region, regions, bar, out, sms, &us, trace)) return 1;
@@ -329,8 +337,10 @@ int main(int argc, char **argv)
     }
     printf("%-6s %-7s %4s %10s %8s %8s %10s\n", "mode", "compute", "ring", "us/step", "TB/s", "% copy", "us/layer");
     const char *names[] = {"free", "drain", "ahead", "chain", "chainL2"};
-    p.bar_kind = idle_fence ? 2 : 0;
-    printf("grid barriers arrived at by %s\n", idle_fence ? "a warp that streams nothing" : "thread 0");
+    p.bar_kind = idle_fence ? 2 : release ? 3 : 0;
+    printf("grid barriers arrived at by %s\n", idle_fence ? "a warp that streams nothing, after a fence"
+                                                : release ? "thread 0, by a releasing atomic"
+                                                          : "thread 0, after a fence");
     for (int c = compute_only ? 1 : 0; c < 2; c++)
         for (int mode = 0; mode < 5; mode++)
             for (int d : {4, 6}) {

@@ -9,8 +9,8 @@
  * dequantize pass, so the weights are bit for bit the fp16 ones cuBLAS would read). The activations (xp: the input in
  * the matrix's unit row order, fp16, from matmul.cu's permutation pass) are the B operand, K-major in shared memory.
  *
- * A block takes 256 activation rows (the wgmma's N; 128 where M <= 128, with m64n128k16 wgmma's: the tensor cores' work
- * on rows past M halves) and 4 column blocks (128 output columns). Warp w of warpgroup ct
+ * A block takes 256 activation rows (the wgmma's N; 128 where M <= 128 and 192 where M <= 192, with m64n128k16 and
+ * m64n192k16 wgmma's: less of the tensor cores' work on rows past M) and 4 column blocks (128 output columns). Warp w of warpgroup ct
  * owns column block w's tile ct: the four warps of a warpgroup give the 64 A rows of one m64n256k16 wgmma, and each
  * (unit, column block) is decoded half by each warpgroup, so a thread keeps one 64 × 256 accumulator (128 registers)
  * and decodes 8 of the 16 registers of its words per unit. K advances in stages of two units (64 rows). Per unit a
@@ -32,6 +32,10 @@
  * dequantize buffer, which this product does not otherwise use, and dw_reduce_kernel adds them in range order (the
  * same sums every run) with beta · y.
  *
+ * Both launch under PDL (launch.cuh): a block initializes its barriers, reads its unit records and requests its first
+ * stages' weights and group parameters while the kernel before it finishes; only the activation tiles and the
+ * stores wait for it (+1-2 % on decode steps of 96-256 rows, NOTES.md, stop 62; TSR_CUDA_DW_PDL=0: plain launches).
+ *
  * Taken by row count (dw_max_m): by default from the dequantize path's first rows (65 on an H100/H200: matmul.cu
  * dq_min_m) up to 256, where it beats the dequantize pass and cuBLAS by 22-75 % in decode steps of the 8B shape; above
  * that the cuBLAS path stays, which prefills 2048 tokens at 36.5k tokens/s against this product's 28.5k (H100,
@@ -39,6 +43,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/exl2_frag.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/cuda/wgmma.cuh"
@@ -53,8 +58,8 @@
                           * (setmaxnreg) */
 #define DW_ROWS      256 /* activation rows per block at most: the wgmma's N (128 where M <= 128, dw_rows) */
 #define DW_CBS       4   /* column blocks of 32 per block, one per warp of a warpgroup */
-#define DW_A_BYTES   (DW_ROWS * 128)          /* a stage's activations: 256 rows × 64 halves (a block of 128 rows
-                                               * uses the first half of each stage's buffer) */
+#define DW_A_BYTES   (DW_ROWS * 128)          /* a stage's activations: 256 rows × 64 halves (a block of fewer
+                                               * rows uses the first R × 128 bytes of each stage's buffer) */
 #define DW_W_UNIT    (32 * 8 * 4)             /* one (unit, column block): up to 8 words per lane */
 #define DW_W_BYTES   (DW_CBS * 2 * DW_W_UNIT) /* a stage's words: per unit, its 4 column blocks as in memory */
 #define DW_GB        16  /* groups whose parameters are copied together: the scale codes (GPTQ: zero codes) of the
@@ -264,6 +269,7 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
                              full_w + 8 * (t % DW_WST), lane);
     };
     for (int t = 0; t < min(AHEAD, n_copied); t++) words(t);
+    tsr_pdl_wait(); /* the weights are constant; the activations are the kernel before's output */
     for (int t = 0; t < n_copied; t++) {
         if (t >= DW_AST) dw_bar_wait(empty + 8 * ((t - DW_AST) % DW_WST), (uint32_t)((t - DW_AST) / DW_WST) & 1u);
         if (lane == 0) {
@@ -344,6 +350,9 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
         if constexpr (R == 256) {
             wg_mma_rs256k(acc, a[0], d);
             wg_mma_rs256k(acc, a[1], d + 2);
+        } else if constexpr (R == 192) {
+            wg_mma_rs192k(acc, a[0], d);
+            wg_mma_rs192k(acc, a[1], d + 2);
         } else {
             wg_mma_rs128k(acc, a[0], d);
             wg_mma_rs128k(acc, a[1], d + 2);
@@ -438,9 +447,12 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (threadIdx.x < DW_THREADS + 32)
             dw_produce<GPTQ, DG, R>(L, &xmap, &P.codes[p], &P.scales[p], rec, m0, cb0, a_base, s0, n_local);
+        else
+            tsr_pdl_wait();
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    tsr_pdl_wait(); /* before the stores (the kernel before may still read y) */
     if (threadIdx.x < 128)
         dw_run<GPTQ, 0, DG, R>(L, M, y, beta, y_half, smem, a_base, rec, m0, cb0, (unsigned)s0, (unsigned)n_local);
     else
@@ -545,11 +557,14 @@ bool tsr_cuda_dq_wgmma_takes_all(const tsr_linear_dev *L)
 }
 
 /* Activation rows per block: 128 where M <= 128 (the m64n128 wgmma, half the tensor work of a 256-row tile on
- * those rows), else 256; TSR_CUDA_DW_ROWS=256 keeps 256 (comparisons). The diagnostics (EXL2) run at 256. */
+ * those rows), 192 where M <= 192 (m64n192), else 256; TSR_CUDA_DW_ROWS=256 keeps 256 and =128 leaves out 192
+ * (comparisons). The diagnostics (EXL2) run at 256. */
 static int dw_rows(int M, bool gptq)
 {
-    static const bool narrow = getenv("TSR_CUDA_DW_ROWS") ? atoi(getenv("TSR_CUDA_DW_ROWS")) != 256 : true;
-    return M <= 128 && narrow && (gptq || dw_diag_asked() == DG_NONE) ? 128 : 256;
+    static const int asked = getenv("TSR_CUDA_DW_ROWS") ? atoi(getenv("TSR_CUDA_DW_ROWS")) : 0;
+    if (asked == 256 || (!gptq && dw_diag_asked() != DG_NONE)) return 256;
+    if (M <= 128) return 128;
+    return M <= 192 && asked != 128 ? 192 : 256;
 }
 
 /* K ranges per tile (grid.z): enough for the grid to fill the chip's SMs once (one block fits an SM), each range of
@@ -581,6 +596,7 @@ struct dw_reduce_args {
 
 __global__ void dw_reduce_kernel(const __grid_constant__ dw_reduce_args a, float beta, int y_half)
 {
+    tsr_pdl_start();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= a.end[a.n - 1]) return;
     int p = 0;
@@ -608,9 +624,17 @@ static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int 
     }
     const dim3 grid((unsigned)tsr_div_up((size_t)M, R), (unsigned)parts.tiles_end[parts.n - 1],
                     (unsigned)parts.splits);
-    kernel<<<grid, DW_THREADS + DW_PRODUCER, dw_smem_bytes(n_units), tsr_cuda_stream()>>>(parts, map, M, beta,
-                                                                                          (int)y_half);
-    TSR_CUDA_LAUNCHED();
+    /* under PDL (TSR_CUDA_DW_PDL=0: plain launches, for comparisons) a block's set-up and first weights' copies run
+     * while the kernel before it finishes */
+    static const bool pdl = !tsr_cuda_env_off("TSR_CUDA_DW_PDL");
+    if (pdl) {
+        tsr_launch_smem(kernel, grid, dim3(DW_THREADS + DW_PRODUCER), dw_smem_bytes(n_units), parts, map, M, beta,
+                        (int)y_half);
+    } else {
+        kernel<<<grid, DW_THREADS + DW_PRODUCER, dw_smem_bytes(n_units), tsr_cuda_stream()>>>(parts, map, M, beta,
+                                                                                              (int)y_half);
+        TSR_CUDA_LAUNCHED();
+    }
     if (parts.splits == 1) return;
     dw_reduce_args r;
     memset(&r, 0, sizeof r);
@@ -619,9 +643,13 @@ static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int 
         r.part[p] = parts.part[p], r.y[p] = parts.y[p];
         r.end[p] = (p ? r.end[p - 1] : 0) + (size_t)M * parts.L[p].N;
     }
-    dw_reduce_kernel<<<(unsigned)tsr_div_up(r.end[parts.n - 1], 256), 256, 0, tsr_cuda_stream()>>>(r, beta,
-                                                                                                    (int)y_half);
-    TSR_CUDA_LAUNCHED();
+    const unsigned blocks = (unsigned)tsr_div_up(r.end[parts.n - 1], 256);
+    if (pdl) {
+        tsr_launch(dw_reduce_kernel, dim3(blocks), dim3(256), r, beta, (int)y_half);
+    } else {
+        dw_reduce_kernel<<<blocks, 256, 0, tsr_cuda_stream()>>>(r, beta, (int)y_half);
+        TSR_CUDA_LAUNCHED();
+    }
 }
 
 /* rows: the block's activation rows (dw_rows); the diagnostics run at 256 only */
@@ -631,6 +659,10 @@ static void dw_launch_variant(const dw_parts &parts, const CUtensorMap &map, int
 {
     if (rows == 128) {
         dw_launch<GPTQ, DG_NONE, 128>(parts, map, M, n_units, beta, y_half);
+        return;
+    }
+    if (rows == 192) {
+        dw_launch<GPTQ, DG_NONE, 192>(parts, map, M, n_units, beta, y_half);
         return;
     }
     switch (GPTQ ? DG_NONE : dw_diag_asked()) {

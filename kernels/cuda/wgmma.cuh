@@ -173,6 +173,30 @@ __device__ __forceinline__ void wg_mma_rs128k(float (&d)[64], const uint32_t (&a
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
+/* The 96 accumulator operands of an m64n192 wgmma (inline-PTX operands %0-%95), and their place in its text. */
+#define WG_D96(d) \
+    WG_D64(d), \
+    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), \
+    "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), \
+    "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), \
+    "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), \
+    "+f"(d[94]), "+f"(d[95])
+#define WG_D96_TEXT \
+    WG_D64_TEXT "," \
+    "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79," \
+    "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
+
+/* D (64 × 192) += A · B, A from registers, B K-major in shared memory (gemm_dq_wgmma.cu's tiles of 192 rows). */
+__device__ __forceinline__ void wg_mma_rs192k(float (&d)[96], const uint32_t (&a)[4], uint64_t b)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 {" WG_D96_TEXT "}, {%96,%97,%98,%99}, %100, "
+                 "p, 1, 1, 0;\n}\n"
+                 : WG_D96(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
 /* D (64 × 256) += A · B, A from registers, B K-major in shared memory (the activations of gemm_dq_wgmma.cu). */
 __device__ __forceinline__ void wg_mma_rs256k(float (&d)[128], const uint32_t (&a)[4], uint64_t b)
 {

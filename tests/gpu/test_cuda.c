@@ -1069,7 +1069,7 @@ static void test_linear_exl2(void **state)
     gpu_head h;
     gpu_head_open(&h, 352, 341, 6, bits, rows);
     const tsr_linear L = h.L;
-    const int Ms[] = {1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 40, 56, 57, 64, 65, 100, 300};
+    const int Ms[] = {1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 40, 56, 57, 64, 65, 100, 150, 200, 300};
     for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
         int M = Ms[t];
         float *x = rand_host((size_t)M * L.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
@@ -1207,8 +1207,8 @@ static void test_linear_many_groups(void **state)
     int bits[48], rows[48];
     const int widths[] = {8, 6, 5, 4, 3, 2};
     for (int g = 0; g < 48; g++) bits[g] = widths[g / 8], rows[g] = 32; /* widths never increase */
-    const int Ms[] = {300, 40};
-    check_linear_rows(512, 500, 48, bits, rows, Ms, 2, "48 groups of 32 rows");
+    const int Ms[] = {300, 150, 40};
+    check_linear_rows(512, 500, 48, bits, rows, Ms, 3, "48 groups of 32 rows");
 }
 
 /* K split into ranges whose even shares start at stages that straddle two batches of 16 groups' parameters: a group
@@ -1222,8 +1222,8 @@ static void test_linear_split_straddle(void **state)
     int bits[47], rows[47];
     const int widths[] = {8, 6, 5, 4, 3, 2};
     for (int g = 0; g < 47; g++) bits[g] = widths[g / 8], rows[g] = g ? 32 : 64;
-    const int Ms[] = {300, 70};
-    check_linear_rows(512, 500, 47, bits, rows, Ms, 2, "ranges past a straddling stage");
+    const int Ms[] = {300, 150, 70};
+    check_linear_rows(512, 500, 47, bits, rows, Ms, 3, "ranges past a straddling stage");
 }
 
 /* Whether a decode GEMV of M rows takes activations staged ahead by the launch before it (stage_ahead.cuh): not with
