@@ -1,12 +1,14 @@
 #!/bin/bash
-# Device call for decode past 64 rows and the persistent step's open questions (stop 62). Stop 62's first call ran
-# the persist probe's --trace, the per-matrix times of 128- and 256-row decode steps (TSR_CUDA_DQ_TIMES=1, which
-# turns graph replay off since stop 62) and decode at 256-512 rows with the wgmma product against cuBLAS. Now: the
-# probe's --trace with its barrier variants and its table with --compute --idle-fence; each kernel's share of a
-# replayed 128- and 256-row decode step (the trace build, packed as alt/tessera-trace: TSR_GPUPACK_ALT=
-# "trace=build-gpu-trace/tessera", a build with -DTSR_CUDA_TRACE=ON); the product's diagnostics at 256 rows; the
-# product's 192-row tiles and PDL (test_cuda, decode at 96-256 rows against 256-row tiles and plain launches). Carry .parpack (made here by
-# TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh). Logs under $OUT; summary.txt is printed at the end.
+# Device call for decode past 64 rows and the persistent step's open questions (stop 62; BENCHMARKS.md "stop 62").
+# Stop 62's first call ran an earlier version: the persist probe's --trace, the per-matrix times of 128- and 256-row
+# decode steps (TSR_CUDA_DQ_TIMES=1, which turns graph replay off since stop 62) and decode at 256-512 rows with the
+# wgmma product against cuBLAS. This version (the second call): test_cuda by default and with the product taking
+# every row count; decode at 96-256 rows with the product's 192-row tiles and PDL, without the 192-row tiles
+# (TSR_CUDA_DW_ROWS=128) and with plain launches (TSR_CUDA_DW_PDL=0); the probe's --trace with its barrier variants
+# and its table with --compute --idle-fence; the product's diagnostics at 256 rows. Where a trace build is packed
+# beside (TSR_GPUPACK_ALT="trace=build-gpu-trace/tessera", built with -DTSR_CUDA_TRACE=ON; it did not fit a call's
+# 64 MiB with the fixtures), also each kernel's share of a replayed 128- and 256-row step. Carry .parpack (made here
+# by TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh). Logs under $OUT; summary.txt is printed at the end.
 set -u
 . tests/parallel/gpu-env.sh >/dev/null
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > $OUT/gpu.txt
