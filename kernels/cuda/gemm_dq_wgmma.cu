@@ -10,10 +10,10 @@
  * the matrix's unit row order, fp16, from matmul.cu's permutation pass) are the B operand, K-major in shared memory.
  *
  * A block takes 256 activation rows (the wgmma's N; 128 where M <= 128 and 192 where M <= 192, with m64n128k16 and
- * m64n192k16 wgmma's: less of the tensor cores' work on rows past M) and 4 column blocks (128 output columns). Warp w of warpgroup ct
- * owns column block w's tile ct: the four warps of a warpgroup give the 64 A rows of one m64n256k16 wgmma, and each
- * (unit, column block) is decoded half by each warpgroup, so a thread keeps one 64 × 256 accumulator (128 registers)
- * and decodes 8 of the 16 registers of its words per unit. K advances in stages of two units (64 rows). Per unit a
+ * m64n192k16 wgmma's: less of the tensor cores' work on rows past M) and 4 column blocks (128 output columns).
+ * Warp w of warpgroup ct owns column block w's tile ct: the four warps of a warpgroup give the 64 A rows of one
+ * m64n256k16 wgmma, and each (unit, column block) is decoded half by each warpgroup, so a thread keeps one 64 × 256
+ * accumulator (128 registers) and decodes 8 of the 16 registers of its words per unit. K advances in stages of two units (64 rows). Per unit a
  * warpgroup decodes its A fragments into one of two register sets (the other may still be read by the wgmma's in
  * flight), issues two wgmma's and waits until at most that pair is in flight, so each unit's decode overlaps the
  * tensor cores' work on the one before.
@@ -56,7 +56,7 @@
 #define DW_THREADS   256 /* two warpgroups of consumers */
 #define DW_PRODUCER  128 /* a third warpgroup, of which one warp issues the copies; its registers go to the consumers
                           * (setmaxnreg) */
-#define DW_ROWS      256 /* activation rows per block at most: the wgmma's N (128 where M <= 128, dw_rows) */
+#define DW_ROWS      256 /* activation rows per block at most: the wgmma's N (128 or 192 where M fits, dw_rows) */
 #define DW_CBS       4   /* column blocks of 32 per block, one per warp of a warpgroup */
 #define DW_A_BYTES   (DW_ROWS * 128)          /* a stage's activations: 256 rows × 64 halves (a block of fewer
                                                * rows uses the first R × 128 bytes of each stage's buffer) */
