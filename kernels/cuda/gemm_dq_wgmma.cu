@@ -10,13 +10,13 @@
  * the matrix's unit row order, fp16, from matmul.cu's permutation pass) are the B operand, K-major in shared memory.
  *
  * A block takes 256 activation rows (the wgmma's N; 128 where M <= 128 and 192 where M <= 192, with m64n128k16 and
- * m64n192k16 wgmma's: less of the tensor cores' work on rows past M) and 4 column blocks (128 output columns).
- * Warp w of warpgroup ct owns column block w's tile ct: the four warps of a warpgroup give the 64 A rows of one
- * m64n256k16 wgmma, and each (unit, column block) is decoded half by each warpgroup, so a thread keeps one 64 × 256
- * accumulator (128 registers) and decodes 8 of the 16 registers of its words per unit. K advances in stages of two units (64 rows). Per unit a
- * warpgroup decodes its A fragments into one of two register sets (the other may still be read by the wgmma's in
- * flight), issues two wgmma's and waits until at most that pair is in flight, so each unit's decode overlaps the
- * tensor cores' work on the one before.
+ * m64n192k16 wgmma's: less of the tensor cores' work on rows past M) and 4 column blocks (128 output columns). Warp w
+ * of warpgroup ct owns column block w's tile ct: the four warps of a warpgroup give the 64 A rows of one m64n256k16
+ * wgmma, and each (unit, column block) is decoded half by each warpgroup, so a thread keeps one 64 × 256 accumulator
+ * (128 registers) and decodes 8 of the 16 registers of its words per unit. K advances in stages of two units (64 rows).
+ * Per unit a warpgroup decodes its A fragments into one of two register sets (the other may still be read by the
+ * wgmma's in flight), issues two wgmma's and waits until at most that pair is in flight, so each unit's decode overlaps
+ * the tensor cores' work on the one before.
  *
  * The copies: a third warpgroup, whose first warp issues them (its registers go to the consumers by setmaxnreg). A
  * stage's activation tile arrives by one tensor copy into the 128-byte swizzle (wgmma.cuh), DW_AST tiles in flight;
