@@ -9,14 +9,14 @@
  * dequantize pass, so the weights are bit for bit the fp16 ones cuBLAS would read). The activations (xp: the input in
  * the matrix's unit row order, fp16, from matmul.cu's permutation pass) are the B operand, K-major in shared memory.
  *
- * A block takes 256 activation rows (the wgmma's N; 128 where M <= 128 and 192 where M <= 192, with m64n128k16 and
- * m64n192k16 wgmma's: less of the tensor cores' work on rows past M) and 4 column blocks (128 output columns). Warp w
- * of warpgroup ct owns column block w's tile ct: the four warps of a warpgroup give the 64 A rows of one m64n256k16
+ * A block takes up to 256 activation rows (the wgmma's N: the least multiple of 32 from 96 that holds M, so that
+ * little of the tensor cores' work falls on rows past M; dw_rows) and 4 column blocks (128 output columns). Warp w of
+ * warpgroup ct owns column block w's tile ct: the four warps of a warpgroup give the 64 A rows of one m64n256k16
  * wgmma, and each (unit, column block) is decoded half by each warpgroup, so a thread keeps one 64 × 256 accumulator
- * (128 registers) and decodes 8 of the 16 registers of its words per unit. K advances in stages of two units (64 rows).
- * Per unit a warpgroup decodes its A fragments into one of two register sets (the other may still be read by the
- * wgmma's in flight), issues two wgmma's and waits until at most that pair is in flight, so each unit's decode overlaps
- * the tensor cores' work on the one before.
+ * (128 registers) and decodes 8 of the 16 registers of its words per unit. K advances in stages of two units (64
+ * rows). Per unit a warpgroup decodes its A fragments into one of two register sets (the other may still be read by
+ * the wgmma's in flight), issues two wgmma's and waits until at most that pair is in flight, so each unit's decode
+ * overlaps the tensor cores' work on the one before.
  *
  * The copies: a third warpgroup, whose first warp issues them (its registers go to the consumers by setmaxnreg). A
  * stage's activation tile arrives by one tensor copy into the 128-byte swizzle (wgmma.cuh), DW_AST tiles in flight;
@@ -25,7 +25,8 @@
  * scales) 16 groups at a time with the words of the stage where they begin (one copy per unit cost 13 %, NOTES.md,
  * stop 56). Each is issued as soon as the consumers release the stage that used its buffer. TSR_CUDA_DW_DIAG times
  * parts of the kernel (dw_diag, wrong results). Output: y = product + beta · y, fp32 or fp16, columns past N and
- * rows past M left alone.
+ * rows past M left alone, the block's sums first laid out in shared memory so that each warp stores whole rows
+ * (dw_store_staged: at decode rows the stores straight from the accumulators were most of a small matrix's time).
  *
  * Where the grid leaves SMs idle (few rows: one row tile, and o's or down's 32 column tiles at the 8B shape), each
  * tile's K is split into up to DW_MAX_SPLITS ranges (grid.z, dw_splits): each range writes fp32 partial sums into the
@@ -56,7 +57,7 @@
 #define DW_THREADS   256 /* two warpgroups of consumers */
 #define DW_PRODUCER  128 /* a third warpgroup, of which one warp issues the copies; its registers go to the consumers
                           * (setmaxnreg) */
-#define DW_ROWS      256 /* activation rows per block at most: the wgmma's N (128 or 192 where M fits, dw_rows) */
+#define DW_ROWS      256 /* activation rows per block at most: the wgmma's N (fewer where M fits: dw_rows) */
 #define DW_CBS       4   /* column blocks of 32 per block, one per warp of a warpgroup */
 #define DW_A_BYTES   (DW_ROWS * 128)          /* a stage's activations: 256 rows × 64 halves (a block of fewer
                                                * rows uses the first R × 128 bytes of each stage's buffer) */
@@ -73,8 +74,11 @@
  * the copies alone (consumers that wait for each stage and release it at once), the activations' copies alone, the
  * words' and parameters' copies alone; the decode and wgmma's alone (the first stages copied, then read again and
  * again), the wgmma's alone (the A registers loaded from the words, undecoded); the full kernel without the
- * parameters' copies, and without the words' and the parameters' copies (stale ones decoded). */
-enum dw_diag { DG_NONE, DG_NODECODE, DG_COPY, DG_COPY_ACT, DG_COPY_WORDS, DG_MMA, DG_MMA_RAW, DG_NOPARAMS, DG_ACTONLY };
+ * parameters' copies, and without the words' and the parameters' copies (stale ones decoded); the full kernel
+ * without its stores (the sums left in the accumulators: what the epilogue costs). */
+enum dw_diag {
+    DG_NONE, DG_NODECODE, DG_COPY, DG_COPY_ACT, DG_COPY_WORDS, DG_MMA, DG_MMA_RAW, DG_NOPARAMS, DG_ACTONLY, DG_NOSTORE
+};
 #define DG_COPY_ONLY(DG) ((DG) == DG_COPY || (DG) == DG_COPY_ACT || (DG) == DG_COPY_WORDS)
 #define DG_RECOPY(DG)    ((DG) == DG_MMA || (DG) == DG_MMA_RAW) /* the first stages read again and again */
 
@@ -171,6 +175,24 @@ __device__ __forceinline__ void dw_decode(const uint32_t *slot, int lane, const 
         for (int r = 0; r < 4; r++) a[ks][r] = h2_bits(__hmul2(bits_h2(a[ks][r]), (r & 1) ? h1 : h0));
 }
 
+/* One m64nRk16 wgmma (R activation rows: the block's tile) on the A registers a and the B tile at descriptor b. */
+template <int R> __device__ __forceinline__ void dw_mma(float (&acc)[R / 2], const uint32_t (&a)[4], uint64_t b)
+{
+    static_assert(R % 32 == 0 && R >= 96 && R <= 256, "tiles of 96-256 rows, in steps of 32");
+    if constexpr (R == 96)
+        wg_mma_rs96k(acc, a, b);
+    else if constexpr (R == 128)
+        wg_mma_rs128k(acc, a, b);
+    else if constexpr (R == 160)
+        wg_mma_rs160k(acc, a, b);
+    else if constexpr (R == 192)
+        wg_mma_rs192k(acc, a, b);
+    else if constexpr (R == 224)
+        wg_mma_rs224k(acc, a, b);
+    else
+        wg_mma_rs256k(acc, a, b);
+}
+
 /* The producer warp: stage s's words, one copy per lane, and with them, where batch >= 0, the parameters of groups
  * DW_GB batch.. (lane 2 the codes, lane 3 the tables or GPTQ scales); their barrier's count. Lanes 0-1 the words of
  * the block's column blocks of unit ui = lane (one piece of memory). */
@@ -240,6 +262,71 @@ __device__ __forceinline__ void dw_store(const float (&acc)[R / 2], const tsr_li
     }
 }
 
+/* The epilogue: the block's R × 128 sums are laid out row by row in shared memory, in the rings' space (free once
+ * every stage has been consumed; DW_EPI_STRIDE floats a row, 4 banks past the one above, so that a warp's 32 sums of
+ * rows 2 t4 + i apart fall in 32 banks), then each thread writes 4 neighbouring columns of a row at once: a warp
+ * writes 512 bytes of one row, and a thread R / 8 vector stores instead of R / 2 scalar ones of 4 rows each. At 256
+ * rows the direct stores (dw_store, TSR_CUDA_DW_EPI=0) took 32 of o's 46 µs and this takes 13 (H100, NOTES.md, stop
+ * 64). Every consumer thread calls it (its named barriers count 256); warps past the matrix's columns write nothing.
+ * col0: the block's first column. */
+#define DW_EPI_STRIDE 132
+static_assert((size_t)DW_ROWS * DW_EPI_STRIDE * 4 <= DW_P_OFF, "the staged sums fit the first two rings");
+__device__ __forceinline__ void dw_consumers_sync(void)
+{
+    asm volatile("bar.sync 1, %0;\n" ::"n"(DW_THREADS) : "memory");
+}
+template <int R>
+__device__ __forceinline__ void dw_store_staged(const float (&acc)[R / 2], bool owns, float *stage,
+                                                const tsr_linear_dev &L, int M, void *y, float beta, int y_half,
+                                                int m0, int col0, int c_local, int lane)
+{
+    const int g = lane >> 2, t4 = lane & 3, tid = (int)threadIdx.x;
+    dw_consumers_sync(); /* the other warpgroup's wgmma's have finished reading the rings */
+    if (owns) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < R / 8; j++)
+                stage[(8 * j + 2 * t4 + (i & 1)) * DW_EPI_STRIDE + c_local + g + 8 * (i >> 1)] = acc[4 * j + i];
+    }
+    dw_consumers_sync();
+    const int q = tid & 31, n0 = col0 + 4 * q; /* this thread's 4 columns */
+    const bool vec = L.N % 4 == 0 && n0 + 4 <= L.N && ((uintptr_t)y & (y_half ? 7 : 15)) == 0;
+    for (int r = tid >> 5; r < R; r += DW_THREADS / 32) {
+        const int m = m0 + r;
+        if (m >= M || n0 >= L.N) continue;
+        float4 v = *(const float4 *)(stage + r * DW_EPI_STRIDE + 4 * q);
+        const size_t at = (size_t)m * L.N + n0;
+        if (vec && !y_half) {
+            float4 *yp = (float4 *)((float *)y + at);
+            if (beta != 0.0f) {
+                const float4 o = *yp;
+                v = make_float4(fmaf(beta, o.x, v.x), fmaf(beta, o.y, v.y), fmaf(beta, o.z, v.z), fmaf(beta, o.w, v.w));
+            }
+            *yp = v;
+        } else if (vec) {
+            uint2 *yp = (uint2 *)((__half *)y + at);
+            if (beta != 0.0f) {
+                const uint2 o = *yp;
+                const float2 a = __half22float2(bits_h2(o.x)), b = __half22float2(bits_h2(o.y));
+                v = make_float4(fmaf(beta, a.x, v.x), fmaf(beta, a.y, v.y), fmaf(beta, b.x, v.z), fmaf(beta, b.y, v.w));
+            }
+            *yp = make_uint2(h2_bits(__floats2half2_rn(v.x, v.y)), h2_bits(__floats2half2_rn(v.z, v.w)));
+        } else {
+            const float vs[4] = {v.x, v.y, v.z, v.w};
+            for (int c = 0; c < 4 && n0 + c < L.N; c++) {
+                if (y_half) {
+                    __half *yh = (__half *)y;
+                    yh[at + c] = __float2half_rn(beta != 0.0f ? fmaf(beta, __half2float(yh[at + c]), vs[c]) : vs[c]);
+                } else {
+                    float *yf = (float *)y;
+                    yf[at + c] = beta != 0.0f ? fmaf(beta, yf[at + c], vs[c]) : vs[c];
+                }
+            }
+        }
+    }
+}
+
 /* The producer warp: stage s's activation tile and the words and parameters of stage s + DW_WST - DW_AST, as soon as
  * the consumers have released stage s - DW_AST (whose tile buffer the one and whose words' buffer the other reuses).
  * The words thus run DW_WST - DW_AST stages ahead of the tiles. */
@@ -286,7 +373,7 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
  * the producer on its empty barrier (two pairs left in flight, with four register sets, measured the same, stop 56).
  * DG: a diagnostic (dw_diag) in place of the full work. */
 template <bool GPTQ, int CT, int DG, int R>
-__device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, float beta, int y_half,
+__device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, float beta, int y_half, int staged,
                                        unsigned char *smem, uint32_t a_base, const uint2 *rec, int m0, int cb0,
                                        unsigned s0, unsigned n_local)
 {
@@ -347,16 +434,8 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
         }
         const uint64_t d = (d0 & ~0xffffffffull) | (uint32_t)(d0 + (((s % DW_AST) * DW_A_BYTES + ui * 64) >> 4));
         wg_arrive();
-        if constexpr (R == 256) {
-            wg_mma_rs256k(acc, a[0], d);
-            wg_mma_rs256k(acc, a[1], d + 2);
-        } else if constexpr (R == 192) {
-            wg_mma_rs192k(acc, a[0], d);
-            wg_mma_rs192k(acc, a[1], d + 2);
-        } else {
-            wg_mma_rs128k(acc, a[0], d);
-            wg_mma_rs128k(acc, a[1], d + 2);
-        }
+        dw_mma<R>(acc, a[0], d);
+        dw_mma<R>(acc, a[1], d + 2);
         wg_commit();
         wg_wait<1>();
     };
@@ -391,9 +470,11 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
     }
     wg_wait<0>();
     wg_keep(acc);
-    if (!owns || DG_COPY_ONLY(DG)) return;
-
-    dw_store<R>(acc, L, M, y, beta, y_half, m0, 32 * cb + 16 * CT, lane);
+    if (DG_COPY_ONLY(DG) || DG == DG_NOSTORE) return;
+    if (staged)
+        dw_store_staged<R>(acc, owns, (float *)smem, L, M, y, beta, y_half, m0, 32 * cb0, 32 * cbl + 16 * CT, lane);
+    else if (owns)
+        dw_store<R>(acc, L, M, y, beta, y_half, m0, 32 * cb + 16 * CT, lane);
 }
 #endif
 
@@ -412,7 +493,7 @@ __device__ __forceinline__ int dw_split_start(const uint2 *rec, int n_units, int
 template <bool GPTQ, int DG, int R>
 __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     dq_wgmma_kernel(const __grid_constant__ dw_parts P, const __grid_constant__ CUtensorMap xmap, int M, float beta,
-                    int y_half)
+                    int y_half, int staged)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char dw_smem[];
@@ -454,9 +535,11 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     tsr_pdl_wait(); /* before the stores (the kernel before may still read y) */
     if (threadIdx.x < 128)
-        dw_run<GPTQ, 0, DG, R>(L, M, y, beta, y_half, smem, a_base, rec, m0, cb0, (unsigned)s0, (unsigned)n_local);
+        dw_run<GPTQ, 0, DG, R>(L, M, y, beta, y_half, staged, smem, a_base, rec, m0, cb0, (unsigned)s0,
+                               (unsigned)n_local);
     else
-        dw_run<GPTQ, 1, DG, R>(L, M, y, beta, y_half, smem, a_base, rec, m0, cb0, (unsigned)s0, (unsigned)n_local);
+        dw_run<GPTQ, 1, DG, R>(L, M, y, beta, y_half, staged, smem, a_base, rec, m0, cb0, (unsigned)s0,
+                               (unsigned)n_local);
 #endif
 }
 
@@ -496,12 +579,12 @@ static void dw_map_2d(CUtensorMap *map, CUtensorMapDataType t, const void *base,
         tsr_cuda_fatal(__FILE__, __LINE__, what);
 }
 
-/* The diagnostic asked for by TSR_CUDA_DW_DIAG=nodecode, copy, copyact, copywords, mma, mmaraw, noparams or actonly
- * (dw_diag; EXL2 only: GPTQ runs the full kernel). */
+/* The diagnostic asked for by TSR_CUDA_DW_DIAG=nodecode, copy, copyact, copywords, mma, mmaraw, noparams, actonly or
+ * nostore (dw_diag; EXL2 only: GPTQ runs the full kernel). */
 static dw_diag dw_diag_asked(void)
 {
     static const char *const names[] = {"",    "nodecode", "copy",     "copyact", "copywords",
-                                        "mma", "mmaraw",   "noparams", "actonly"};
+                                        "mma", "mmaraw",   "noparams", "actonly",  "nostore"};
     static dw_diag asked = DG_NONE;
     static bool read;
     if (!read) {
@@ -556,15 +639,18 @@ bool tsr_cuda_dq_wgmma_takes_all(const tsr_linear_dev *L)
     return dw_max_m() == INT_MAX && dw_possible(L);
 }
 
-/* Activation rows per block: 128 where M <= 128 (the m64n128 wgmma, half the tensor work of a 256-row tile on
- * those rows), 192 where M <= 192 (m64n192), else 256; TSR_CUDA_DW_ROWS=256 keeps 256 and =128 leaves out 192
- * (comparisons). The diagnostics (EXL2) run at 256. */
+/* Activation rows per block (the wgmma's N): the least multiple of 32 from 96 that holds M, 256 at most, so that
+ * the tensor cores' work and the tiles' copies on rows past M stay under a third (at 129-192 rows tiles of 192 gave
+ * +16-18 % over tiles of 256, NOTES.md, stop 62). TSR_CUDA_DW_ROWS=S (64, 128 or 256) takes multiples of S instead
+ * (128: stop 61's tiles of 128 or 256; comparisons). The diagnostics (EXL2) run at 256. */
 static int dw_rows(int M, bool gptq)
 {
     static const int asked = getenv("TSR_CUDA_DW_ROWS") ? atoi(getenv("TSR_CUDA_DW_ROWS")) : 0;
-    if (asked == 256 || (!gptq && dw_diag_asked() != DG_NONE)) return 256;
-    if (M <= 128) return 128;
-    return M <= 192 && asked != 128 ? 192 : 256;
+    const int step = asked == 64 || asked == 128 || asked == 256 ? asked : 32;
+    if (!gptq && dw_diag_asked() != DG_NONE) return 256;
+    int rows = (M + step - 1) / step * step;
+    if (rows < 96) rows = step > 96 ? step : step == 64 ? 128 : 96;
+    return rows < 256 ? rows : 256;
 }
 
 /* K ranges per tile (grid.z): enough for the grid to fill the chip's SMs once (one block fits an SM), each range of
@@ -616,7 +702,10 @@ __global__ void dw_reduce_kernel(const __grid_constant__ dw_reduce_args a, float
 template <bool GPTQ, int DG = DG_NONE, int R = DW_ROWS>
 static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int n_units, float beta, bool y_half)
 {
-    void (*kernel)(dw_parts, CUtensorMap, int, float, int) = dq_wgmma_kernel<GPTQ, DG, R>;
+    void (*kernel)(dw_parts, CUtensorMap, int, float, int, int) = dq_wgmma_kernel<GPTQ, DG, R>;
+    /* the epilogue: through shared memory (dw_store_staged), or with TSR_CUDA_DW_EPI=0 the accumulators stored as
+     * they lie (dw_store; comparisons) */
+    static const int staged = !tsr_cuda_env_off("TSR_CUDA_DW_EPI");
     static bool configured = false;
     if (!configured) {
         tsr_cuda_allow_smem((const void *)kernel, dw_smem_bytes(DW_MAX_UNITS), "the EXL2/GPTQ wgmma product");
@@ -629,10 +718,10 @@ static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int 
     static const bool pdl = !tsr_cuda_env_off("TSR_CUDA_DW_PDL");
     if (pdl) {
         tsr_launch_smem(kernel, grid, dim3(DW_THREADS + DW_PRODUCER), dw_smem_bytes(n_units), parts, map, M, beta,
-                        (int)y_half);
+                        (int)y_half, staged);
     } else {
         kernel<<<grid, DW_THREADS + DW_PRODUCER, dw_smem_bytes(n_units), tsr_cuda_stream()>>>(parts, map, M, beta,
-                                                                                              (int)y_half);
+                                                                                              (int)y_half, staged);
         TSR_CUDA_LAUNCHED();
     }
     if (parts.splits == 1) return;
@@ -657,13 +746,13 @@ template <bool GPTQ>
 static void dw_launch_variant(const dw_parts &parts, const CUtensorMap &map, int M, int n_units, float beta,
                               bool y_half, int rows)
 {
-    if (rows == 128) {
-        dw_launch<GPTQ, DG_NONE, 128>(parts, map, M, n_units, beta, y_half);
-        return;
-    }
-    if (rows == 192) {
-        dw_launch<GPTQ, DG_NONE, 192>(parts, map, M, n_units, beta, y_half);
-        return;
+    switch (rows) {
+    case 96: dw_launch<GPTQ, DG_NONE, 96>(parts, map, M, n_units, beta, y_half); return;
+    case 128: dw_launch<GPTQ, DG_NONE, 128>(parts, map, M, n_units, beta, y_half); return;
+    case 160: dw_launch<GPTQ, DG_NONE, 160>(parts, map, M, n_units, beta, y_half); return;
+    case 192: dw_launch<GPTQ, DG_NONE, 192>(parts, map, M, n_units, beta, y_half); return;
+    case 224: dw_launch<GPTQ, DG_NONE, 224>(parts, map, M, n_units, beta, y_half); return;
+    default: break;
     }
     switch (GPTQ ? DG_NONE : dw_diag_asked()) {
     case DG_NONE: dw_launch<GPTQ>(parts, map, M, n_units, beta, y_half); break;
@@ -675,6 +764,7 @@ static void dw_launch_variant(const dw_parts &parts, const CUtensorMap &map, int
     case DG_MMA_RAW: dw_launch<false, DG_MMA_RAW>(parts, map, M, n_units, beta, y_half); break;
     case DG_NOPARAMS: dw_launch<false, DG_NOPARAMS>(parts, map, M, n_units, beta, y_half); break;
     case DG_ACTONLY: dw_launch<false, DG_ACTONLY>(parts, map, M, n_units, beta, y_half); break;
+    case DG_NOSTORE: dw_launch<false, DG_NOSTORE>(parts, map, M, n_units, beta, y_half); break;
     }
 }
 

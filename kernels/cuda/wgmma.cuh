@@ -78,24 +78,60 @@ __device__ __forceinline__ void wg_mma_ss64(float (&d)[32], uint64_t a, uint64_t
                  : "l"(a), "l"(b), "r"(accumulate));
 }
 
-/* The 64 accumulator operands of an m64n128 wgmma (inline-PTX operands %0-%63), and their place in its text. */
-#define WG_D64(d) \
+/* The accumulator operands of m64nN wgmma's (inline-PTX operands %0 on), 16 registers (32 rows of B) a chunk, and
+ * their place in the instruction's text: WG_D<R>(d) and WG_D<R>_TEXT for R = N / 2 registers. */
+#define WG_DC0(d) \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
     "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
-    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
-    "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
-    "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
-    "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
-    "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define WG_DC0_TEXT "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
+#define WG_DC16(d) \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), \
+    "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+    "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define WG_DC16_TEXT "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+#define WG_DC32(d) \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), \
+    "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), \
+    "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+#define WG_DC32_TEXT "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47"
+#define WG_DC48(d) \
     "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), \
     "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), \
     "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#define WG_D64_TEXT \
-    "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15," \
-    "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
-    "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47," \
-    "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+#define WG_DC48_TEXT "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+#define WG_DC64(d) \
+    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), \
+    "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), \
+    "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+#define WG_DC64_TEXT "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79"
+#define WG_DC80(d) \
+    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), \
+    "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), \
+    "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+#define WG_DC80_TEXT "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
+#define WG_DC96(d) \
+    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), \
+    "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), \
+    "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111])
+#define WG_DC96_TEXT "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111"
+#define WG_DC112(d) \
+    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), \
+    "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), \
+    "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#define WG_DC112_TEXT "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+#define WG_D48(d) WG_DC0(d), WG_DC16(d), WG_DC32(d)
+#define WG_D48_TEXT WG_DC0_TEXT "," WG_DC16_TEXT "," WG_DC32_TEXT
+#define WG_D64(d) WG_D48(d), WG_DC48(d)
+#define WG_D64_TEXT WG_D48_TEXT "," WG_DC48_TEXT
+#define WG_D80(d) WG_D64(d), WG_DC64(d)
+#define WG_D80_TEXT WG_D64_TEXT "," WG_DC64_TEXT
+#define WG_D96(d) WG_D80(d), WG_DC80(d)
+#define WG_D96_TEXT WG_D80_TEXT "," WG_DC80_TEXT
+#define WG_D112(d) WG_D96(d), WG_DC96(d)
+#define WG_D112_TEXT WG_D96_TEXT "," WG_DC96_TEXT
+#define WG_D128(d) WG_D112(d), WG_DC112(d)
+#define WG_D128_TEXT WG_D112_TEXT "," WG_DC112_TEXT
 
 __device__ __forceinline__ void wg_mma_ss128(float (&d)[64], uint64_t a, uint64_t b, int accumulate)
 {
@@ -142,63 +178,24 @@ __device__ __forceinline__ void wg_mma_rs128(float (&d)[64], const uint32_t (&a)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 
-/* The 96 accumulator operands of an m64n192 wgmma (inline-PTX operands %0-%95), and their place in its text. */
-#define WG_D96(d) \
-    WG_D64(d), \
-    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), \
-    "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), \
-    "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), \
-    "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
-    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), \
-    "+f"(d[94]), "+f"(d[95])
-#define WG_D96_TEXT \
-    WG_D64_TEXT "," \
-    "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79," \
-    "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
-
-/* The 128 accumulator operands of an m64n256 wgmma (inline-PTX operands %0-%127), and their place in its text. */
-#define WG_D128(d) \
-    WG_D96(d), \
-    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), \
-    "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), \
-    "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), \
-    "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
-    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), \
-    "+f"(d[126]), "+f"(d[127])
-#define WG_D128_TEXT \
-    WG_D96_TEXT "," \
-    "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111," \
-    "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
-
-/* D (64 × 128) += A · B, A from registers, B K-major in shared memory (gemm_dq_wgmma.cu's tiles of 128 rows). */
-__device__ __forceinline__ void wg_mma_rs128k(float (&d)[64], const uint32_t (&a)[4], uint64_t b)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" WG_D64_TEXT "}, {%64,%65,%66,%67}, %68, "
-                 "p, 1, 1, 0;\n}\n"
-                 : WG_D64(d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-}
-
-/* D (64 × 192) += A · B, A from registers, B K-major in shared memory (gemm_dq_wgmma.cu's tiles of 192 rows). */
-__device__ __forceinline__ void wg_mma_rs192k(float (&d)[96], const uint32_t (&a)[4], uint64_t b)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 {" WG_D96_TEXT "}, {%96,%97,%98,%99}, %100, "
-                 "p, 1, 1, 0;\n}\n"
-                 : WG_D96(d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-}
-
-/* D (64 × 256) += A · B, A from registers, B K-major in shared memory (the activations of gemm_dq_wgmma.cu). */
-__device__ __forceinline__ void wg_mma_rs256k(float (&d)[128], const uint32_t (&a)[4], uint64_t b)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {" WG_D128_TEXT "}, {%128,%129,%130,%131}, %132, "
-                 "p, 1, 1, 0;\n}\n"
-                 : WG_D128(d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-}
+/* D (64 × N) += A · B, A from registers, B K-major in shared memory: the products of gemm_dq_wgmma.cu's tiles of N
+ * activation rows (96-256). WG_RS_K defines wg_mma_rs<N>k with REGS = N / 2 accumulators, whose operand and text
+ * macros are D and D##_TEXT (above); A0-A3 and B are the operand numbers of the A registers and B's descriptor. */
+#define WG_RS_K(N, REGS, D, A0, A1, A2, A3, B)                                                                      \
+    __device__ __forceinline__ void wg_mma_rs##N##k(float (&d)[REGS], const uint32_t (&a)[4], uint64_t b)          \
+    {                                                                                                              \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                     \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.f16.f16 {" D##_TEXT "}, {%" #A0 ",%" #A1     \
+                     ",%" #A2 ",%" #A3 "}, %" #B ", p, 1, 1, 0;\n}\n"                                             \
+                     : D(d)                                                                                        \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                                       \
+    }
+WG_RS_K(96, 48, WG_D48, 48, 49, 50, 51, 52)
+WG_RS_K(128, 64, WG_D64, 64, 65, 66, 67, 68)
+WG_RS_K(160, 80, WG_D80, 80, 81, 82, 83, 84)
+WG_RS_K(192, 96, WG_D96, 96, 97, 98, 99, 100)
+WG_RS_K(224, 112, WG_D112, 112, 113, 114, 115, 116)
+WG_RS_K(256, 128, WG_D128, 128, 129, 130, 131, 132)
 #endif
 
 #endif

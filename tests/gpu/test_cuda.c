@@ -1069,7 +1069,7 @@ static void test_linear_exl2(void **state)
     gpu_head h;
     gpu_head_open(&h, 352, 341, 6, bits, rows);
     const tsr_linear L = h.L;
-    const int Ms[] = {1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 40, 56, 57, 64, 65, 100, 150, 200, 300};
+    const int Ms[] = {1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 40, 56, 57, 64, 65, 100, 150, 180, 200, 300};
     for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
         int M = Ms[t];
         float *x = rand_host((size_t)M * L.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
@@ -1094,26 +1094,32 @@ static void test_linear_exl2(void **state)
 
 /* linear_add_norm over a long K (3072 rows: 96 units), so that the residual pass adds more K-split parts than it
  * loads at once (8): 8 parts at one row, 12 from 2 rows on sm_90 (the bulk kernel's plan), i.e. a full group of
- * eight and a partial one. */
+ * eight and a partial one. At 100 and 200 rows, where the wgmma product takes them, it splits K (a few column tiles,
+ * 48 stages) and its reduction adds the partial sums before the norm, for 341 columns and for 512 (every column a
+ * vector store of the product's staged epilogue); silu_linear_add_norm the same. */
 static void test_linear_add_norm_splits(void **state)
 {
     (void)state;
     const int bits[] = {8, 6, 6, 5, 5, 4, 4, 4, 3, 3, 2, 2}; /* widths never increase (EXL2.md; the loader checks) */
     const int rows[] = {256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256};
-    gpu_head h;
-    gpu_head_open(&h, 352, 341, 12, bits, rows);
-    const tsr_linear L = h.L;
-    const int Ms[] = {1, 2, 8};
-    for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
-        const int M = Ms[t];
-        float *x = rand_host((size_t)M * L.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
-        ref_linear(&L, x, M, want);
-        float *dx = dev_copy(x, (size_t)M * L.K * 4);
-        check_linear_add_norm(&L, &h.shell.head, dx, want, M);
-        free(x), free(want);
-        gpu->release(dx);
+    const int shapes[2][2] = {{352, 341}, {512, 512}}; /* columns, of which in use */
+    const int Ms[] = {1, 2, 8, 100, 200};
+    for (int sh = 0; sh < 2; sh++) {
+        gpu_head h;
+        gpu_head_open(&h, shapes[sh][0], shapes[sh][1], 12, bits, rows);
+        const tsr_linear L = h.L;
+        for (size_t t = 0; t < sizeof Ms / sizeof Ms[0]; t++) {
+            const int M = Ms[t];
+            float *x = rand_host((size_t)M * L.K, 1.0f), *want = malloc((size_t)M * L.N * 4);
+            ref_linear(&L, x, M, want);
+            float *dx = dev_copy(x, (size_t)M * L.K * 4);
+            check_linear_add_norm(&L, &h.shell.head, dx, want, M);
+            if (M > 8) check_silu_linear_add_norm(&L, &h.shell.head, M, 0);
+            free(x), free(want);
+            gpu->release(dx);
+        }
+        gpu_head_close(&h);
     }
-    gpu_head_close(&h);
 }
 
 /* A matrix of N columns (the first `used` in use) and the given groups against the CPU at each of the nM row counts,
