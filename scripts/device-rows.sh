@@ -61,7 +61,7 @@ NCU=$(ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1); NCU=${NCU:-ncu
 TSR_CUDA_GRAPHS=0 timeout 200 $NCU --clock-control none --cache-control none --csv --kernel-name regex:dq_wgmma \
   --launch-skip 165 --launch-count 10 --metrics "gpu__time_duration.sum,launch__grid_size,smsp__inst_executed.sum,\
 regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor.*cycles_active\.avg\.pct_of_peak_sustained_active,\
-smsp__issue_active.avg.pct_of_peak_sustained_active" \
+smsp__issue_active.avg.pct_of_peak_sustained_active,dram__bytes_write.sum,lts__t_sectors_op_write.sum" \
   $bin bench --model $m8 --device cuda --batch 256 --prompt-len 32 --gen 4 > $OUT/ncu-dw.csv 2> $OUT/ncu-dw.err
 echo "ncu rc=$?" | tee -a $s
 python3 - "$OUT/ncu-dw.csv" <<'PY' | tee -a $s
