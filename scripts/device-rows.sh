@@ -57,14 +57,19 @@ done
 [ "$short" = 1 ] && exit 0
 # where the product's warps stall at 256 rows (ncu; graphs off so that each launch is its own; the second decode
 # step's first two layers: q/k/v, o, gate, up, down): the stall reasons per issued instruction and the tensor pipe
+# The same without the stores (TSR_CUDA_DW_DIAG=nostore): whether its loop issues and stalls as the full kernel's
+# does (NOTES.md, stop 64: the nostore instantiation may be scheduled differently).
 NCU=$(ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1); NCU=${NCU:-ncu}
-TSR_CUDA_GRAPHS=0 timeout 200 $NCU --clock-control none --cache-control none --csv --kernel-name regex:dq_wgmma \
-  --launch-skip 165 --launch-count 10 --metrics "gpu__time_duration.sum,launch__grid_size,smsp__inst_executed.sum,\
-regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor.*cycles_active\.avg\.pct_of_peak_sustained_active,\
+for v in "dw:" "dwnostore:TSR_CUDA_DW_DIAG=nostore"; do
+  name=${v%%:*}; envs=${v#*:}
+  env $envs TSR_CUDA_GRAPHS=0 timeout 200 $NCU --clock-control none --cache-control none --csv \
+    --kernel-name regex:dq_wgmma --launch-skip 165 --launch-count 10 --metrics "gpu__time_duration.sum,\
+launch__grid_size,smsp__inst_executed.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,\
+regex:sm__pipe_tensor.*cycles_active\.avg\.pct_of_peak_sustained_active,\
 smsp__issue_active.avg.pct_of_peak_sustained_active,dram__bytes_write.sum,lts__t_sectors_op_write.sum" \
-  $bin bench --model $m8 --device cuda --batch 256 --prompt-len 32 --gen 4 > $OUT/ncu-dw.csv 2> $OUT/ncu-dw.err
-echo "ncu rc=$?" | tee -a $s
-python3 - "$OUT/ncu-dw.csv" <<'PY' | tee -a $s
+    $bin bench --model $m8 --device cuda --batch 256 --prompt-len 32 --gen 4 > $OUT/ncu-$name.csv 2> $OUT/ncu-$name.err
+  echo "ncu $name ($envs) rc=$?" | tee -a $s
+  python3 - "$OUT/ncu-$name.csv" <<'PY' | tee -a $s
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 if not rows: sys.exit("no ncu rows")
@@ -80,6 +85,7 @@ for k, m in per.items():
     print(k, " ".join(f"{n}={v}" for n, v in oth.items()))
     print("   stalls/issue:", " ".join(f"{n} {v:.2f}" for v, n in st))
 PY
+done
 wait $probe_pid
 if [ -x /tmp/persist ]; then
   timeout 90 /tmp/persist --trace > $OUT/persist_trace.log 2>&1; echo "persist trace rc=$?" | tee -a $s
