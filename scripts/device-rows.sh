@@ -56,9 +56,9 @@ done
 [ "$short" = 1 ] || tests "direct:TSR_CUDA_DQ_WGMMA=1 TSR_CUDA_DW_EPI=0" "dwsplit3:TSR_CUDA_DQ_WGMMA=1 TSR_CUDA_DW_SPLITS=3"
 [ "$short" = 1 ] && exit 0
 # where the product's warps stall at 256 rows (ncu; graphs off so that each launch is its own; the second decode
-# step's first two layers: q/k/v, o, gate, up, down): the stall reasons per issued instruction and the tensor pipe
-# The same without the stores (TSR_CUDA_DW_DIAG=nostore): whether its loop issues and stalls as the full kernel's
-# does (NOTES.md, stop 64: the nostore instantiation may be scheduled differently).
+# step's first two layers: q/k/v, o, gate, up, down): the stall reasons per issued instruction, the tensor pipe and
+# the write traffic; then the same without the stores (TSR_CUDA_DW_DIAG=nostore): whether its loop issues and stalls
+# as the full kernel's does (NOTES.md, stop 64: the nostore instantiation may be scheduled differently).
 NCU=$(ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1); NCU=${NCU:-ncu}
 for v in "dw:" "dwnostore:TSR_CUDA_DW_DIAG=nostore"; do
   name=${v%%:*}; envs=${v#*:}
