@@ -370,7 +370,8 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
 
 /* The block's work for the warps of warpgroup CT (16-column tile CT of each column block): per stage, wait for its
  * tile and words, decode and multiply its two units, and release the stage before (whose wgmma's have finished) to
- * the producer on its empty barrier (two pairs left in flight, with four register sets, measured the same, stop 56).
+ * the producer on its empty barrier (two pairs left in flight, with four register sets, measured the same, stop 56);
+ * then store the sums, staged through shared memory (dw_store_staged) or, with staged 0, as they lie (dw_store).
  * DG: a diagnostic (dw_diag) in place of the full work. */
 template <bool GPTQ, int CT, int DG, int R>
 __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, float beta, int y_half, int staged,
