@@ -233,6 +233,19 @@ __device__ __forceinline__ void dw_issue_words(const tsr_linear_dev &L, const CU
         dw_bulk(dst, src, bytes, bar);
 }
 
+/* y[at] = v + beta · y[at], y fp16 (y_half) or fp32: one output of either epilogue */
+__device__ __forceinline__ void dw_put(void *y, size_t at, float v, float beta, int y_half)
+{
+    if (y_half) {
+        __half *yh = (__half *)y;
+        if (beta != 0.0f) v = fmaf(beta, __half2float(yh[at]), v);
+        yh[at] = __float2half_rn(v);
+    } else {
+        float *yf = (float *)y;
+        yf[at] = beta != 0.0f ? fmaf(beta, yf[at], v) : v;
+    }
+}
+
 /* A warp's part of the 64 × 256 accumulator: element 4 j + i is column col + g + 8 (i / 2), row m0 + 8 j + 2 t4 + i % 2
  * (g = lane / 4, t4 = lane % 4); y = it + beta · y, columns past N and rows past M left alone. */
 template <int R>
@@ -248,16 +261,7 @@ __device__ __forceinline__ void dw_store(const float (&acc)[R / 2], const tsr_li
         for (int j = 0; j < R / 8; j++) {
             const int m = m0 + 8 * j + 2 * t4 + (i & 1);
             if (m >= M) continue;
-            const size_t at = (size_t)m * L.N + n;
-            float v = acc[4 * j + i];
-            if (y_half) {
-                __half *yh = (__half *)y;
-                if (beta != 0.0f) v = fmaf(beta, __half2float(yh[at]), v);
-                yh[at] = __float2half_rn(v);
-            } else {
-                float *yf = (float *)y;
-                yf[at] = beta != 0.0f ? fmaf(beta, yf[at], v) : v;
-            }
+            dw_put(y, (size_t)m * L.N + n, acc[4 * j + i], beta, y_half);
         }
     }
 }
@@ -291,10 +295,11 @@ __device__ __forceinline__ void dw_store_staged(const float (&acc)[R / 2], bool 
     }
     dw_consumers_sync();
     const int q = tid & 31, n0 = col0 + 4 * q; /* this thread's 4 columns */
+    if (n0 >= L.N) return;
     const bool vec = L.N % 4 == 0 && n0 + 4 <= L.N && ((uintptr_t)y & (y_half ? 7 : 15)) == 0;
     for (int r = tid >> 5; r < R; r += DW_THREADS / 32) {
         const int m = m0 + r;
-        if (m >= M || n0 >= L.N) continue;
+        if (m >= M) continue;
         float4 v = *(const float4 *)(stage + r * DW_EPI_STRIDE + 4 * q);
         const size_t at = (size_t)m * L.N + n0;
         if (vec && !y_half) {
@@ -314,15 +319,7 @@ __device__ __forceinline__ void dw_store_staged(const float (&acc)[R / 2], bool 
             *yp = make_uint2(h2_bits(__floats2half2_rn(v.x, v.y)), h2_bits(__floats2half2_rn(v.z, v.w)));
         } else {
             const float vs[4] = {v.x, v.y, v.z, v.w};
-            for (int c = 0; c < 4 && n0 + c < L.N; c++) {
-                if (y_half) {
-                    __half *yh = (__half *)y;
-                    yh[at + c] = __float2half_rn(beta != 0.0f ? fmaf(beta, __half2float(yh[at + c]), vs[c]) : vs[c]);
-                } else {
-                    float *yf = (float *)y;
-                    yf[at + c] = beta != 0.0f ? fmaf(beta, yf[at + c], vs[c]) : vs[c];
-                }
-            }
+            for (int c = 0; c < 4 && n0 + c < L.N; c++) dw_put(y, at + c, vs[c], beta, y_half);
         }
     }
 }
