@@ -270,8 +270,9 @@ __device__ __forceinline__ void dw_store(const float (&acc)[R / 2], const tsr_li
  * every stage has been consumed; DW_EPI_STRIDE floats a row, 4 banks past the one above, so that a warp's 32 sums of
  * rows 2 t4 + i apart fall in 32 banks), then each thread writes 4 neighbouring columns of a row at once: a warp
  * writes 512 bytes of one row, and a thread R / 8 vector stores instead of R / 2 scalar ones of 4 rows each. At 256
- * rows the direct stores (dw_store, TSR_CUDA_DW_EPI=0) took 32 of o's 46 µs and this takes 13 (H100, NOTES.md, stop
- * 64). Every consumer thread calls it (its named barriers count 256); warps past the matrix's columns write nothing.
+ * rows o took 45.8 µs with the direct stores (dw_store, TSR_CUDA_DW_EPI=0) and 27.0 with these, gate 74.1 and 61.2
+ * (H100, NOTES.md, stop 64). Every consumer thread calls it (its named barriers count 256); warps past the matrix's
+ * columns write nothing.
  * col0: the block's first column. */
 #define DW_EPI_STRIDE 132
 static_assert((size_t)DW_ROWS * DW_EPI_STRIDE * 4 <= DW_P_OFF, "the staged sums fit the first two rings");
@@ -468,7 +469,9 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
     }
     wg_wait<0>();
     wg_keep(acc);
-    if (DG_COPY_ONLY(DG) || DG == DG_NOSTORE) return;
+    /* nostore returns on a condition the compiler cannot decide (M > 0 always holds here), else ptxas drops the decode
+     * and the wgmma's whose sums nothing stores (it did so at stop 64: NOTES.md, stop 65) */
+    if (DG_COPY_ONLY(DG) || (DG == DG_NOSTORE && M > 0)) return;
     if (staged)
         dw_store_staged<R>(acc, owns, (float *)smem, L, M, y, beta, y_half, m0, 32 * cb0, 32 * cbl + 16 * CT, lane);
     else if (owns)
