@@ -757,8 +757,8 @@ void tsr_cuda_silu_linear_add_norm(const tsr_linear *Lh, float *gate, const floa
 }
 
 /* linear_many's matrices as one launch of the wgmma product (gemm_dq_wgmma.cu), where all are quantized, share the
- * first's unit order and the kernel takes them: the input permuted once, then their biases; false, having done
- * nothing, otherwise. */
+ * first's unit order and the kernel takes them: the input permuted once, then their biases, timed as one product
+ * under TSR_CUDA_DQ_TIMES; false, having written no output, otherwise. */
 static bool dq_group_wgmma(const tsr_linear *const *Lh, int n, const float *x, int M, float *const *y)
 {
     const tsr_linear_dev *L[TSR_GEMV_MAX_PARTS];
@@ -767,14 +767,14 @@ static bool dq_group_wgmma(const tsr_linear *const *Lh, int n, const float *x, i
         if (!L[i] || L[i]->kind != TSR_LINEAR_EXL2 || !tsr_cuda_dq_wgmma_takes(L[i], M)) return false;
         if (i && !tsr_cuda_same_unit_order(L[0], L[i])) return false;
     }
-    const int Kp = 32 * L[0]->n_units;
-    __half *xp = (__half *)tsr_cuda_scratch(0, (size_t)M * Kp * sizeof(__half));
-    if (!dq_handoff_take(L[0], x, M))
-        permute_half(x, (const float *)NULL, L[0]->uperm, M, L[0]->K, Kp, xp, (const __half *)NULL,
-                     (const __half *)NULL, L[0]->uperm_identity != 0);
+    __half *xp = dq_input(L[0], x, (const float *)NULL, (const __half *)NULL, (const __half *)NULL, M, 1);
     void *yv[TSR_GEMV_MAX_PARTS];
-    for (int i = 0; i < n; i++) yv[i] = y[i];
+    int columns = 0;
+    for (int i = 0; i < n; i++) yv[i] = y[i], columns += L[i]->N;
+    dq_mark(2);
     if (!tsr_cuda_dq_wgmma(L, n, xp, M, yv, 0.0f, false)) return false; /* the permutation is then repeated: harmless */
+    dq_mark(3);
+    dq_account(M, L[0]->K, columns); /* timed as one product of all the parts' columns (q/k/v: K x 6144 at 8B) */
     for (int i = 0; i < n; i++) dq_add_bias(L[i], y[i], M);
     return true;
 }
