@@ -1,0 +1,26 @@
+#!/bin/bash
+# Device call for the next stop (written at stop 65, not yet run; NOTES.md "Next steps (as of stop 65)"): test_cuda
+# on this branch (q/k/v's grouped product timed under TSR_CUDA_DQ_TIMES), then per-matrix times of a 256-row and a
+# 128-row decode step with the K splits the product picks and with 1, 2, 3, 4 and 6 for every matrix
+# (TSR_CUDA_DW_SPLITS): whether the staged epilogue (stop 64) moved the best split of o, q/k/v and down; then decode
+# at 96-256 rows by default. About 150 s. Carry .parpack (TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh here).
+set -u
+. tests/parallel/gpu-env.sh >/dev/null
+m8=/tmp/llama8b-4.0
+synth_8b $m8 > /dev/null 2>&1 &
+sp=$!
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+TSR_FIXTURES=$PWD/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$PWD/models timeout 120 $P/bin/test_cuda > $OUT/t.log 2>&1
+echo "test_cuda default rc=$? $(grep -cE '^\[  FAILED|ERROR' $OUT/t.log) failure lines"
+wait $sp
+for rows in 256 128; do
+  for sp in auto 1 2 3 4 6; do
+    e=""; [ $sp = auto ] || e="TSR_CUDA_DW_SPLITS=$sp"
+    env TSR_CUDA_DQ_TIMES=1 $e timeout 60 $bin bench --model $m8 --device cuda --batch $rows --prompt-len 32 --gen 8 \
+      > $OUT/s-$rows-$sp.log 2>&1
+    echo "M $rows splits $sp rc=$? $(grep "^dq path M $rows" $OUT/s-$rows-$sp.log \
+      | sed -E 's/^dq path M [0-9]+, ([0-9x]+): .*least .*, (.*)\)/\1 \2/' | tr '\n' ' ')"
+  done
+done
+timeout 120 $bin bench --model $m8 --device cuda --batch 96,128,160,192,224,256 --prompt-len 32 --gen 32 > $OUT/d.log 2>&1
+echo "decode rc=$? $(awk '/^ +[0-9]+ /{printf "%s:%s ", $1, $3}' $OUT/d.log)"
