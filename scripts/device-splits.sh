@@ -3,7 +3,8 @@
 # on this branch (q/k/v's grouped product timed under TSR_CUDA_DQ_TIMES), then per-matrix times of a 256-row and a
 # 128-row decode step with the K splits the product picks and with 1, 2, 3, 4 and 6 for every matrix
 # (TSR_CUDA_DW_SPLITS): whether the staged epilogue (stop 64) moved the best split of o, q/k/v and down; then decode
-# at 96-256 rows by default. About 150 s. Carry .parpack (TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh here).
+# at 96-256 rows by default; then at 320-512 rows through cuBLAS (the default past 256) and through the product
+# (TSR_CUDA_DQ_WGMMA_MAX_M=512; stop 62 found no clean crossing with the direct stores). About 200 s. Carry .parpack (TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh here).
 set -u
 . tests/parallel/gpu-env.sh >/dev/null
 m8=/tmp/llama8b-4.0
@@ -24,3 +25,9 @@ for rows in 256 128; do
 done
 timeout 120 $bin bench --model $m8 --device cuda --batch 96,128,160,192,224,256 --prompt-len 32 --gen 32 > $OUT/d.log 2>&1
 echo "decode rc=$? $(awk '/^ +[0-9]+ /{printf "%s:%s ", $1, $3}' $OUT/d.log)"
+for v in "cublas:" "product:TSR_CUDA_DQ_WGMMA_MAX_M=512"; do
+  name=${v%%:*}; envs=${v#*:}
+  env $envs timeout 150 $bin bench --model $m8 --device cuda --batch 320,384,448,512 --prompt-len 32 --gen 16 \
+    > $OUT/d512-$name.log 2>&1
+  echo "decode 320-512 $name ($envs) rc=$? $(awk '/^ +[0-9]+ /{printf "%s:%s ", $1, $3}' $OUT/d512-$name.log)"
+done
