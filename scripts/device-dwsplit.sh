@@ -4,12 +4,12 @@
 # the cuBLAS path and the product; test_cuda with 3 ranges per tile everywhere, then by default; then the product in
 # 256-row tiles only and unsplit, the bulk GEMV against the product at 40 and 64 rows, the 2048-token prefill in
 # chunks of 512 and whole, and the per-matrix times of a 256-row step (TSR_CUDA_DQ_TIMES). Carry .parpack (made here
-# by TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh). Logs under $OUT; summary.txt has each step's result.
+# by TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh). Logs under $OUT; 0summary.txt has each step's result.
 set -u
 . tests/parallel/gpu-env.sh >/dev/null
 export TSR_FIXTURES=$PWD/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$PWD/models
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > $OUT/gpu.txt
-s=$OUT/summary.txt
+s=$OUT/0summary.txt  # first by name: a call brings back 8 files, the first by name
 tests() {
   for v in "$@"; do
     name=${v%%:*}; envs=${v#*:}

@@ -6,12 +6,12 @@
 # batch 1/8/64 and the 2048-token prefill; per-matrix times at 256 rows (and without stores) and 128; test_cuda with
 # the direct stores and split 3 ways; ncu's stall reasons of the product at 256 rows; the persist probe's --trace
 # (its releasing barrier last) and its table with --compute --release.
-# Carry .parpack (made here by TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh). Logs under $OUT; summary.txt is
+# Carry .parpack (made here by TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh). Logs under $OUT; 0summary.txt is
 # printed line by line as it is made; where the product's warps stall at 256 rows (ncu) comes before the probe.
 set -u
 . tests/parallel/gpu-env.sh >/dev/null
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > $OUT/gpu.txt
-s=$OUT/summary.txt
+s=$OUT/0summary.txt  # first by name: a call brings back 8 files, the first by name
 cat $OUT/gpu.txt >> $s
 m8=/tmp/llama8b-4.0
 synth_8b $m8 &

@@ -2,13 +2,13 @@
 # Device call: test_cuda on main (default, TSR_CUDA_DQ_WGMMA=0 and TSR_CUDA_DQ_PAIR=0 with it), the 8B synth model,
 # decode at 64-256 rows by default against the cuBLAS path (TSR_CUDA_DQ_WGMMA=0), batch 1, the 2048-token prefill,
 # then scripts/persist-probe.cu --trace; TSR_VERIFY_QUICK=1 leaves out the TSR_CUDA_DQ_PAIR=0 test and the probe.
-# Carry .parpack (made here by TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh). Logs under $OUT; summary.txt has each
+# Carry .parpack (made here by TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh). Logs under $OUT; 0summary.txt has each
 # step's result.
 set -u
 . tests/parallel/gpu-env.sh >/dev/null
 export TSR_FIXTURES=$PWD/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$PWD/models
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > $OUT/gpu.txt
-s=$OUT/summary.txt
+s=$OUT/0summary.txt  # first by name: a call brings back 8 files, the first by name
 quick=${TSR_VERIFY_QUICK:-0}
 variants=("default:" "cublas:TSR_CUDA_DQ_WGMMA=0")
 [ "$quick" = 1 ] || variants+=("nopair:TSR_CUDA_DQ_WGMMA=0 TSR_CUDA_DQ_PAIR=0")
