@@ -700,6 +700,39 @@ __global__ void dw_reduce_kernel(const __grid_constant__ dw_reduce_args a, float
     }
 }
 
+/* dw_reduce_kernel four elements a thread (16-byte loads of the partial sums), where each part's M · N is a multiple
+ * of 4 (so that no four straddle two parts) and every y is aligned for it: thread i takes elements 4 i.. 4 i + 3. */
+__global__ void dw_reduce4_kernel(const __grid_constant__ dw_reduce_args a, float beta, int y_half)
+{
+    tsr_pdl_start();
+    const size_t i = 4 * ((size_t)blockIdx.x * blockDim.x + threadIdx.x);
+    if (i >= a.end[a.n - 1]) return;
+    int p = 0;
+    while (p + 1 < a.n && i >= a.end[p]) p++;
+    const size_t e = i - (p ? a.end[p - 1] : 0), count = a.end[p] - (p ? a.end[p - 1] : 0);
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int z = 0; z < a.splits; z++) {
+        const float4 t = *(const float4 *)(a.part[p] + (size_t)z * count + e);
+        v.x += t.x, v.y += t.y, v.z += t.z, v.w += t.w;
+    }
+    if (y_half) {
+        uint2 *y = (uint2 *)((__half *)a.y[p] + e);
+        if (beta != 0.0f) {
+            const uint2 o = *y;
+            const float2 lo = __half22float2(bits_h2(o.x)), hi = __half22float2(bits_h2(o.y));
+            v = make_float4(fmaf(beta, lo.x, v.x), fmaf(beta, lo.y, v.y), fmaf(beta, hi.x, v.z), fmaf(beta, hi.y, v.w));
+        }
+        *y = make_uint2(h2_bits(__floats2half2_rn(v.x, v.y)), h2_bits(__floats2half2_rn(v.z, v.w)));
+    } else {
+        float4 *y = (float4 *)((float *)a.y[p] + e);
+        if (beta != 0.0f) {
+            const float4 o = *y;
+            v = make_float4(fmaf(beta, o.x, v.x), fmaf(beta, o.y, v.y), fmaf(beta, o.z, v.z), fmaf(beta, o.w, v.w));
+        }
+        *y = v;
+    }
+}
+
 template <bool GPTQ, int DG = DG_NONE, int R = DW_ROWS>
 static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int n_units, float beta, bool y_half)
 {
@@ -733,11 +766,18 @@ static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int 
         r.part[p] = parts.part[p], r.y[p] = parts.y[p];
         r.end[p] = (p ? r.end[p - 1] : 0) + (size_t)M * parts.L[p].N;
     }
-    const unsigned blocks = (unsigned)tsr_div_up(r.end[parts.n - 1], 256);
+    /* four elements a thread where the parts allow it (TSR_CUDA_DW_REDUCE4=0: one, for comparisons) */
+    static const bool four_asked = !tsr_cuda_env_off("TSR_CUDA_DW_REDUCE4");
+    bool four = four_asked;
+    for (int p = 0; p < parts.n; p++)
+        four = four && ((size_t)M * parts.L[p].N) % 4 == 0 && ((uintptr_t)parts.y[p] & (y_half ? 7 : 15)) == 0 &&
+               ((uintptr_t)parts.part[p] & 15) == 0;
+    void (*reduce)(dw_reduce_args, float, int) = four ? dw_reduce4_kernel : dw_reduce_kernel;
+    const unsigned blocks = (unsigned)tsr_div_up(four ? r.end[parts.n - 1] / 4 : r.end[parts.n - 1], 256);
     if (pdl) {
-        tsr_launch(dw_reduce_kernel, dim3(blocks), dim3(256), r, beta, (int)y_half);
+        tsr_launch(reduce, dim3(blocks), dim3(256), r, beta, (int)y_half);
     } else {
-        dw_reduce_kernel<<<blocks, 256, 0, tsr_cuda_stream()>>>(r, beta, (int)y_half);
+        reduce<<<blocks, 256, 0, tsr_cuda_stream()>>>(r, beta, (int)y_half);
         TSR_CUDA_LAUNCHED();
     }
 }
