@@ -1,7 +1,7 @@
 #!/bin/bash
 # Device call for the next stop (written at stop 65, not yet run; NOTES.md "Next steps (as of stop 65)"): test_cuda
 # on this branch (q/k/v's grouped product timed under TSR_CUDA_DQ_TIMES), then per-matrix times of a 256-row and a
-# 128-row decode step with the K splits the product picks and with 1, 2, 3, 4 and 6 for every matrix
+# 128-row decode step with the K splits the product picks and with 1-6 and 8 for every matrix
 # (TSR_CUDA_DW_SPLITS): whether the staged epilogue (stop 64) moved the best split of o, q/k/v and down; and with
 # the K splits' reduction one element a thread (TSR_CUDA_DW_REDUCE4=0, the default before this branch); then decode
 # at 96-256 rows by default; then at 320-512 rows through cuBLAS (the default past 256) and through the product
@@ -17,7 +17,7 @@ TSR_FIXTURES=$PWD/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$PWD/models t
 echo "test_cuda default rc=$? $(grep -cE '^\[  FAILED|ERROR' $OUT/t.log) failure lines"
 wait $sp
 for rows in 256 128; do
-  for sp in auto 1 2 3 4 6 reduce1; do
+  for sp in auto 1 2 3 4 5 6 8 reduce1; do
     e=""; [ $sp = auto ] || e="TSR_CUDA_DW_SPLITS=$sp"; [ $sp = reduce1 ] && e="TSR_CUDA_DW_REDUCE4=0"
     env TSR_CUDA_DQ_TIMES=1 $e timeout 60 $bin bench --model $m8 --device cuda --batch $rows --prompt-len 32 --gen 8 \
       > $OUT/s-$rows-$sp.log 2>&1
