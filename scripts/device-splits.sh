@@ -5,7 +5,7 @@
 # (TSR_CUDA_DW_SPLITS): whether the staged epilogue (stop 64) moved the best split of o, q/k/v and down; and with
 # the K splits' reduction one element a thread (TSR_CUDA_DW_REDUCE4=0, the default before this branch); then decode
 # at 96-256 rows by default; then at 320-512 rows through cuBLAS (the default past 256) and through the product
-# (TSR_CUDA_DQ_WGMMA_MAX_M=512; stop 62 found no clean crossing with the direct stores). About 200 s. Carry
+# (TSR_CUDA_DQ_WGMMA_MAX_M=512; stop 62 found no clean crossing with the direct stores). About 330 s. Carry
 # .parpack (TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh here). Prints its summary; the logs stay under $OUT.
 set -u
 . tests/parallel/gpu-env.sh >/dev/null
