@@ -118,6 +118,41 @@ static size_t dw_smem_bytes(int n_units)
     return DW_REC_OFF + (size_t)n_units * sizeof(uint2) + 1024;
 }
 
+/* y[at] = v + beta · y[at], y fp16 (y_half) or fp32: one output of either epilogue or of the splits' reduction */
+__device__ __forceinline__ void dw_put(void *y, size_t at, float v, float beta, int y_half)
+{
+    if (y_half) {
+        __half *yh = (__half *)y;
+        if (beta != 0.0f) v = fmaf(beta, __half2float(yh[at]), v);
+        yh[at] = __float2half_rn(v);
+    } else {
+        float *yf = (float *)y;
+        yf[at] = beta != 0.0f ? fmaf(beta, yf[at], v) : v;
+    }
+}
+
+/* y[at..at + 3] = v + beta · y[at..], y fp16 (y_half, 8-byte aligned there) or fp32 (16-byte aligned): four
+ * neighbouring outputs at once */
+__device__ __forceinline__ void dw_put4(void *y, size_t at, float4 v, float beta, int y_half)
+{
+    if (!y_half) {
+        float4 *yp = (float4 *)((float *)y + at);
+        if (beta != 0.0f) {
+            const float4 o = *yp;
+            v = make_float4(fmaf(beta, o.x, v.x), fmaf(beta, o.y, v.y), fmaf(beta, o.z, v.z), fmaf(beta, o.w, v.w));
+        }
+        *yp = v;
+    } else {
+        uint2 *yp = (uint2 *)((__half *)y + at);
+        if (beta != 0.0f) {
+            const uint2 o = *yp;
+            const float2 a = __half22float2(bits_h2(o.x)), b = __half22float2(bits_h2(o.y));
+            v = make_float4(fmaf(beta, a.x, v.x), fmaf(beta, a.y, v.y), fmaf(beta, b.x, v.z), fmaf(beta, b.y, v.w));
+        }
+        *yp = make_uint2(h2_bits(__floats2half2_rn(v.x, v.y)), h2_bits(__floats2half2_rn(v.z, v.w)));
+    }
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* The barriers: full ones count the bytes of their copies and the producer's arrival; empty ones the 8 consumer
  * warps' arrivals. */
@@ -233,19 +268,6 @@ __device__ __forceinline__ void dw_issue_words(const tsr_linear_dev &L, const CU
         dw_bulk(dst, src, bytes, bar);
 }
 
-/* y[at] = v + beta · y[at], y fp16 (y_half) or fp32: one output of either epilogue */
-__device__ __forceinline__ void dw_put(void *y, size_t at, float v, float beta, int y_half)
-{
-    if (y_half) {
-        __half *yh = (__half *)y;
-        if (beta != 0.0f) v = fmaf(beta, __half2float(yh[at]), v);
-        yh[at] = __float2half_rn(v);
-    } else {
-        float *yf = (float *)y;
-        yf[at] = beta != 0.0f ? fmaf(beta, yf[at], v) : v;
-    }
-}
-
 /* A warp's part of the 64 × 256 accumulator: element 4 j + i is column col + g + 8 (i / 2), row m0 + 8 j + 2 t4 + i % 2
  * (g = lane / 4, t4 = lane % 4); y = it + beta · y, columns past N and rows past M left alone. */
 template <int R>
@@ -301,23 +323,10 @@ __device__ __forceinline__ void dw_store_staged(const float (&acc)[R / 2], bool 
     for (int r = tid >> 5; r < R; r += DW_THREADS / 32) {
         const int m = m0 + r;
         if (m >= M) continue;
-        float4 v = *(const float4 *)(stage + r * DW_EPI_STRIDE + 4 * q);
+        const float4 v = *(const float4 *)(stage + r * DW_EPI_STRIDE + 4 * q);
         const size_t at = (size_t)m * L.N + n0;
-        if (vec && !y_half) {
-            float4 *yp = (float4 *)((float *)y + at);
-            if (beta != 0.0f) {
-                const float4 o = *yp;
-                v = make_float4(fmaf(beta, o.x, v.x), fmaf(beta, o.y, v.y), fmaf(beta, o.z, v.z), fmaf(beta, o.w, v.w));
-            }
-            *yp = v;
-        } else if (vec) {
-            uint2 *yp = (uint2 *)((__half *)y + at);
-            if (beta != 0.0f) {
-                const uint2 o = *yp;
-                const float2 a = __half22float2(bits_h2(o.x)), b = __half22float2(bits_h2(o.y));
-                v = make_float4(fmaf(beta, a.x, v.x), fmaf(beta, a.y, v.y), fmaf(beta, b.x, v.z), fmaf(beta, b.y, v.w));
-            }
-            *yp = make_uint2(h2_bits(__floats2half2_rn(v.x, v.y)), h2_bits(__floats2half2_rn(v.z, v.w)));
+        if (vec) {
+            dw_put4(y, at, v, beta, y_half);
         } else {
             const float vs[4] = {v.x, v.y, v.z, v.w};
             for (int c = 0; c < 4 && n0 + c < L.N; c++) dw_put(y, at + c, vs[c], beta, y_half);
@@ -691,13 +700,7 @@ __global__ void dw_reduce_kernel(const __grid_constant__ dw_reduce_args a, float
     const size_t e = i - (p ? a.end[p - 1] : 0), count = a.end[p] - (p ? a.end[p - 1] : 0);
     float v = 0.0f;
     for (int z = 0; z < a.splits; z++) v += a.part[p][(size_t)z * count + e];
-    if (y_half) {
-        __half *y = (__half *)a.y[p];
-        y[e] = __float2half_rn(beta != 0.0f ? fmaf(beta, __half2float(y[e]), v) : v);
-    } else {
-        float *y = (float *)a.y[p];
-        y[e] = beta != 0.0f ? fmaf(beta, y[e], v) : v;
-    }
+    dw_put(a.y[p], e, v, beta, y_half);
 }
 
 /* dw_reduce_kernel four elements a thread (16-byte loads of the partial sums), where each part's M · N is a multiple
