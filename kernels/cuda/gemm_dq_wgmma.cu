@@ -718,22 +718,7 @@ __global__ void dw_reduce4_kernel(const __grid_constant__ dw_reduce_args a, floa
         const float4 t = *(const float4 *)(a.part[p] + (size_t)z * count + e);
         v.x += t.x, v.y += t.y, v.z += t.z, v.w += t.w;
     }
-    if (y_half) {
-        uint2 *y = (uint2 *)((__half *)a.y[p] + e);
-        if (beta != 0.0f) {
-            const uint2 o = *y;
-            const float2 lo = __half22float2(bits_h2(o.x)), hi = __half22float2(bits_h2(o.y));
-            v = make_float4(fmaf(beta, lo.x, v.x), fmaf(beta, lo.y, v.y), fmaf(beta, hi.x, v.z), fmaf(beta, hi.y, v.w));
-        }
-        *y = make_uint2(h2_bits(__floats2half2_rn(v.x, v.y)), h2_bits(__floats2half2_rn(v.z, v.w)));
-    } else {
-        float4 *y = (float4 *)((float *)a.y[p] + e);
-        if (beta != 0.0f) {
-            const float4 o = *y;
-            v = make_float4(fmaf(beta, o.x, v.x), fmaf(beta, o.y, v.y), fmaf(beta, o.z, v.z), fmaf(beta, o.w, v.w));
-        }
-        *y = v;
-    }
+    dw_put4(a.y[p], e, v, beta, y_half);
 }
 
 template <bool GPTQ, int DG = DG_NONE, int R = DW_ROWS>
