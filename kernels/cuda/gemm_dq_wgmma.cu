@@ -38,9 +38,10 @@
  * stores wait for it (+1-2 % on decode steps of 96-256 rows, NOTES.md, stop 62; TSR_CUDA_DW_PDL=0: plain launches).
  *
  * Taken by row count (dw_max_m): by default from the dequantize path's first rows (65 on an H100/H200: matmul.cu
- * dq_min_m) up to 256, where it beats the dequantize pass and cuBLAS by 22-75 % in decode steps of the 8B shape; above
- * that the cuBLAS path stays, which prefills 2048 tokens at 36.5k tokens/s against this product's 28.5k (H100,
- * NOTES.md, stop 61). TSR_CUDA_DQ_WGMMA=1 takes every row count, =0 none. */
+ * dq_min_m) up to 512, where it beats the dequantize pass and cuBLAS by 16-75 % in decode steps of the 8B shape and
+ * prefills a 2048-token prompt in chunks of 512 at 30.0k tokens/s against 24.8k; above that the cuBLAS path stays,
+ * which ties with it at 640-1024 rows and prefills 2048 tokens at once at 36.3k tokens/s against its 33.6k (H100,
+ * NOTES.md, stops 61 and 66). TSR_CUDA_DQ_WGMMA=1 takes every row count, =0 none. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/exl2_frag.cuh"
@@ -607,10 +608,11 @@ static dw_diag dw_diag_asked(void)
 }
 
 /* The rows the kernel takes (the dequantize pass and cuBLAS take the others): TSR_CUDA_DQ_WGMMA=1 every row count,
- * =0 none, else up to TSR_CUDA_DQ_WGMMA_MAX_M rows (default DW_MAX_M). Measured on the H100 (NOTES.md, stop 61), 8B
- * at 4.0 bpw against the cuBLAS path: decode at 128 rows 14.0k tok/s against 8.0k, 192 14.4k / 11.3k, 256 17.9k /
- * 14.7k; a 2048-token prefill in chunks of 512 24.2k / 24.9k, whole 28.5k / 36.5k. */
-#define DW_MAX_M 256
+ * =0 none, else up to TSR_CUDA_DQ_WGMMA_MAX_M rows (default DW_MAX_M). Measured on the H100, 8B at 4.0 bpw against
+ * the cuBLAS path (NOTES.md, stop 66): decode at 288 rows 18.3k tok/s against 15.2k, 384 22.5k / 18.2k, 448 24.3k /
+ * 17.8k, 512 25.9k / 22.4k, 640 22.0k / 22.8k, 1024 26.6k / 27.1k; a 2048-token prefill in chunks of 512 30.0k /
+ * 24.8k, of 1024 31.8k / 32.8k, whole 33.6k / 36.3k. */
+#define DW_MAX_M 512
 static int dw_max_m(void)
 {
     static int v = -2;
@@ -649,16 +651,19 @@ bool tsr_cuda_dq_wgmma_takes_all(const tsr_linear_dev *L)
     return dw_max_m() == INT_MAX && dw_possible(L);
 }
 
-/* Activation rows per block (the wgmma's N): the least multiple of 32 from 96 that holds M, 256 at most, so that
- * the tensor cores' work and the tiles' copies on rows past M stay under a third (at 129-192 rows tiles of 192 gave
- * +16-18 % over tiles of 256, NOTES.md, stop 62). TSR_CUDA_DW_ROWS=S (64, 128 or 256) takes multiples of S instead
- * (128: stop 61's tiles of 128 or 256; comparisons). The diagnostics (EXL2) run at 256. */
+/* Activation rows per block (the wgmma's N): M spread evenly over the fewest row tiles of at most 256 rows, each
+ * tile the least multiple of 32 from 96 that holds its share, so that the tensor cores' work and the tiles' copies
+ * on rows past M stay small (at 129-192 rows tiles of 192 gave +16-18 % over tiles of 256, NOTES.md, stop 62; at 320
+ * rows two tiles of 160 instead of two of 256, stop 66). TSR_CUDA_DW_ROWS=S (64, 128 or 256) takes multiples of S
+ * instead (128: stop 61's tiles of 128 or 256; 256: whole tiles of 256 past 256 rows, as before stop 66;
+ * comparisons). The diagnostics (EXL2) run at 256. */
 static int dw_rows(int M, bool gptq)
 {
     static const int asked = getenv("TSR_CUDA_DW_ROWS") ? atoi(getenv("TSR_CUDA_DW_ROWS")) : 0;
     const int step = asked == 64 || asked == 128 || asked == 256 ? asked : 32;
     if (!gptq && dw_diag_asked() != DG_NONE) return 256;
-    int rows = (M + step - 1) / step * step;
+    const int row_tiles = (M + 255) / 256, share = (M + row_tiles - 1) / row_tiles;
+    int rows = (share + step - 1) / step * step;
     if (rows < 96) rows = step > 96 ? step : step == 64 ? 128 : 96;
     return rows < 256 ? rows : 256;
 }

@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(128)
 
 /* The smallest M that takes this path: TSR_CUDA_DQ_MIN_M (1 to 129) for every matrix when set; else 33 (below it
  * the GEMV; 30 where the GEMV stages little, tsr_cuda_gemv_narrow_stage), 65 where the bulk GEMV (sm_90) runs 64 rows
- * and the wgmma product takes this path's rows (sm_90a, up to 256 by default), and 97 with the bulk GEMV alone, which
+ * and the wgmma product takes this path's rows (sm_90a, up to 512 by default), and 97 with the bulk GEMV alone, which
  * runs up to 64 rows in one launch streaming the weights once (tsr_cuda_gemv_rows; 65 where it is held to 32 rows,
  * TSR_CUDA_GEMV_BULK). Measured (NOTES.md, stops 19, 23 and 28):
  * 64 rows as two chunks of 32 beat this path already (70B geometry +9 %, 8B +6 %); as one launch of 64, 8B +36 % and
