@@ -37,7 +37,7 @@
  * stages' weights and group parameters while the kernel before it finishes; only the activation tiles and the
  * stores wait for it (+1-2 % on decode steps of 96-256 rows, NOTES.md, stop 62; TSR_CUDA_DW_PDL=0: plain launches).
  *
- * Taken by row count (dw_max_m): by default from the dequantize path's first rows (53 on an H100/H200: matmul.cu
+ * Taken by row count (dw_max_m): by default from the dequantize path's first rows (65 on an H100/H200: matmul.cu
  * dq_min_m) up to 512, where it beats the dequantize pass and cuBLAS by 16-75 % in decode steps of the 8B shape and
  * prefills a 2048-token prompt in chunks of 512 at 30.0k tokens/s against 24.8k; above that the cuBLAS path stays,
  * which ties with it at 640-1024 rows and prefills 2048 tokens at once at 36.3k tokens/s against its 33.6k (H100,

@@ -3,8 +3,7 @@
  * EXL2 and GPTQ below TSR_CUDA_DQ_MIN_M rows: the decode GEMV of gemv.cu (tsr_cuda_gemv), in chunks of at most 32
  * rows.
  * EXL2 and GPTQ, prefill and batches from TSR_CUDA_DQ_MIN_M rows (default on sm_90, where the bulk GEMV runs 33-64
- * rows as two chunks faster than the dequantize round trip: 97, or 53 where the wgmma product takes the rows; 33
- * elsewhere; dq_min_m): the activations are gathered
+ * rows as two chunks faster than the dequantize round trip: 65; 33 elsewhere; dq_min_m): the activations are gathered
  * through the permutation as fp16 (for the down projection, silu(gate) · up is formed in the same pass); column slabs
  * of the matrix are dequantized to fp16 into one buffer reserved at model preparation (the largest layer matrix) and
  * multiplied by cuBLAS (fp16 operands, fp32 accumulation), as ExLlamaV2 does above 50 rows; the o and down
@@ -252,14 +251,13 @@ __global__ void __launch_bounds__(128)
 }
 
 /* The smallest M that takes this path: TSR_CUDA_DQ_MIN_M (1 to 129) for every matrix when set; else 33 (below it
- * the GEMV; 30 where the GEMV stages little, tsr_cuda_gemv_narrow_stage), 53 where the bulk GEMV (sm_90) runs 64 rows
+ * the GEMV; 30 where the GEMV stages little, tsr_cuda_gemv_narrow_stage), 65 where the bulk GEMV (sm_90) runs 64 rows
  * and the wgmma product takes this path's rows (sm_90a, up to 512 by default), and 97 with the bulk GEMV alone, which
  * runs up to 64 rows in one launch streaming the weights once (tsr_cuda_gemv_rows; 65 where it is held to 32 rows,
  * TSR_CUDA_GEMV_BULK). Measured (NOTES.md, stops 19, 23 and 28):
  * 64 rows as two chunks of 32 beat this path already (70B geometry +9 %, 8B +6 %); as one launch of 64, 8B +36 % and
  * 70B +71 % over two chunks; at 80 and 96 rows (a launch of 64 and one of the rest) 8B +25 % / +5 %, 70B +37 % / +26 %
  * over this path; at 128 rows 8B -9 %. */
-#define DQ_WGMMA_MIN_M 53
 static int dq_min_m(void)
 {
     static int v = -1;
@@ -269,10 +267,12 @@ static int dq_min_m(void)
         if (v < 1 || v > 4 * TSR_GEMV_MAX_M + 1) v = 0; /* 0: the default */
     }
     if (v) return v;
-    /* where the wgmma product takes these rows (sm_90a), from DQ_WGMMA_MIN_M: 8B at 4.0 bpw on the H100, decode at
-     * 56 / 60 / 64 rows +3 / +5 / +5 % over the one bulk launch of the GEMV, at 52 a tie (NOTES.md, stop 66; at stop
-     * 61, before the product's staged stores and 96-row tiles, the GEMV still won at 64) */
-    if (tsr_cuda_gemv_rows() > TSR_GEMV_MAX_M && tsr_cuda_dq_wgmma_rows(DQ_WGMMA_MIN_M)) return DQ_WGMMA_MIN_M;
+    /* where the wgmma product takes 65 rows (sm_90a), from 65: 8B at 96 rows 7.2k tok/s through the GEMV's chunks,
+     * at 128 through the product 14.0k; at 64 the one bulk launch won (8.0k against 7.8k; NOTES.md, stop 61). Stop 66:
+     * from 53 rows the product took 8B's 56-64 rows 3-5 % faster but 70B's 24 % slower (58.2 against 44.2-45.5 ms a
+     * step), so 65 stays */
+    if (tsr_cuda_gemv_rows() > TSR_GEMV_MAX_M && tsr_cuda_dq_wgmma_rows(2 * TSR_GEMV_MAX_M + 1))
+        return 2 * TSR_GEMV_MAX_M + 1;
     if (tsr_cuda_gemv_rows() > TSR_GEMV_MAX_M) return 3 * TSR_GEMV_MAX_M + 1;
     if (tsr_cuda_gemv_bulk(TSR_GEMV_MAX_M)) return 2 * TSR_GEMV_MAX_M + 1;
     /* blocks of 99 KB (sm_86/sm_89), 8B 4.0 bpw planned as such a card on the H200 (NOTES.md, stop 38): the GEMV's
