@@ -1,8 +1,8 @@
 #!/bin/bash
 # Device call of stop 66's final state: test_cuda by default and under every variant of run_test_cuda
 # (tests/parallel/gpu-env.sh) plus the product at every row count split 3 ways; then decode of the 8B shape at
-# 1/8/64 rows (512-token prompts) and at 52-64 rows (the product from 53 rows by default now). About 350 s. Carry
-# .parpack. Prints a summary; the logs stay under $OUT.
+# 1/8/64 rows (512-token prompts) and at 52-64 rows. Run at 50cebc4, where the product took rows from 53 (reverted
+# to 65 after scripts/device-70b-mid.sh). About 350 s. Carry .parpack. Prints a summary; the logs stay under $OUT.
 set -u
 . tests/parallel/gpu-env.sh >/dev/null
 nvidia-smi --query-gpu=name --format=csv,noheader
