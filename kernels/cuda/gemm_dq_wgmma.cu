@@ -656,12 +656,12 @@ bool tsr_cuda_dq_wgmma_takes_all(const tsr_linear_dev *L)
  * on rows past M stay small (at 129-192 rows tiles of 192 gave +16-18 % over tiles of 256, NOTES.md, stop 62; at 320
  * rows two tiles of 160 instead of two of 256, stop 66). TSR_CUDA_DW_ROWS=S (64, 128 or 256) takes multiples of S
  * instead (128: stop 61's tiles of 128 or 256; 256: whole tiles of 256 past 256 rows, as before stop 66;
- * comparisons). The diagnostics (EXL2) run at 256. */
+ * comparisons). The diagnostics (EXL2) run in tiles of 96 rows where M <= 96, else of 256. */
 static int dw_rows(int M, bool gptq)
 {
     static const int asked = getenv("TSR_CUDA_DW_ROWS") ? atoi(getenv("TSR_CUDA_DW_ROWS")) : 0;
     const int step = asked == 64 || asked == 128 || asked == 256 ? asked : 32;
-    if (!gptq && dw_diag_asked() != DG_NONE) return 256;
+    if (!gptq && dw_diag_asked() != DG_NONE) return M <= 96 ? 96 : 256;
     const int row_tiles = (M + 255) / 256, share = (M + row_tiles - 1) / row_tiles;
     int rows = (share + step - 1) / step * step;
     if (rows < 96) rows = step > 96 ? step : step == 64 ? 128 : 96;
@@ -775,30 +775,43 @@ static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int 
     }
 }
 
-/* rows: the block's activation rows (dw_rows); the diagnostics run at 256 only */
+/* The diagnostic asked for (EXL2), in tiles of R rows. */
+template <int R>
+static void dw_launch_diag(const dw_parts &parts, const CUtensorMap &map, int M, int n_units, float beta, bool y_half)
+{
+    switch (dw_diag_asked()) {
+    case DG_NONE: break;
+    case DG_NODECODE: dw_launch<false, DG_NODECODE, R>(parts, map, M, n_units, beta, y_half); break;
+    case DG_COPY: dw_launch<false, DG_COPY, R>(parts, map, M, n_units, beta, y_half); break;
+    case DG_COPY_ACT: dw_launch<false, DG_COPY_ACT, R>(parts, map, M, n_units, beta, y_half); break;
+    case DG_COPY_WORDS: dw_launch<false, DG_COPY_WORDS, R>(parts, map, M, n_units, beta, y_half); break;
+    case DG_MMA: dw_launch<false, DG_MMA, R>(parts, map, M, n_units, beta, y_half); break;
+    case DG_MMA_RAW: dw_launch<false, DG_MMA_RAW, R>(parts, map, M, n_units, beta, y_half); break;
+    case DG_NOPARAMS: dw_launch<false, DG_NOPARAMS, R>(parts, map, M, n_units, beta, y_half); break;
+    case DG_ACTONLY: dw_launch<false, DG_ACTONLY, R>(parts, map, M, n_units, beta, y_half); break;
+    case DG_NOSTORE: dw_launch<false, DG_NOSTORE, R>(parts, map, M, n_units, beta, y_half); break;
+    }
+}
+
+/* rows: the block's activation rows (dw_rows); the diagnostics run in tiles of 96 or 256 rows */
 template <bool GPTQ>
 static void dw_launch_variant(const dw_parts &parts, const CUtensorMap &map, int M, int n_units, float beta,
                               bool y_half, int rows)
 {
+    if (!GPTQ && dw_diag_asked() != DG_NONE) {
+        if (rows == 96)
+            dw_launch_diag<96>(parts, map, M, n_units, beta, y_half);
+        else
+            dw_launch_diag<256>(parts, map, M, n_units, beta, y_half);
+        return;
+    }
     switch (rows) {
     case 96: dw_launch<GPTQ, DG_NONE, 96>(parts, map, M, n_units, beta, y_half); return;
     case 128: dw_launch<GPTQ, DG_NONE, 128>(parts, map, M, n_units, beta, y_half); return;
     case 160: dw_launch<GPTQ, DG_NONE, 160>(parts, map, M, n_units, beta, y_half); return;
     case 192: dw_launch<GPTQ, DG_NONE, 192>(parts, map, M, n_units, beta, y_half); return;
     case 224: dw_launch<GPTQ, DG_NONE, 224>(parts, map, M, n_units, beta, y_half); return;
-    default: break;
-    }
-    switch (GPTQ ? DG_NONE : dw_diag_asked()) {
-    case DG_NONE: dw_launch<GPTQ>(parts, map, M, n_units, beta, y_half); break;
-    case DG_NODECODE: dw_launch<false, DG_NODECODE>(parts, map, M, n_units, beta, y_half); break;
-    case DG_COPY: dw_launch<false, DG_COPY>(parts, map, M, n_units, beta, y_half); break;
-    case DG_COPY_ACT: dw_launch<false, DG_COPY_ACT>(parts, map, M, n_units, beta, y_half); break;
-    case DG_COPY_WORDS: dw_launch<false, DG_COPY_WORDS>(parts, map, M, n_units, beta, y_half); break;
-    case DG_MMA: dw_launch<false, DG_MMA>(parts, map, M, n_units, beta, y_half); break;
-    case DG_MMA_RAW: dw_launch<false, DG_MMA_RAW>(parts, map, M, n_units, beta, y_half); break;
-    case DG_NOPARAMS: dw_launch<false, DG_NOPARAMS>(parts, map, M, n_units, beta, y_half); break;
-    case DG_ACTONLY: dw_launch<false, DG_ACTONLY>(parts, map, M, n_units, beta, y_half); break;
-    case DG_NOSTORE: dw_launch<false, DG_NOSTORE>(parts, map, M, n_units, beta, y_half); break;
+    default: dw_launch<GPTQ>(parts, map, M, n_units, beta, y_half); return;
     }
 }
 
