@@ -10,6 +10,7 @@ $bin synth --arch llama --hidden 8192 --layers 80 --heads 64 --kv-heads 8 --inte
 echo "synth done at $SECONDS s"
 for v in "product:" "gemv:TSR_CUDA_DQ_MIN_M=65"; do
   name=${v%%:*}; envs=${v#*:}
-  env $envs timeout 120 $bin bench --model $m70 --device cuda --batch 56,64 --prompt-len 128 --gen 24 > $OUT/$name.log 2>&1
+  env $envs timeout 120 $bin bench --model $m70 --device cuda --batch 56,64 --prompt-len 128 --gen 24 \
+    > $OUT/$name.log 2>&1
   echo "70B $name rc=$? $(awk '/^ +[0-9]+ /{printf "%s:%s (%s ms) ", $1, $3, $4}' $OUT/$name.log) (at $SECONDS s)"
 done

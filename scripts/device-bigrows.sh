@@ -21,7 +21,8 @@ for v in "default:" "dqwgmma:TSR_CUDA_DQ_WGMMA=1" "dwsplit3:TSR_CUDA_DQ_WGMMA=1 
 done
 wait $sp
 row() { awk '/^ +[0-9]+ /{printf "%s:%s ", $1, $3}' "$1"; }
-for v in "cublas:" "product:TSR_CUDA_DQ_WGMMA_MAX_M=4096" "product256:TSR_CUDA_DQ_WGMMA_MAX_M=4096 TSR_CUDA_DW_ROWS=256"; do
+for v in "cublas:" "product:TSR_CUDA_DQ_WGMMA_MAX_M=4096" \
+  "product256:TSR_CUDA_DQ_WGMMA_MAX_M=4096 TSR_CUDA_DW_ROWS=256"; do
   name=${v%%:*}; envs=${v#*:}
   env $envs timeout 150 $bin bench --model $m8 --device cuda --batch 288,320,384,448,512 --prompt-len 32 --gen 16 \
     > $OUT/d-$name.log 2>&1
