@@ -22,7 +22,8 @@ for c in 2048 1024; do
     env TSR_CUDA_DQ_TIMES=1 $envs timeout 100 $bin bench --model $m8 --device cuda --batch 1 --prompt-len 2048 \
       --gen 2 --max-tokens $c > $OUT/pt-$name-$c.log 2>&1
     echo "prefill chunk $c $name rc=$? $(awk '/^ +[0-9]+ /{printf "pf %s", $2}' $OUT/pt-$name-$c.log)"
+    n='([0-9.]+)'
     grep "^dq path M $c," $OUT/pt-$name-$c.log \
-      | sed -E 's/^dq path M [0-9]+, ([0-9x]+): ([0-9]+) calls.*least ([0-9.]+), ([0-9.]+), ([0-9.]+)\)/  \1 x\2: \3 + \4 + \5/'
+      | sed -E "s/^dq path M [0-9]+, ([0-9x]+): ([0-9]+) calls.*least $n, $n, $n\)/  \1 x\2: \3 + \4 + \5/"
   done
 done
