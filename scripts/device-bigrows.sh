@@ -12,13 +12,10 @@ m8=/tmp/llama8b-4.0
 synth_8b $m8 > /dev/null 2>&1 &
 sp=$!
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-export TSR_FIXTURES=$PWD/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$PWD/models
-for v in "default:" "dqwgmma:TSR_CUDA_DQ_WGMMA=1" "dwsplit3:TSR_CUDA_DQ_WGMMA=1 TSR_CUDA_DW_SPLITS=3" \
-  "dwsplit1:TSR_CUDA_DQ_WGMMA=1 TSR_CUDA_DW_SPLITS=1"; do
-  name=${v%%:*}; envs=${v#*:}
-  env $envs timeout 150 $P/bin/test_cuda > $OUT/t-$name.log 2>&1
-  echo "test_cuda $name rc=$? $(grep -cE '^\[  FAILED|ERROR' $OUT/t-$name.log) failure lines (at $SECONDS s)"
-done
+test_cuda_one default 150
+test_cuda_one dqwgmma 150 TSR_CUDA_DQ_WGMMA=1
+test_cuda_one dwsplit3 150 TSR_CUDA_DQ_WGMMA=1 TSR_CUDA_DW_SPLITS=3
+test_cuda_one dwsplit1 150 TSR_CUDA_DQ_WGMMA=1 TSR_CUDA_DW_SPLITS=1
 wait $sp
 row() { awk '/^ +[0-9]+ /{printf "%s:%s ", $1, $3}' "$1"; }
 for v in "cublas:" "product:TSR_CUDA_DQ_WGMMA_MAX_M=4096" \

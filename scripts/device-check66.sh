@@ -7,12 +7,8 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 m8=/tmp/llama8b-4.0
 synth_8b $m8 > /dev/null 2>&1 &
 sp=$!
-export TSR_FIXTURES=$PWD/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$PWD/models
-for v in "default:" "dqwgmma:TSR_CUDA_DQ_WGMMA=1"; do
-  name=${v%%:*}; envs=${v#*:}
-  env $envs timeout 100 $P/bin/test_cuda > $OUT/t-$name.log 2>&1
-  echo "test_cuda $name rc=$? $(grep -cE '^\[  FAILED|ERROR' $OUT/t-$name.log) failure lines (at $SECONDS s)"
-done
+test_cuda_one default 100
+test_cuda_one dqwgmma 100 TSR_CUDA_DQ_WGMMA=1
 wait $sp
 timeout 100 $bin bench --model $m8 --device cuda --batch 1,8,64 --prompt-len 512 --gen 64 > $OUT/b.log 2>&1
 echo "decode rc=$? $(awk '/^ +[0-9]+ /{printf "%s:%s (%s) ", $1, $3, $7}' $OUT/b.log)"

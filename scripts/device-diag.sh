@@ -10,14 +10,11 @@ set -u
 m8=/tmp/llama8b-4.0
 synth_8b $m8 > /dev/null 2>&1 &
 sp=$!
-TSR_FIXTURES=$PWD/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$PWD/models timeout 120 $P/bin/test_cuda \
-  > $OUT/t.log 2>&1
-echo "test_cuda default rc=$? $(grep -cE '^\[  FAILED|ERROR' $OUT/t.log) failure lines"
+test_cuda_one default 120
 wait $sp
 for d in none nostore copy nodecode mma; do
   e=""; [ $d = none ] || e="TSR_CUDA_DW_DIAG=$d"
   env TSR_CUDA_DQ_TIMES=1 $e timeout 60 $bin bench --model $m8 --device cuda --batch 256 --prompt-len 32 --gen 8 \
     > $OUT/s-$d.log 2>&1
-  echo "$d rc=$? $(grep '^dq path M 256' $OUT/s-$d.log \
-    | sed -E 's/^dq path M 256, ([0-9x]+): .*least .*, (.*)\)/\1 \2/' | tr '\n' ' ')"
+  echo "$d rc=$? $(dq_times $OUT/s-$d.log 256)"
 done

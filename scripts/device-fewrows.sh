@@ -11,16 +11,13 @@ set -u
 m8=/tmp/llama8b-4.0
 synth_8b $m8 > /dev/null 2>&1 &
 sp=$!
-TSR_FIXTURES=$PWD/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$PWD/models timeout 120 $P/bin/test_cuda \
-  > $OUT/t.log 2>&1
-echo "test_cuda default rc=$? $(grep -cE '^\[  FAILED|ERROR' $OUT/t.log) failure lines"
+test_cuda_one default 120
 wait $sp
 one() { # rows name env...
   local rows=$1 name=$2; shift 2
   env TSR_CUDA_DQ_TIMES=1 "$@" timeout 60 $bin bench --model $m8 --device cuda --batch $rows --prompt-len 32 --gen 8 \
     > $OUT/f-$rows-$name.log 2>&1
-  echo "M $rows $name rc=$? $(grep "^dq path M $rows," $OUT/f-$rows-$name.log \
-    | sed -E 's/^dq path M [0-9]+, ([0-9x]+): .*least .*, (.*)\)/\1 \2/' | tr '\n' ' ')"
+  echo "M $rows $name rc=$? $(dq_times $OUT/f-$rows-$name.log $rows)"
 }
 one 96 full
 for d in nostore copy copyact copywords nodecode mma mmaraw; do one 96 $d TSR_CUDA_DW_DIAG=$d; done

@@ -13,16 +13,14 @@ m8=/tmp/llama8b-4.0
 synth_8b $m8 > /dev/null 2>&1 &
 sp=$!
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-TSR_FIXTURES=$PWD/tests/fixtures TSR_FIXTURES_BUILD=$fx TSR_MODELS=$PWD/models timeout 120 $P/bin/test_cuda > $OUT/t.log 2>&1
-echo "test_cuda default rc=$? $(grep -cE '^\[  FAILED|ERROR' $OUT/t.log) failure lines"
+test_cuda_one default 120
 wait $sp
 for rows in 256 128; do
   for sp in auto 1 2 3 4 5 6 8 reduce1; do
     e=""; [ $sp = auto ] || e="TSR_CUDA_DW_SPLITS=$sp"; [ $sp = reduce1 ] && e="TSR_CUDA_DW_REDUCE4=0"
     env TSR_CUDA_DQ_TIMES=1 $e timeout 60 $bin bench --model $m8 --device cuda --batch $rows --prompt-len 32 --gen 8 \
       > $OUT/s-$rows-$sp.log 2>&1
-    echo "M $rows splits $sp rc=$? $(grep "^dq path M $rows" $OUT/s-$rows-$sp.log \
-      | sed -E 's/^dq path M [0-9]+, ([0-9x]+): .*least .*, (.*)\)/\1 \2/' | tr '\n' ' ')"
+    echo "M $rows splits $sp rc=$? $(dq_times $OUT/s-$rows-$sp.log $rows)"
   done
 done
 timeout 120 $bin bench --model $m8 --device cuda --batch 96,128,160,192,224,256 --prompt-len 32 --gen 32 > $OUT/d.log 2>&1

@@ -89,3 +89,18 @@ synth_8b() {
   [ -f "$dir/config.json" ] || "$bin" synth --arch llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 \
     --intermediate 14336 --vocab 128256 --bpw "$bpw" --shard-size 2048 --threads 16 "$@" --out "$dir" > /dev/null
 }
+# test_cuda_one NAME SECONDS [ENV=V ...]: test_cuda once under the settings given (at most SECONDS), its log to
+# $OUT/t-NAME.log, then one summary line: its exit code, its failure lines counted, the script's $SECONDS so far
+test_cuda_one() {
+  local name=$1 limit=$2 rc
+  shift 2
+  env TSR_FIXTURES="$PWD/tests/fixtures" TSR_FIXTURES_BUILD="$fx" TSR_MODELS="$PWD/models" "$@" \
+    timeout "$limit" "$P/bin/test_cuda" > "$OUT/t-$name.log" 2>&1
+  rc=$?
+  echo "test_cuda $name rc=$rc $(grep -cE '^\[  FAILED|ERROR' "$OUT/t-$name.log") failure lines (at $SECONDS s)"
+}
+# dq_times LOG ROWS: the least µs of each product at ROWS rows in a bench log taken with TSR_CUDA_DQ_TIMES=1, as
+# "KxN µs" pairs on one line
+dq_times() {
+  grep "^dq path M $2," "$1" | sed -E 's/^dq path M [0-9]+, ([0-9x]+): .*least .*, (.*)\)/\1 \2/' | tr '\n' ' '
+}
