@@ -695,14 +695,22 @@ struct dw_reduce_args {
     int n, splits;
 };
 
+/* Element i of the flattened parts: its part (returned), its index e in that part and the part's element count. */
+__device__ __forceinline__ int dw_reduce_part(const dw_reduce_args &a, size_t i, size_t &e, size_t &count)
+{
+    int p = 0;
+    while (p + 1 < a.n && i >= a.end[p]) p++;
+    e = i - (p ? a.end[p - 1] : 0), count = a.end[p] - (p ? a.end[p - 1] : 0);
+    return p;
+}
+
 __global__ void dw_reduce_kernel(const __grid_constant__ dw_reduce_args a, float beta, int y_half)
 {
     tsr_pdl_start();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= a.end[a.n - 1]) return;
-    int p = 0;
-    while (p + 1 < a.n && i >= a.end[p]) p++;
-    const size_t e = i - (p ? a.end[p - 1] : 0), count = a.end[p] - (p ? a.end[p - 1] : 0);
+    size_t e, count;
+    const int p = dw_reduce_part(a, i, e, count);
     float v = 0.0f;
     for (int z = 0; z < a.splits; z++) v += a.part[p][(size_t)z * count + e];
     dw_put(a.y[p], e, v, beta, y_half);
@@ -715,9 +723,8 @@ __global__ void dw_reduce4_kernel(const __grid_constant__ dw_reduce_args a, floa
     tsr_pdl_start();
     const size_t i = 4 * ((size_t)blockIdx.x * blockDim.x + threadIdx.x);
     if (i >= a.end[a.n - 1]) return;
-    int p = 0;
-    while (p + 1 < a.n && i >= a.end[p]) p++;
-    const size_t e = i - (p ? a.end[p - 1] : 0), count = a.end[p] - (p ? a.end[p - 1] : 0);
+    size_t e, count;
+    const int p = dw_reduce_part(a, i, e, count);
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int z = 0; z < a.splits; z++) {
         const float4 t = *(const float4 *)(a.part[p] + (size_t)z * count + e);
