@@ -14,7 +14,5 @@ test_cuda_one default 120
 wait $sp
 for d in none nostore copy nodecode mma; do
   e=""; [ $d = none ] || e="TSR_CUDA_DW_DIAG=$d"
-  env TSR_CUDA_DQ_TIMES=1 $e timeout 60 $bin bench --model $m8 --device cuda --batch 256 --prompt-len 32 --gen 8 \
-    > $OUT/s-$d.log 2>&1
-  echo "$d rc=$? $(dq_times $OUT/s-$d.log 256)"
+  dq_step $m8 256 $d $e
 done

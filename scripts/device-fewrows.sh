@@ -13,12 +13,7 @@ synth_8b $m8 > /dev/null 2>&1 &
 sp=$!
 test_cuda_one default 120
 wait $sp
-one() { # rows name env...
-  local rows=$1 name=$2; shift 2
-  env TSR_CUDA_DQ_TIMES=1 "$@" timeout 60 $bin bench --model $m8 --device cuda --batch $rows --prompt-len 32 --gen 8 \
-    > $OUT/f-$rows-$name.log 2>&1
-  echo "M $rows $name rc=$? $(dq_times $OUT/f-$rows-$name.log $rows)"
-}
+one() { dq_step $m8 $1 $1-$2 "${@:3}"; } # rows name env...
 one 96 full
 for d in nostore copy copyact copywords nodecode mma mmaraw; do one 96 $d TSR_CUDA_DW_DIAG=$d; done
 for sp in 1 2 4 8; do one 96 split$sp TSR_CUDA_DW_SPLITS=$sp; done

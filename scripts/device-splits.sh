@@ -18,9 +18,7 @@ wait $sp
 for rows in 256 128; do
   for sp in auto 1 2 3 4 5 6 8 reduce1; do
     e=""; [ $sp = auto ] || e="TSR_CUDA_DW_SPLITS=$sp"; [ $sp = reduce1 ] && e="TSR_CUDA_DW_REDUCE4=0"
-    env TSR_CUDA_DQ_TIMES=1 $e timeout 60 $bin bench --model $m8 --device cuda --batch $rows --prompt-len 32 --gen 8 \
-      > $OUT/s-$rows-$sp.log 2>&1
-    echo "M $rows splits $sp rc=$? $(dq_times $OUT/s-$rows-$sp.log $rows)"
+    dq_step $m8 $rows $rows-splits$sp $e
   done
 done
 timeout 120 $bin bench --model $m8 --device cuda --batch 96,128,160,192,224,256 --prompt-len 32 --gen 32 > $OUT/d.log 2>&1

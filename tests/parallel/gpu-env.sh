@@ -104,3 +104,14 @@ test_cuda_one() {
 dq_times() {
   grep "^dq path M $2," "$1" | sed -E 's/^dq path M [0-9]+, ([0-9x]+): .*least .*, (.*)\)/\1 \2/' | tr '\n' ' '
 }
+# dq_step MODEL ROWS NAME [ENV=V ...]: one decode step's products timed (TSR_CUDA_DQ_TIMES=1, a bench of ROWS rows,
+# 32-token prompts, 8 tokens) under the settings given, its log to $OUT/f-NAME.log, then one summary line: "M ROWS
+# NAME rc=..", and the least µs of each product (dq_times)
+dq_step() {
+  local model=$1 rows=$2 name=$3 rc
+  shift 3
+  env TSR_CUDA_DQ_TIMES=1 "$@" timeout 60 "$bin" bench --model "$model" --device cuda --batch "$rows" --prompt-len 32 \
+    --gen 8 > "$OUT/f-$name.log" 2>&1
+  rc=$?
+  echo "M $rows $name rc=$rc $(dq_times "$OUT/f-$name.log" "$rows")"
+}
