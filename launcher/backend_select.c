@@ -37,6 +37,12 @@ tsr_status tsr_select_backend(const char *device, const tsr_ops **ops)
     return tsr_fail(TSR_ERR_ARG, "unknown device '%s' (cpu, cuda, cuda:N)", device);
 }
 
+int tsr_default_max_running(const char *device)
+{
+    const int gpu = device && !strncmp(device, "cuda", 4) && (device[4] == '\0' || device[4] == ':');
+    return gpu ? TSR_MAX_RUNNING_GPU : TSR_MAX_RUNNING_CPU;
+}
+
 void tsr_backend_describe(const tsr_ops *ops, char *buf, size_t cap)
 {
 #ifdef TSR_HAVE_CUDA

@@ -7,6 +7,7 @@
  * each as one whole line (batch_writer.c). Rerunning with the same output skips the custom_ids already written
  * there (batch_resume.c), so an interrupted run (crash, Ctrl-C, full disk) is completed exactly once by the next.
  * A bad line gets an error line and the rest still run. docs/batch.md describes the formats and the rules. */
+#include "launcher/backend_select.h"
 #include "launcher/batch_host.h"
 #include "launcher/batch_input.h"
 #include "launcher/batch_job.h"
@@ -29,7 +30,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: tessera batch --model DIR --input IN.jsonl --output OUT.jsonl [options]\n"
                "  --device D             cpu (default), cuda or cuda:N\n"
-               "  --max-running N        sequences running at once (default 64)\n"
+               "  --max-running N        sequences running at once (default 256 on cuda, 64 on cpu)\n"
                "  --max-inflight N       choices submitted but not finished, at most (default 4 x max-running)\n");
     tsr_host_opts_kv_help(f);
     fprintf(f, "  --step-tokens N        tokens per step: decode rows plus prompt chunks (default 2048)\n"
@@ -343,7 +344,7 @@ static int same_file(const char *a, const char *b)
 int tsr_cmd_batch(int argc, char **argv)
 {
     const char *input = NULL, *output = NULL;
-    tsr_host_opts ho = {.cmd = "batch", .device = "cpu", .max_running = 64};
+    tsr_host_opts ho = {.cmd = "batch", .device = "cpu"};
     tsr_par_opts_init(&ho.par);
     long max_inflight = 0;
     int quiet = 0, progress_on = 0;
@@ -382,6 +383,7 @@ int tsr_cmd_batch(int argc, char **argv)
         return 2;
     }
     if (tsr_cli_kv_size_check("batch", ho.kv_tokens, ho.kv_fraction)) return 2;
+    if (!ho.max_running) ho.max_running = tsr_default_max_running(ho.device);
     if (!max_inflight) max_inflight = 4L * ho.max_running;
     if (tsr_rank_is_worker()) return tsr_host_run_worker(&ho); /* under mpirun: serve rank 0's steps */
     if (same_file(input, output)) {

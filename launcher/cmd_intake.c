@@ -1,6 +1,7 @@
 /* tessera intake: serves a model on a nanomsg address only (no HTTP), for gateways and for testing the intake on
  * its own; `tessera serve --intake ADDR` runs the same intake next to the HTTP server. Runs until SIGINT or
  * SIGTERM, then stops the intake (clients with running requests get a "shutdown" error) and the service. */
+#include "launcher/backend_select.h"
 #include "launcher/batch_host.h"
 #include "launcher/cli.h"
 #include "launcher/commands.h"
@@ -18,7 +19,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: tessera intake --model DIR --listen ADDR [options]\n"
                "  --listen ADDR          ipc:///path or tcp://host:port (docs/intake.md)\n"
                "  --device D             cpu (default), cuda or cuda:N\n"
-               "  --max-running N        sequences running at once (default 64)\n");
+               "  --max-running N        sequences running at once (default 256 on cuda, 64 on cpu)\n");
     tsr_host_opts_kv_help(f);
     fprintf(f, "  --step-tokens N        tokens per step: decode rows plus prompt chunks (default 2048)\n"
                "  --prefill-chunk N      prompt tokens in a step that also decodes running requests (default 1024;\n"
@@ -41,7 +42,7 @@ static void on_signal(int sig)
 
 int tsr_cmd_intake(int argc, char **argv)
 {
-    tsr_host_opts ho = {.cmd = "intake", .device = "cpu", .max_running = 64, .prefill_chunk = TSR_PREFILL_CHUNK_DEFAULT};
+    tsr_host_opts ho = {.cmd = "intake", .device = "cpu", .prefill_chunk = TSR_PREFILL_CHUNK_DEFAULT};
     tsr_par_opts_init(&ho.par);
     tsr_intake_opts io = {0};
     const char *listen = NULL;
@@ -72,6 +73,7 @@ int tsr_cmd_intake(int argc, char **argv)
             return 2;
         }
     }
+    if (!ho.max_running) ho.max_running = tsr_default_max_running(ho.device);
     if (!ho.model_dir || !listen) {
         usage(stderr);
         return 2;

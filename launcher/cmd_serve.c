@@ -51,7 +51,7 @@ static void usage(FILE *f)
             "                          default those get 403, against DNS rebinding)\n"
             "  --api-key KEY           require 'Authorization: Bearer KEY' on /v1/... (repeatable; also\n"
             "                          TESSERA_API_KEY)\n"
-            "  --max-running N         sequences decoding at once (default 64)\n"
+            "  --max-running N         sequences decoding at once (default 256 on cuda, 64 on cpu)\n"
             "  --max-waiting N         queued requests before 429 (default 1024)\n"
             "  --kv-tokens N           KV cache size in tokens (default: one full context, or GPU memory)\n"
             "  --kv-fraction F         with no --kv-tokens: the cache's share of the GPU memory the weights and\n"
@@ -243,7 +243,7 @@ int tsr_cmd_serve(int argc, char **argv)
 {
     const char *model_dir = NULL, *device = "cpu", *tpl_path = NULL, *served = NULL, *keys[MAX_KEYS];
     int n_keys = 0;
-    long port = 8000, threads = 0, max_running = 64, max_waiting = 1024, kv_tokens = 0, max_body = 8 << 20;
+    long port = 8000, threads = 0, max_running = 0, max_waiting = 1024, kv_tokens = 0, max_body = 8 << 20;
     double kv_fraction = 0;
     long max_context = 0;
     tsr_dtype kv_dtype = TSR_F16;
@@ -331,6 +331,7 @@ int tsr_cmd_serve(int argc, char **argv)
         return 2;
     }
     if (tsr_cli_kv_size_check("serve", kv_tokens, kv_fraction)) return 2;
+    if (!max_running) max_running = tsr_default_max_running(device);
     tsr_session_req req = {.cmd = "serve", .model_dir = model_dir, .device = device,
                            .select_backend = tsr_select_backend, .threads = (int)threads,
                            .max_tokens = (int)step_tokens, .kv_dtype = kv_dtype, .kv_tokens = kv_tokens,

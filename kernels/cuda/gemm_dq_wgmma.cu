@@ -19,14 +19,15 @@
  * overlaps the tensor cores' work on the one before.
  *
  * The copies: a third warpgroup, whose first warp issues them (its registers go to the consumers by setmaxnreg). A
- * stage's activation tile arrives by one tensor copy into the 128-byte swizzle (wgmma.cuh), DW_AST tiles in flight;
- * its words (per unit one piece: the block's four column blocks) by bulk copies, DW_WST stages in flight, since such
- * small copies take longer to land; the groups' parameters (scale codes, and the EXL2 scale tables or GPTQ's
- * scales) 16 groups at a time with the words of the stage where they begin (one copy per unit cost 13 %, NOTES.md,
- * stop 56). Each is issued as soon as the consumers release the stage that used its buffer. TSR_CUDA_DW_DIAG times
- * parts of the kernel (dw_diag, wrong results). Output: y = product + beta · y, fp32 or fp16, columns past N and
- * rows past M left alone, the block's sums first laid out in shared memory so that each warp stores whole rows
- * (dw_store_staged: at decode rows the stores straight from the accumulators were most of a small matrix's time).
+ * stage's activation tile arrives by one tensor copy into the 128-byte swizzle (wgmma.cuh), DW_AST tiles in flight
+ * (DW_AST_FEW at few rows); its words (per unit one piece: the block's four column blocks) by bulk copies, DW_WST
+ * stages in flight, since such small copies take longer to land; the groups' parameters (scale codes, and the EXL2
+ * scale tables or GPTQ's scales) 16 groups at a time with the words of the stage where they begin (one copy per unit
+ * cost 13 %, NOTES.md, stop 56). Each is issued as soon as the consumers release the stage that used its buffer.
+ * TSR_CUDA_DW_DIAG times parts of the kernel (dw_diag, wrong results). Output: y = product + beta · y, fp32 or fp16,
+ * columns past N and rows past M left alone, the block's sums first laid out in shared memory so that each warp stores
+ * whole rows (dw_store_staged: at decode rows the stores straight from the accumulators were most of a small
+ * matrix's time).
  *
  * Where the grid leaves SMs idle (few rows: one row tile, and o's or down's 32 column tiles at the 8B shape), each
  * tile's K is split into up to DW_MAX_SPLITS ranges (grid.z, dw_splits): each range writes fp32 partial sums into the
@@ -104,15 +105,19 @@ struct dw_parts {
  * stages, earlier, so its stage has been released. Shared memory, 1024-byte aligned (+1 KB to align the start): the
  * activation tiles, the words' stages, the codes' slots, the tables' or GPTQ scales' slots, the barriers (per tile
  * a full one: its copy landed; per words' stage a full one: its words and parameters landed, and an empty one: the
- * consumers are done with stage s, its tile and its words), then the unit records. */
+ * consumers are done with stage s, its tile and its words), then the unit records. Blocks of at most 128 rows keep
+ * DW_AST_FEW tiles of 16 KB in flight in the same 128 KB instead (their words then no longer run ahead:
+ * dw_launch_variant); the barriers leave room for DW_AST_FEW tiles either way. */
 #define DW_AST     4
+#define DW_AST_FEW 8
 #define DW_WST     8
-#define DW_W_OFF   (DW_AST * DW_A_BYTES)
+#define DW_A_RING  (DW_AST * DW_A_BYTES)
+#define DW_W_OFF   DW_A_RING
 #define DW_P_OFF   (DW_W_OFF + DW_WST * DW_W_BYTES)
 #define DW_T_OFF   (DW_P_OFF + DW_P_SLOTS * 64)
 #define DW_BAR_OFF (DW_T_OFF + DW_P_SLOTS * 256)
-#define DW_REC_OFF (DW_BAR_OFF + 8 * (DW_AST + 2 * DW_WST))
-static_assert(DW_WST >= DW_AST, "the words run ahead of the tiles");
+#define DW_REC_OFF (DW_BAR_OFF + 8 * (DW_AST_FEW + 2 * DW_WST))
+static_assert(DW_WST >= DW_AST && DW_WST >= DW_AST_FEW, "the words run with or ahead of the tiles");
 static_assert(DW_GB / 2 >= DW_WST, "a batch of parameters is refilled only after its last stage's release");
 static size_t dw_smem_bytes(int n_units)
 {
@@ -335,18 +340,19 @@ __device__ __forceinline__ void dw_store_staged(const float (&acc)[R / 2], bool 
     }
 }
 
-/* The producer warp: stage s's activation tile and the words and parameters of stage s + DW_WST - DW_AST, as soon as
- * the consumers have released stage s - DW_AST (whose tile buffer the one and whose words' buffer the other reuses).
- * The words thus run DW_WST - DW_AST stages ahead of the tiles. */
-template <bool GPTQ, int DG, int R>
+/* The producer warp: stage s's activation tile and the words and parameters of stage s + DW_WST - AST, as soon as
+ * the consumers have released stage s - AST (whose tile buffer the one and whose words' buffer the other reuses).
+ * The words thus run DW_WST - AST stages ahead of the tiles (AST: DW_AST, or DW_AST_FEW at few rows). */
+template <bool GPTQ, int DG, int R, int AST>
 __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtensorMap *map, const CUtensorMap *codes,
                                            const CUtensorMap *scales, const uint2 *rec, int m0, int cb0,
                                            uint32_t a_base, int s0, int n_local)
 {
-    constexpr int AHEAD = DW_WST - DW_AST;
-    const int n_copied = DG_RECOPY(DG) ? min(DW_AST, n_local) : n_local;
+    constexpr int AHEAD = DW_WST - AST, A_SLOT = DW_A_RING / AST;
+    static_assert(R * 128 <= A_SLOT, "a tile fits its slot");
+    const int n_copied = DG_RECOPY(DG) ? min(AST, n_local) : n_local;
     const int lane = threadIdx.x & 31;
-    const uint32_t bars = a_base + DW_BAR_OFF, full_w = bars + 8 * DW_AST, empty = full_w + 8 * DW_WST;
+    const uint32_t bars = a_base + DW_BAR_OFF, full_w = bars + 8 * DW_AST_FEW, empty = full_w + 8 * DW_WST;
     /* batches of group parameters issued so far, counted from the batch of the range's first unit (a range never
      * starts at a stage whose two units lie in two batches: dw_split_start) */
     int batches = n_local > 0 ? (int)(rec[2 * s0].y & 0xffffffu) / DW_GB : 0;
@@ -366,11 +372,11 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
     for (int t = 0; t < min(AHEAD, n_copied); t++) words(t);
     tsr_pdl_wait(); /* the weights are constant; the activations are the kernel before's output */
     for (int t = 0; t < n_copied; t++) {
-        if (t >= DW_AST) dw_bar_wait(empty + 8 * ((t - DW_AST) % DW_WST), (uint32_t)((t - DW_AST) / DW_WST) & 1u);
+        if (t >= AST) dw_bar_wait(empty + 8 * ((t - AST) % DW_WST), (uint32_t)((t - AST) / DW_WST) & 1u);
         if (lane == 0) {
-            const uint32_t bar = bars + 8 * (t % DW_AST);
+            const uint32_t bar = bars + 8 * (t % AST);
             dw_bar_expect(bar, DG == DG_COPY_WORDS ? 0u : (uint32_t)(R * 128));
-            if (DG != DG_COPY_WORDS) dw_tma(a_base + (t % DW_AST) * DW_A_BYTES, map, 64 * (s0 + t), m0, bar);
+            if (DG != DG_COPY_WORDS) dw_tma(a_base + (t % AST) * A_SLOT, map, 64 * (s0 + t), m0, bar);
         }
         if (t + AHEAD < n_copied) words(t + AHEAD);
     }
@@ -381,7 +387,7 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
  * the producer on its empty barrier (two pairs left in flight, with four register sets, measured the same, stop 56);
  * then store the sums, staged through shared memory (dw_store_staged) or, with staged 0, as they lie (dw_store).
  * DG: a diagnostic (dw_diag) in place of the full work. */
-template <bool GPTQ, int CT, int DG, int R>
+template <bool GPTQ, int CT, int DG, int R, int AST>
 __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, float beta, int y_half, int staged,
                                        unsigned char *smem, uint32_t a_base, const uint2 *rec, int m0, int cb0,
                                        unsigned s0, unsigned n_local)
@@ -390,7 +396,7 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
     const int cb = cb0 + cbl;
     const unsigned n_units = (unsigned)L.n_units; /* unsigned: cheap % and / */
     const bool owns = cb < L.Npad / 32;
-    const uint32_t bars = a_base + DW_BAR_OFF, full_w = bars + 8 * DW_AST, empty = full_w + 8 * DW_WST;
+    const uint32_t bars = a_base + DW_BAR_OFF, full_w = bars + 8 * DW_AST_FEW, empty = full_w + 8 * DW_WST;
     const uint32_t *w_ring = (const uint32_t *)(smem + DW_W_OFF);
     const unsigned char *p_ring = smem + DW_P_OFF, *t_ring = smem + DW_T_OFF;
     const uint64_t d0 = wg_desc(a_base, 0); /* the first tile's descriptor; others add their offset / 16 */
@@ -441,7 +447,7 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
                 });
             }
         }
-        const uint64_t d = (d0 & ~0xffffffffull) | (uint32_t)(d0 + (((s % DW_AST) * DW_A_BYTES + ui * 64) >> 4));
+        const uint64_t d = (d0 & ~0xffffffffull) | (uint32_t)(d0 + (((s % AST) * (DW_A_RING / AST) + ui * 64) >> 4));
         wg_arrive();
         dw_mma<R>(acc, a[0], d);
         dw_mma<R>(acc, a[1], d + 2);
@@ -463,8 +469,8 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
     };
     for (unsigned s = 0; s < n_local; s++) {
         const unsigned u0 = 2 * (s0 + s);
-        if (!DG_RECOPY(DG) || s < DW_AST) {
-            dw_bar_wait(bars + 8 * (s % DW_AST), (uint32_t)(s / DW_AST) & 1u);
+        if (!DG_RECOPY(DG) || s < AST) {
+            dw_bar_wait(bars + 8 * (s % AST), (uint32_t)(s / AST) & 1u);
             dw_bar_wait(full_w + 8 * (s % DW_WST), (uint32_t)(s / DW_WST) & 1u);
         }
         if (DG_COPY_ONLY(DG)) {
@@ -501,7 +507,8 @@ __device__ __forceinline__ int dw_split_start(const uint2 *rec, int n_units, int
     return s;
 }
 
-template <bool GPTQ, int DG, int R>
+template <bool GPTQ, int DG, int R, int AST = DW_AST> /* the default: nvcc 13's host stubs name DW_AST's kernels
+                                                        * without it */
 __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     dq_wgmma_kernel(const __grid_constant__ dw_parts P, const __grid_constant__ CUtensorMap xmap, int M, float beta,
                     int y_half, int staged)
@@ -527,9 +534,9 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
         beta = 0.0f, y_half = 0;
     }
     if (threadIdx.x == 0) {
-        for (int b = 0; b < DW_AST + DW_WST; b++) dw_bar_init(bars + 8 * b, 1); /* full: the producer's arrival */
+        for (int b = 0; b < DW_AST_FEW + DW_WST; b++) dw_bar_init(bars + 8 * b, 1); /* full: the producer's arrival */
         for (int b = 0; b < DW_WST; b++)
-            dw_bar_init(bars + 8 * (DW_AST + DW_WST + b), DW_THREADS / 32); /* empty: each consumer warp's */
+            dw_bar_init(bars + 8 * (DW_AST_FEW + DW_WST + b), DW_THREADS / 32); /* empty: each consumer warp's */
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -538,7 +545,7 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     if (threadIdx.x >= DW_THREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (threadIdx.x < DW_THREADS + 32)
-            dw_produce<GPTQ, DG, R>(L, &xmap, &P.codes[p], &P.scales[p], rec, m0, cb0, a_base, s0, n_local);
+            dw_produce<GPTQ, DG, R, AST>(L, &xmap, &P.codes[p], &P.scales[p], rec, m0, cb0, a_base, s0, n_local);
         else
             tsr_pdl_wait();
         return;
@@ -546,10 +553,10 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     tsr_pdl_wait(); /* before the stores (the kernel before may still read y) */
     if (threadIdx.x < 128)
-        dw_run<GPTQ, 0, DG, R>(L, M, y, beta, y_half, staged, smem, a_base, rec, m0, cb0, (unsigned)s0,
+        dw_run<GPTQ, 0, DG, R, AST>(L, M, y, beta, y_half, staged, smem, a_base, rec, m0, cb0, (unsigned)s0,
                                (unsigned)n_local);
     else
-        dw_run<GPTQ, 1, DG, R>(L, M, y, beta, y_half, staged, smem, a_base, rec, m0, cb0, (unsigned)s0,
+        dw_run<GPTQ, 1, DG, R, AST>(L, M, y, beta, y_half, staged, smem, a_base, rec, m0, cb0, (unsigned)s0,
                                (unsigned)n_local);
 #endif
 }
@@ -733,10 +740,10 @@ __global__ void dw_reduce4_kernel(const __grid_constant__ dw_reduce_args a, floa
     dw_put4(a.y[p], e, v, beta, y_half);
 }
 
-template <bool GPTQ, int DG = DG_NONE, int R = DW_ROWS>
+template <bool GPTQ, int DG = DG_NONE, int R = DW_ROWS, int AST = DW_AST>
 static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int n_units, float beta, bool y_half)
 {
-    void (*kernel)(dw_parts, CUtensorMap, int, float, int, int) = dq_wgmma_kernel<GPTQ, DG, R>;
+    void (*kernel)(dw_parts, CUtensorMap, int, float, int, int) = dq_wgmma_kernel<GPTQ, DG, R, AST>;
     /* the epilogue: through shared memory (dw_store_staged), or with TSR_CUDA_DW_EPI=0 the accumulators stored as
      * they lie (dw_store; comparisons) */
     static const int staged = !tsr_cuda_env_off("TSR_CUDA_DW_EPI");
@@ -812,6 +819,12 @@ static void dw_launch_variant(const dw_parts &parts, const CUtensorMap &map, int
             dw_launch_diag<256>(parts, map, M, n_units, beta, y_half);
         return;
     }
+    /* DW_AST_FEW activation tiles in flight where a block takes at most 128 rows: +0.4-1.3 % in decode steps of 65-128
+     * rows, o and the head 1-3 % faster, the rest unchanged (H100, NOTES.md, stop 68); TSR_CUDA_DW_AST=4 gives the
+     * ring of DW_AST tiles at every row count (comparisons) */
+    static const bool few = !(getenv("TSR_CUDA_DW_AST") && atoi(getenv("TSR_CUDA_DW_AST")) == DW_AST);
+    if (few && rows == 96) return dw_launch<GPTQ, DG_NONE, 96, DW_AST_FEW>(parts, map, M, n_units, beta, y_half);
+    if (few && rows == 128) return dw_launch<GPTQ, DG_NONE, 128, DW_AST_FEW>(parts, map, M, n_units, beta, y_half);
     switch (rows) {
     case 96: dw_launch<GPTQ, DG_NONE, 96>(parts, map, M, n_units, beta, y_half); return;
     case 128: dw_launch<GPTQ, DG_NONE, 128>(parts, map, M, n_units, beta, y_half); return;

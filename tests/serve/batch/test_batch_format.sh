@@ -28,6 +28,9 @@ EOF
 "$bin" batch --model "$model" --input "$tmp/in.jsonl" --output "$tmp/out.jsonl" --kv-tokens 8192 \
     2> "$tmp/err" || fail "batch exited $? ($(cat "$tmp/err"))"
 grep -q "^tessera batch: stats .*lines_done=15 " "$tmp/err" || fail "stats line: $(cat "$tmp/err")"
+# the CPU's default ceiling on running sequences (launcher/backend_select.h; a GPU's is 256)
+grep -q "^tessera batch: 15 requests, .*, up to 64 running$" "$tmp/err" ||
+    fail "default --max-running: $(cat "$tmp/err")"
 
 python3 - "$tmp/out.jsonl" <<'EOF' || fail "output check"
 import json, sys
