@@ -18,11 +18,16 @@
  *
  * Build and run on the GPU machine:
  *   nvcc -std=c++17 -O3 -arch=sm_90 -o /tmp/persist scripts/persist-probe.cu && /tmp/persist [--compute | --trace]
- *   [--idle-fence | --release]
+ *   [--idle-fence | --release | --ll]
  * (--trace: where each op's time goes in the ahead and chain modes, per warp, from %globaltimer; the chain's wait
  * also with its threads sleeping between looks at the clock; the barrier without its fence, arrived at by a warp
- * that streams nothing, and by an atomic with release semantics. --idle-fence, --release: the table's barriers
- * so. Each block has one warp beside its WARPS streaming ones, which only joins the barriers.) */
+ * that streams nothing, by an atomic with release semantics, and replaced by an LL exchange of a row (below).
+ * --idle-fence, --release, --ll: the table's barriers so. Each block has one warp beside its WARPS streaming ones,
+ * which only joins the barriers.)
+ * The LL exchange (bar_kind 4) stands for a hand-off that needs no fence at all, NCCL's LL protocol: every block
+ * stores its share of a LL_ROW-wide row (a norm's input) as 8-byte (value, op) pairs with plain stores into one of two
+ * buffers by the op's parity, then reads the whole row, each pair again until its flag names the op. A block cannot
+ * store op k + 1's pairs before it has read all of op k's, so two buffers suffice. */
 #include "probe_check.cuh"
 
 #include <cuda_fp16.h>
@@ -38,6 +43,7 @@
 #define STEP_BYTES 2048
 #define MAX_OPS    (32 * 4 + 1)
 #define TRACE_FIELDS 4 /* per op and warp: start, first step landed, (D - 1)-th landed, end */
+#define LL_ROW     4096 /* the row an LL exchange hands on (the 8B shape's hidden size) */
 
 enum { MODE_FREE, MODE_DRAIN, MODE_AHEAD, MODE_CHAIN, MODE_CHAIN_L2 };
 
@@ -45,7 +51,8 @@ struct plan {
     int n_ops;
     int bar_kind; /* the grid barrier's arriving thread: 0 thread 0 (a streaming warp's) after a fence, 1 the same
                    * without the fence, 2 a thread of a warp that streams nothing (the block's extra warp) after a
-                   * fence, 3 thread 0 by an atomic with release semantics (no separate fence) */
+                   * fence, 3 thread 0 by an atomic with release semantics (no separate fence); 4 no barrier but an
+                   * LL exchange of a row */
     unsigned long long step0[MAX_OPS + 1]; /* op k's steps are [step0[k], step0[k + 1]) of the whole stream */
     unsigned chain_ns[MAX_OPS];            /* MODE_CHAIN: the wait after op k's barrier */
     int sleep;                             /* the wait in __nanosleep steps instead of a spin */
@@ -86,6 +93,41 @@ __device__ __forceinline__ void grid_sync(unsigned long long *bar, int kind)
     __syncthreads();
 }
 
+/* bar_kind 4: the block's share of op k's row stored as (value, k) pairs, then the whole row read until every pair's
+ * flag is k (plain 8-byte stores and loads, no fence); the values' sum goes to *sink so that nothing is left out. */
+__device__ __forceinline__ void ll_exchange(unsigned long long *ll, int k, float *sink)
+{
+    __syncthreads(); /* the block's values are ready (in the real step: its part of the row) */
+    unsigned long long *row = ll + (size_t)(k & 1) * LL_ROW;
+    const int per = (LL_ROW + (int)gridDim.x - 1) / (int)gridDim.x;
+    for (int i = threadIdx.x; i < per; i += blockDim.x) {
+        const int at = (int)blockIdx.x * per + i;
+        if (at < LL_ROW) {
+            const unsigned long long v = ((unsigned long long)(unsigned)k << 32) | (unsigned)at;
+            asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(row + at), "l"(v) : "memory");
+        }
+    }
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < LL_ROW; i += blockDim.x) {
+        unsigned long long v;
+        do
+            asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(row + i) : "memory");
+        while ((unsigned)(v >> 32) != (unsigned)k);
+        sum += (float)(unsigned)v;
+    }
+    if (sum < 0.0f) *sink = sum; /* never: the values are indices */
+    __syncthreads();
+}
+
+/* The boundary before op k: the grid barrier, or with bar_kind 4 the LL exchange */
+__device__ __forceinline__ void boundary(unsigned long long *bar, unsigned long long *ll, int kind, int k, float *sink)
+{
+    if (kind == 4)
+        ll_exchange(ll, k, sink);
+    else
+        grid_sync(bar, kind);
+}
+
 /* The stand-in for a step's decode: the lane's 64 bytes of the slot through ~260 LOP3/HFMA2 and 16 mma.sync. */
 __device__ __forceinline__ void work(const uint32_t *slot, int lane, float (&acc)[4])
 {
@@ -113,12 +155,12 @@ __device__ __forceinline__ void work(const uint32_t *slot, int lane, float (&acc
 template <int D, bool COMPUTE>
 __global__ void __launch_bounds__(WARPS * 32 + 32, 2) persist_kernel(plan p, int mode, const char *base,
                                                                  unsigned long long *bar, float *out,
-                                                                 unsigned long long *trace)
+                                                                 unsigned long long *trace, unsigned long long *ll)
 {
     extern __shared__ uint4 smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (warp == WARPS) { /* the extra warp streams nothing: it only joins the barriers (arriving for bar_kind 2) */
-        for (int k = 1; k < p.n_ops && mode != MODE_FREE; k++) grid_sync(bar, p.bar_kind);
+        for (int k = 1; k < p.n_ops && mode != MODE_FREE; k++) boundary(bar, ll, p.bar_kind, k, out);
         return;
     }
     const unsigned long long W = (unsigned long long)gridDim.x * WARPS, w = blockIdx.x * WARPS + warp;
@@ -153,7 +195,7 @@ __global__ void __launch_bounds__(WARPS * 32 + 32, 2) persist_kernel(plan p, int
     const bool cross = mode != MODE_DRAIN;
     for (int k = 0; k < p.n_ops; k++) {
         if (k > 0 && mode != MODE_FREE) {
-            grid_sync(bar, p.bar_kind);
+            boundary(bar, ll, p.bar_kind, k, out);
             if (mode == MODE_CHAIN_L2 && lane == 0) /* the op's steps past the ring asked of L2 during the wait */
                 for (unsigned long long st = lo_of(k) + D; st < hi_of(k); st++)
                     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + st * STEP_BYTES),
@@ -206,8 +248,8 @@ __global__ void __launch_bounds__(WARPS * 32 + 32, 2) persist_kernel(plan p, int
 }
 
 template <int D, bool COMPUTE>
-static int run(const plan &p, int mode, char *buf, size_t region, int regions, unsigned long long *bar, float *out,
-               int sms, float *us, unsigned long long *trace = nullptr)
+static int run(const plan &p, int mode, char *buf, size_t region, int regions, unsigned long long *bar,
+               unsigned long long *ll, float *out, int sms, float *us, unsigned long long *trace = nullptr)
 {
     const int smem = WARPS * D * STEP_BYTES;
     CHECK(cudaFuncSetAttribute(persist_kernel<D, COMPUTE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -220,9 +262,10 @@ static int run(const plan &p, int mode, char *buf, size_t region, int regions, u
     std::vector<float> t;
     for (int r = 0; r < 7; r++) {
         CHECK(cudaMemset(bar, 0, sizeof *bar)); /* the barrier assumes a count that is a multiple of the grid */
+        CHECK(cudaMemset(ll, 0, 2 * LL_ROW * sizeof *ll)); /* flags 0: no op's */
         CHECK(cudaEventRecord(a));
         persist_kernel<D, COMPUTE><<<blocks, WARPS * 32 + 32, smem>>>(p, mode, buf + (r % regions) * region, bar, out,
-                                                                          trace);
+                                                                          trace, ll);
         CHECK(cudaEventRecord(b));
         CHECK(cudaEventSynchronize(b));
         float ms;
@@ -236,11 +279,11 @@ static int run(const plan &p, int mode, char *buf, size_t region, int regions, u
 
 int main(int argc, char **argv)
 {
-    bool compute_only = false, trace_asked = false, idle_fence = false, release = false;
+    bool compute_only = false, trace_asked = false, idle_fence = false, release = false, ll_asked = false;
     for (int i = 1; i < argc; i++) {
         const std::string_view a = argv[i];
         compute_only |= a == "--compute", trace_asked |= a == "--trace", idle_fence |= a == "--idle-fence";
-        release |= a == "--release";
+        release |= a == "--release", ll_asked |= a == "--ll";
     }
     int dev = 0, sms = 0;
     CHECK(cudaGetDevice(&dev));
@@ -263,12 +306,13 @@ int main(int argc, char **argv)
     const size_t region = s * STEP_BYTES;
     const int regions = 3;
     char *buf;
-    unsigned long long *bar;
+    unsigned long long *bar, *ll;
     float *out;
     CHECK(cudaMalloc(&buf, region * regions));
     CHECK(cudaMemset(buf, 1, region * regions));
     CHECK(cudaMalloc(&bar, sizeof *bar));
     CHECK(cudaMemset(bar, 0, sizeof *bar));
+    CHECK(cudaMalloc(&ll, 2 * LL_ROW * sizeof *ll));
     CHECK(cudaMalloc(&out, (size_t)sms * 2 * WARPS * 32 * sizeof(float)));
     /* the copy rate, read + write counted, as tessera bench measures it */
     cudaEvent_t a, b;
@@ -298,16 +342,16 @@ int main(int argc, char **argv)
                "the op's span from its first start to its last end\n");
         /* (mode, sleeping wait, barrier kind): stop 60's four, then the barrier without its fence and with its fence
          * in a warp that streams nothing (stop 62's question: does the fence wait for the warp's copies?) */
-        const int modes[8] = {MODE_AHEAD, MODE_CHAIN, MODE_CHAIN, MODE_CHAIN_L2,
-                              MODE_AHEAD, MODE_AHEAD, MODE_CHAIN, MODE_AHEAD};
-        const int sleeps[8] = {0, 0, 1, 0, 0, 0, 0, 0}, kinds[8] = {0, 0, 0, 0, 1, 2, 2, 3};
-        const char *names[8] = {"ahead",           "chain", "chain, sleeping", "chainL2", "ahead, no fence",
-                                "ahead, fence by an idle warp", "chain, fence by an idle warp",
-                                "ahead, a releasing atomic"};
-        for (int v = 0; v < 8; v++) {
+        const int modes[10] = {MODE_AHEAD, MODE_CHAIN, MODE_CHAIN, MODE_CHAIN_L2, MODE_AHEAD,
+                               MODE_AHEAD, MODE_CHAIN, MODE_AHEAD,    MODE_AHEAD,    MODE_CHAIN};
+        const int sleeps[10] = {0, 0, 1, 0, 0, 0, 0, 0, 0, 0}, kinds[10] = {0, 0, 0, 0, 1, 2, 2, 3, 4, 4};
+        const char *names[10] = {"ahead",           "chain", "chain, sleeping", "chainL2", "ahead, no fence",
+                                 "ahead, fence by an idle warp", "chain, fence by an idle warp",
+                                 "ahead, a releasing atomic", "ahead, an LL exchange", "chain, an LL exchange"};
+        for (int v = 0; v < 10; v++) {
             float us = 0;
             p.sleep = sleeps[v], p.bar_kind = kinds[v];
-            if (run<4, false>(p, modes[v], buf, region, regions, bar, out, sms, &us, trace)) return 1;
+            if (run<4, false>(p, modes[v], buf, region, regions, bar, ll, out, sms, &us, trace)) return 1;
             CHECK(cudaMemcpy(h.data(), trace, n * sizeof *trace, cudaMemcpyDeviceToHost));
             printf("%s, ring 4, %.1f us a step\n", names[v], us);
             for (int t = 0; t < 4; t++) {
@@ -337,18 +381,19 @@ int main(int argc, char **argv)
     }
     printf("%-6s %-7s %4s %10s %8s %8s %10s\n", "mode", "compute", "ring", "us/step", "TB/s", "% copy", "us/layer");
     const char *names[] = {"free", "drain", "ahead", "chain", "chainL2"};
-    p.bar_kind = idle_fence ? 2 : release ? 3 : 0;
-    printf("grid barriers arrived at by %s\n", idle_fence ? "a warp that streams nothing, after a fence"
-                                                : release ? "thread 0, by a releasing atomic"
-                                                          : "thread 0, after a fence");
+    p.bar_kind = idle_fence ? 2 : release ? 3 : ll_asked ? 4 : 0;
+    printf("op boundaries: %s\n", idle_fence ? "grid barriers arrived at by a warp that streams nothing, after a fence"
+                                   : release  ? "grid barriers arrived at by thread 0, by a releasing atomic"
+                                   : ll_asked ? "an LL exchange of a row, no barrier"
+                                              : "grid barriers arrived at by thread 0, after a fence");
     for (int c = compute_only ? 1 : 0; c < 2; c++)
         for (int mode = 0; mode < 5; mode++)
             for (int d : {4, 6}) {
                 float us = 0;
-                int rc = c ? (d == 4 ? run<4, true>(p, mode, buf, region, regions, bar, out, sms, &us)
-                                     : run<6, true>(p, mode, buf, region, regions, bar, out, sms, &us))
-                           : (d == 4 ? run<4, false>(p, mode, buf, region, regions, bar, out, sms, &us)
-                                     : run<6, false>(p, mode, buf, region, regions, bar, out, sms, &us));
+                int rc = c ? (d == 4 ? run<4, true>(p, mode, buf, region, regions, bar, ll, out, sms, &us)
+                                     : run<6, true>(p, mode, buf, region, regions, bar, ll, out, sms, &us))
+                           : (d == 4 ? run<4, false>(p, mode, buf, region, regions, bar, ll, out, sms, &us)
+                                     : run<6, false>(p, mode, buf, region, regions, bar, ll, out, sms, &us));
                 if (rc) return rc;
                 const double tbs = region / (us * 1e-6) / 1e12;
                 printf("%-6s %-7s %4d %10.1f %8.3f %7.1f%% %10.2f\n", names[mode], c ? "yes" : "no", d, us, tbs,
