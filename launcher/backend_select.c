@@ -30,8 +30,8 @@ tsr_status tsr_select_backend(const char *device, const tsr_ops **ops)
         *ops = tsr_ops_cuda();
         return TSR_OK;
 #else
-        return tsr_fail(TSR_ERR_UNSUPPORTED, "device '%s': this build of tessera has no CUDA backend (no toolkit at build time)",
-                        device);
+        return tsr_fail(TSR_ERR_UNSUPPORTED,
+                        "device '%s': this build of tessera has no CUDA backend (no toolkit at build time)", device);
 #endif
     }
     return tsr_fail(TSR_ERR_ARG, "unknown device '%s' (cpu, cuda, cuda:N)", device);

@@ -52,13 +52,14 @@ static const host_opt valued_opts[] = {
 
 void tsr_host_opts_kv_help(FILE *f)
 {
-    fprintf(f, "  --kv-tokens N          KV cache size in tokens (default: the engine's)\n"
-               "  --kv-fraction F        with no --kv-tokens: the cache's share of the GPU memory the weights and\n"
-               "                         workspace leave (default 0.9; 0.95 under a --gpu-memory plan; on the CPU only\n"
-               "                         with --gpu-memory)\n"
-               "  --kv-dtype D           f16 (default), q4, q6 or q8 (quantized: 2-3.5x the tokens), f32\n"
-               "  --max-context N        the longest sequence served, prompt and output (default: the model's\n"
-               "                         context); sizes the KV cache's default and longer requests are refused\n");
+    fprintf(f,
+            "  --kv-tokens N          KV cache size in tokens (default: the engine's)\n"
+            "  --kv-fraction F        with no --kv-tokens: the cache's share of the GPU memory the weights and\n"
+            "                         workspace leave (default 0.9; 0.95 under a --gpu-memory plan; on the CPU only\n"
+            "                         with --gpu-memory)\n"
+            "  --kv-dtype D           f16 (default), q4, q6 or q8 (quantized: 2-3.5x the tokens), f32\n"
+            "  --max-context N        the longest sequence served, prompt and output (default: the model's\n"
+            "                         context); sizes the KV cache's default and longer requests are refused\n");
 }
 
 int tsr_host_opts_take(tsr_host_opts *o, int argc, char **argv, int *i)

@@ -170,16 +170,20 @@ static uint64_t linear_bytes(const tsr_model *m)
     return b;
 }
 
-static tsr_status run_batch(const tsr_ops *ops, const char *model, int batch, int prompt_len, int gen, int max_tokens, tsr_dtype kv_dtype,
-                            uint64_t seed, double memcpy_bw, bench_row *row, tsr_model_config *cfg_out,
-                            uint64_t *file_bytes)
+static tsr_status run_batch(const tsr_ops *ops, const char *model, int batch, int prompt_len, int gen, int max_tokens,
+                            tsr_dtype kv_dtype, uint64_t seed, double memcpy_bw, bench_row *row,
+                            tsr_model_config *cfg_out, uint64_t *file_bytes)
 {
     memset(row, 0, sizeof *row);
     row->batch = batch;
     /* KV pool: batch × (prompt + gen) tokens, rounded up to whole pages per sequence */
     const int page = 16;
     const long per_seq = ((long)prompt_len + gen + page - 1) / page * page;
-    tsr_engine_opts o = {.max_tokens = max_tokens, .page_size = page, .kv_tokens = (long)batch * per_seq, .kv_dtype = kv_dtype, .ops = ops};
+    tsr_engine_opts o = {.max_tokens = max_tokens,
+                         .page_size = page,
+                         .kv_tokens = (long)batch * per_seq,
+                         .kv_dtype = kv_dtype,
+                         .ops = ops};
     tsr_engine *e = NULL;
     TSR_TRY(tsr_engine_open(model, &o, &e));
     const tsr_model_config *c = &e->model->cfg;
@@ -223,7 +227,8 @@ static tsr_status run_batch(const tsr_ops *ops, const char *model, int batch, in
     }
 
     uint64_t s = seed;
-    for (long i = 0; st == TSR_OK && i < (long)batch * prompt_len; i++) prompts[i] = (int32_t)(rng_next(&s) % (uint64_t)V);
+    for (long i = 0; st == TSR_OK && i < (long)batch * prompt_len; i++)
+        prompts[i] = (int32_t)(rng_next(&s) % (uint64_t)V);
     if (st == TSR_OK) {
         for (int b = 0; b < batch; b++)
             feeds[b] = (tsr_feed){&seqs[b], prompts + (size_t)b * prompt_len, prompt_len, TSR_LOGITS_LAST,
@@ -262,7 +267,8 @@ static tsr_status run_batch(const tsr_ops *ops, const char *model, int batch, in
         row->decode_s = t_dec;
         row->decode_tps = (double)batch * gen / t_dec;
         row->ms_per_step = 1e3 * t_dec / gen;
-        row->bytes_per_step = linear_bytes(e->model) + (uint64_t)batch * c->hidden * tsr_dtype_size(e->model->embed.dtype);
+        row->bytes_per_step =
+            linear_bytes(e->model) + (uint64_t)batch * c->hidden * tsr_dtype_size(e->model->embed.dtype);
         row->bandwidth = (double)row->bytes_per_step / (t_dec / gen);
         row->bw_fraction = memcpy_bw > 0 ? row->bandwidth / memcpy_bw : 0;
         row->kv_read_per_step = kv_read_bytes(c, kv_dtype, batch, prompt_len, gen);
@@ -455,16 +461,16 @@ int tsr_cmd_bench(int argc, char **argv)
     uint64_t file_bytes = 0;
     int rc = 0;
     for (int b = 0; b < n_batches; b++) {
-        tsr_status st = run_batch(ops, model, batches[b], (int)prompt_len, (int)gen, (int)max_tokens, kv_dtype, (uint64_t)seed,
-                                  bw, &rows[b], &cfg, &file_bytes);
+        tsr_status st = run_batch(ops, model, batches[b], (int)prompt_len, (int)gen, (int)max_tokens, kv_dtype,
+                                  (uint64_t)seed, bw, &rows[b], &cfg, &file_bytes);
         rows[b].gemm_fraction = gemm > 0 ? rows[b].prefill_flop_rate / gemm : 0;
         if (st != TSR_OK) {
             rc = tsr_cli_error("bench", st);
             break;
         }
         if (b == 0) {
-            printf("model    %s: %s, %d layers, hidden %d, heads %d/%d, intermediate %d, vocab %d; files %.3f GB\n", model,
-                   cfg.arch_name, cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.intermediate,
+            printf("model    %s: %s, %d layers, hidden %d, heads %d/%d, intermediate %d, vocab %d; files %.3f GB\n",
+                   model, cfg.arch_name, cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.intermediate,
                    cfg.vocab_size, (double)file_bytes / 1e9);
             printf("setup    %s, kv %s, prompt %ld, gen %ld, max-tokens %ld; %s copy %.2f GB/s (read+write)", desc,
                    tsr_kv_dtype_name(kv_dtype), prompt_len, gen, max_tokens, on_gpu ? "device" : "memcpy",

@@ -57,7 +57,8 @@ static int is_eos(const tsr_model_config *c, int32_t t)
 static void print_logprobs(const tsr_step_result *r)
 {
     fprintf(stderr, "token %d logprob %.5f", (int)r->token, r->logprob);
-    for (int i = 0; i < r->n_top; i++) fprintf(stderr, "%s%d:%.5f", i ? " " : " top ", (int)r->top_ids[i], r->top_logprobs[i]);
+    for (int i = 0; i < r->n_top; i++)
+        fprintf(stderr, "%s%d:%.5f", i ? " " : " top ", (int)r->top_ids[i], r->top_logprobs[i]);
     fprintf(stderr, "\n");
 }
 

@@ -15,7 +15,8 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: tessera inspect --model DIR [--context N] [--batch B] [--kv-dtype f16|f32|q4|q6|q8] [--max-batch-tokens T]\n"
+    fprintf(f, "usage: tessera inspect --model DIR [--context N] [--batch B] [--kv-dtype f16|f32|q4|q6|q8] "
+               "[--max-batch-tokens T]\n"
                "                       [--plan [--np N] [--split S] [--tp N] [--gpu-memory SIZE[,SIZE...]]\n"
                "                       [--kv-fraction F]]\n"
                "Memory is estimated for B sequences of N tokens each (default: max_position_embeddings, batch 1).\n"
@@ -141,7 +142,9 @@ int tsr_cmd_inspect(int argc, char **argv)
     printf("model          %s\n", dir);
     printf("architecture   %s (%s)\n", c->arch_name, arch_name(c->arch));
     printf("format         %s\n", tsr_model_format(m));
-    if (!strcmp(c->quant.method, "gptq")) printf("quantization   gptq %d-bit, group size %d%s%s\n", c->quant.bits, c->quant.group_size, c->quant.desc_act ? ", act-order" : "", c->quant.gptq_v2 ? ", gptq_v2 zeros" : "");
+    if (!strcmp(c->quant.method, "gptq"))
+        printf("quantization   gptq %d-bit, group size %d%s%s\n", c->quant.bits, c->quant.group_size,
+               c->quant.desc_act ? ", act-order" : "", c->quant.gptq_v2 ? ", gptq_v2 zeros" : "");
     printf("layers         %d\n", c->n_layers);
     printf("hidden         %d\n", c->hidden);
     printf("heads          %d query, %d key/value, head_dim %d\n", c->n_heads, c->n_kv_heads, c->head_dim);
@@ -177,10 +180,11 @@ int tsr_cmd_inspect(int argc, char **argv)
     double per_tok = 4.0 * (3.0 * c->hidden + 2.0 * c->n_heads * c->head_dim + 2.0 * c->n_kv_heads * c->head_dim +
                             2.0 * c->intermediate + c->vocab_size);
     double work = per_tok * max_tokens;
-    printf("\nweights        %.1f MiB in files (%.1f MiB linear layers, %.1f MiB embedding)\n", mib((double)m->file_bytes),
-           mib((double)linear_bytes), mib((double)embed_bytes));
-    printf("KV cache       %.1f MiB for %ld sequence(s) x %ld tokens (%s, %zu bytes per token)\n", mib(kv), batch, context,
-           tsr_kv_dtype_name(kv_dtype), tsr_kv_bytes_per_token(c->n_layers, c->n_kv_heads, c->head_dim, kv_dtype));
+    printf("\nweights        %.1f MiB in files (%.1f MiB linear layers, %.1f MiB embedding)\n",
+           mib((double)m->file_bytes), mib((double)linear_bytes), mib((double)embed_bytes));
+    printf("KV cache       %.1f MiB for %ld sequence(s) x %ld tokens (%s, %zu bytes per token)\n", mib(kv), batch,
+           context, tsr_kv_dtype_name(kv_dtype),
+           tsr_kv_bytes_per_token(c->n_layers, c->n_kv_heads, c->head_dim, kv_dtype));
     printf("workspace      %.1f MiB for %ld tokens per forward call\n", mib(work), max_tokens);
     printf("total          %.1f MiB\n", mib((double)m->file_bytes + kv + work));
     int rc = 0;

@@ -81,7 +81,8 @@ static tsr_status run_prompts(tsr_executor *x, int32_t **ids, const int *lens, i
     for (int i = 0, next = 0; st == TSR_OK && i < n; i++) {
         int np = (lens[i] + page - 1) / page;
         if (next + np > x->n_pages) {
-            st = tsr_fail(TSR_ERR_NOMEM, "KV cache full: the prompts need more than %d pages of %d tokens", x->n_pages, page);
+            st = tsr_fail(TSR_ERR_NOMEM, "KV cache full: the prompts need more than %d pages of %d tokens", x->n_pages,
+                          page);
             break;
         }
         if (!(tables[i] = malloc((size_t)np * sizeof(int32_t)))) st = tsr_fail(TSR_ERR_NOMEM, "out of memory");
@@ -163,7 +164,8 @@ int tsr_cmd_logits(int argc, char **argv)
                 tsr_cli_int("logits", "--max-batch-tokens", v, 1, 1 << 20, &max_batch))
                 return 2;
         } else if (!strcmp(a, "--threads")) {
-            if (!(v = tsr_cli_value("logits", argc, argv, &i)) || tsr_cli_int("logits", "--threads", v, 1, 1024, &threads))
+            if (!(v = tsr_cli_value("logits", argc, argv, &i)) ||
+                tsr_cli_int("logits", "--threads", v, 1, 1024, &threads))
                 return 2;
         } else if (!strcmp(a, "--device")) {
             if (!(device = tsr_cli_value("logits", argc, argv, &i))) return 2;

@@ -6,12 +6,13 @@
  * into killing the whole job, but forwards SIGUSR1 to every rank: SIGUSR1 to mpirun (or SIGTERM to rank 0) is the
  * graceful stop of a multi-rank server; workers ignore SIGUSR1 and leave when the coordinator tells them.
  *
- * Order of things: SIGINT, SIGTERM and SIGUSR1 are caught (see below) and SIGPIPE is ignored. The gateway starts listening at once, so /health answers 503 "loading" while the tokenizer, the
- * chat template and the model load; then the executor and the service loop start and the gateway turns ready. A
- * signal during loading exits at once (0: nothing was in flight). A signal once ready: the gateway stops
- * accepting, the service lets running requests finish for up to --grace seconds and cancels the rest (each
- * client gets its answer or the end of its stream), the gateway waits for the answers to go out, and the process
- * exits 0. Further signals during the grace period do not shorten it; the grace period is the bound. */
+ * Order of things: SIGINT, SIGTERM and SIGUSR1 are caught (see below) and SIGPIPE is ignored. The gateway starts
+ * listening at once, so /health answers 503 "loading" while the tokenizer, the chat template and the model load; then
+ * the executor and the service loop start and the gateway turns ready. A signal during loading exits at once (0:
+ * nothing was in flight). A signal once ready: the gateway stops accepting, the service lets running requests finish
+ * for up to --grace seconds and cancels the rest (each client gets its answer or the end of its stream), the gateway
+ * waits for the answers to go out, and the process exits 0. Further signals during the grace period do not shorten it;
+ * the grace period is the bound. */
 #include "launcher/backend_select.h"
 #include "launcher/cli.h"
 #include "launcher/commands.h"

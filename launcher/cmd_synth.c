@@ -170,7 +170,8 @@ int tsr_cmd_synth(int argc, char **argv)
     o.shard_bytes = (uint64_t)shard_mb << 20;
     o.threads = (int)threads;
     if (!head_dim && hidden % heads) {
-        fprintf(stderr, "tessera synth: --hidden %ld is not a multiple of --heads %ld; give --head-dim\n", hidden, heads);
+        fprintf(stderr, "tessera synth: --hidden %ld is not a multiple of --heads %ld; give --head-dim\n", hidden,
+                heads);
         return 2;
     }
 

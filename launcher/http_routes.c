@@ -116,7 +116,8 @@ enum MHD_Result tsr_http_route_models(tsr_http *h, struct MHD_Connection *c, con
     tsr_oai_error e;
     if (not_ready(h, &e)) return tsr_http_reply_error(h, c, TSR_ROUTE_MODELS, &e);
     json_t *list = tsr_oai_models_json(h->model);
-    if (!strcmp(url, "/v1/models") || !strcmp(url, "/v1/models/")) return tsr_http_reply_json(h, c, TSR_ROUTE_MODELS, 200, list);
+    if (!strcmp(url, "/v1/models") || !strcmp(url, "/v1/models/"))
+        return tsr_http_reply_json(h, c, TSR_ROUTE_MODELS, 200, list);
     const char *name = url + strlen("/v1/models/");
     if (strcmp(name, h->model->name)) {
         json_decref(list);

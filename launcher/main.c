@@ -60,7 +60,8 @@ static int run_command(const command *c, int argc, char **argv)
     if (ok)
         rc = c->run(n, v);
     else if (!tsr_rank_is_worker())
-        fprintf(stderr, "tessera %s: this command runs in one process; start it without mpirun (or with -np 1)\n", c->name);
+        fprintf(stderr, "tessera %s: this command runs in one process; start it without mpirun (or with -np 1)\n",
+                c->name);
     tsr_config_free(n, v, argv);
     return rc;
 }

@@ -755,7 +755,8 @@ tsr_status tsr_oai_parse(tsr_oai_kind kind, const json_t *body, const tsr_oai_mo
     if (!rc) rc = parse_stop(rq, body, err);
     if (!rc) rc = parse_stop_ids(rq, body, m, err);
     if (!rc) rc = parse_bias(rq, body, m, err);
-    if (!rc) rc = kind == TSR_OAI_CHAT ? parse_chat_prompt(rq, body, m, err) : parse_completions_prompt(rq, body, m, err);
+    if (!rc)
+        rc = kind == TSR_OAI_CHAT ? parse_chat_prompt(rq, body, m, err) : parse_completions_prompt(rq, body, m, err);
     if (!rc) rc = parse_lengths(rq, body, m, err);
     if (rc) {
         tsr_status st = err->status >= 500 ? TSR_ERR_NOMEM : TSR_ERR_ARG;

@@ -112,7 +112,8 @@ static tsr_status read_rope(const cfg_src *s, tsr_model_config *cfg)
         TSR_TRY(get_num(s, rs, "low_freq_factor", 1, 1.0, &r->low_freq_factor));
         TSR_TRY(get_num(s, rs, "high_freq_factor", 1, 4.0, &r->high_freq_factor));
         if (!(r->high_freq_factor > r->low_freq_factor))
-            return tsr_fail(TSR_ERR_FORMAT, "%s: llama3 rope_scaling needs high_freq_factor > low_freq_factor", s->path);
+            return tsr_fail(TSR_ERR_FORMAT, "%s: llama3 rope_scaling needs high_freq_factor > low_freq_factor",
+                            s->path);
     } else if (!strcmp(name, "yarn")) {
         r->type = TSR_ROPE_YARN;
         TSR_TRY(get_num(s, rs, "beta_fast", 0, 32.0, &r->beta_fast));
@@ -123,8 +124,9 @@ static tsr_status read_rope(const cfg_src *s, tsr_model_config *cfg)
         json_t *tr = json_object_get(rs, "truncate");
         r->truncate = tr ? json_is_true(tr) : 1;
     } else {
-        return tsr_fail(TSR_ERR_UNSUPPORTED, "%s: rope_scaling type '%s' is not supported (linear, dynamic, llama3, yarn are)",
-                        s->path, name);
+        return tsr_fail(TSR_ERR_UNSUPPORTED,
+                        "%s: rope_scaling type '%s' is not supported (linear, dynamic, llama3, yarn are)", s->path,
+                        name);
     }
     return TSR_OK;
 }
@@ -219,9 +221,10 @@ static tsr_status parse_config(const char *path, json_t *top, tsr_model_config *
     else if (!strcmp(arch, "Qwen2ForCausalLM"))
         cfg->arch = TSR_ARCH_QWEN2;
     else
-        return tsr_fail(TSR_ERR_UNSUPPORTED,
-                        "%s: architecture '%s' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM are)",
-                        path, arch);
+        return tsr_fail(
+            TSR_ERR_UNSUPPORTED,
+            "%s: architecture '%s' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM are)", path,
+            arch);
 
     TSR_TRY(get_int(&s, "hidden_size", 1, 0, &cfg->hidden));
     TSR_TRY(get_int(&s, "num_hidden_layers", 1, 0, &cfg->n_layers));
@@ -239,8 +242,9 @@ static tsr_status parse_config(const char *path, json_t *top, tsr_model_config *
                         cfg->n_heads, cfg->n_kv_heads);
     TSR_TRY(get_num(&s, s.root, "rms_norm_eps", 1, 1e-6, &cfg->norm_eps));
     TSR_TRY(read_rope(&s, cfg));
-    cfg->tie_word_embeddings = json_is_true(get(&s, "tie_word_embeddings")) ||
-                               (!get(&s, "tie_word_embeddings") && json_is_true(json_object_get(top, "tie_word_embeddings")));
+    cfg->tie_word_embeddings =
+        json_is_true(get(&s, "tie_word_embeddings")) ||
+        (!get(&s, "tie_word_embeddings") && json_is_true(json_object_get(top, "tie_word_embeddings")));
     cfg->attention_bias = cfg->arch == TSR_ARCH_QWEN2 || json_is_true(get(&s, "attention_bias"));
     if (json_is_true(get(&s, "mlp_bias")))
         return tsr_fail(TSR_ERR_UNSUPPORTED, "%s: mlp_bias is not supported", path);

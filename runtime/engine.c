@@ -69,7 +69,8 @@ tsr_status tsr_engine_open(const char *model_dir, const tsr_engine_opts *opts, t
         if (pages > (1L << 30)) pages = 1L << 30;
         e->kv_pool_tokens = pages * o.page_size;
         if (st == TSR_OK)
-            st = tsr_kv_init(&e->kv, e->ops, n_layers, lo->n_kv_heads, c->head_dim, o.page_size, (int)pages, o.kv_dtype);
+            st =
+                tsr_kv_init(&e->kv, e->ops, n_layers, lo->n_kv_heads, c->head_dim, o.page_size, (int)pages, o.kv_dtype);
         if (st == TSR_OK && tsr_kv_is_quant(o.kv_dtype)) {
             if (context > e->kv_pool_tokens) context = e->kv_pool_tokens; /* no sequence outgrows the pool */
             e->kv.expand_positions = tsr_kv_expand_positions(o.max_tokens, context, o.page_size);

@@ -68,31 +68,36 @@ tsr_status tsr_qmatrix_load(const tsr_st_set *set, const char *key, int K, int N
         int q1 = g + 1 < G ? (uint16_t)qg[2 * g + 3] : m->Q;
         if (bits != 2 && bits != 3 && bits != 4 && bits != 5 && bits != 6 && bits != 8) {
             tsr_qmatrix_free(m);
-            return tsr_fail(TSR_ERR_FORMAT, "%s: tensor '%s.q_groups': group %d has unknown bit width %d", tg->file, key,
-                            g, bits);
+            return tsr_fail(TSR_ERR_FORMAT, "%s: tensor '%s.q_groups': group %d has unknown bit width %d", tg->file,
+                            key, g, bits);
         }
         if (bits > prev_bits) {
             tsr_qmatrix_free(m);
-            return tsr_fail(TSR_ERR_FORMAT, "%s: tensor '%s.q_groups': group %d widens to %d bits after %d (widths must not increase)",
+            return tsr_fail(TSR_ERR_FORMAT,
+                            "%s: tensor '%s.q_groups': group %d widens to %d bits after %d (widths must not increase)",
                             tg->file, key, g, bits, prev_bits);
         }
         prev_bits = bits;
         if (q1 <= q0 || q1 > m->Q || (g == 0 && q0 != 0)) {
             tsr_qmatrix_free(m);
-            return tsr_fail(TSR_ERR_FORMAT, "%s: tensor '%s.q_groups': group %d spans packed rows [%d, %d) outside [0, %d)",
-                            tg->file, key, g, q0, q1, m->Q);
+            return tsr_fail(TSR_ERR_FORMAT,
+                            "%s: tensor '%s.q_groups': group %d spans packed rows [%d, %d) outside [0, %d)", tg->file,
+                            key, g, q0, q1, m->Q);
         }
         long bitsum = (long)(q1 - q0) * 32;
         if (bitsum % bits) {
             tsr_qmatrix_free(m);
-            return tsr_fail(TSR_ERR_FORMAT, "%s: tensor '%s.q_groups': group %d (%d packed rows) is not a whole number of %d-bit values",
-                            tg->file, key, g, q1 - q0, bits);
+            return tsr_fail(
+                TSR_ERR_FORMAT,
+                "%s: tensor '%s.q_groups': group %d (%d packed rows) is not a whole number of %d-bit values", tg->file,
+                key, g, q1 - q0, bits);
         }
         int rows = (int)(bitsum / bits);
         if (row + rows > K) {
             tsr_qmatrix_free(m);
-            return tsr_fail(TSR_ERR_FORMAT, "%s: tensor '%s.q_groups': groups cover more than the %d rows of the matrix",
-                            tg->file, key, K);
+            return tsr_fail(TSR_ERR_FORMAT,
+                            "%s: tensor '%s.q_groups': groups cover more than the %d rows of the matrix", tg->file, key,
+                            K);
         }
         tsr_qgroup *gr = &m->groups[g];
         gr->bits = bits;

@@ -191,7 +191,8 @@ static tsr_status validate(const tsr_forward_ctx *c, const tsr_seq_input *seqs, 
                             q->n_pages, last);
         for (long p = 0; p <= last / c->kv->page_size; p++)
             if (q->page_table[p] < 0 || q->page_table[p] >= c->kv->n_pages)
-                return tsr_fail(TSR_ERR_ARG, "forward: sequence %d names page %d outside the pool", s, (int)q->page_table[p]);
+                return tsr_fail(TSR_ERR_ARG, "forward: sequence %d names page %d outside the pool", s,
+                                (int)q->page_table[p]);
         for (int t = 0; t < q->n_tokens; t++)
             if (q->tokens[t] < 0 || q->tokens[t] >= cfg->vocab_size)
                 return tsr_fail(TSR_ERR_ARG, "forward: token id %d out of range (vocabulary %d)", (int)q->tokens[t],
@@ -252,8 +253,9 @@ static int build_layout(tsr_forward_ctx *c, const tsr_seq_input *seqs, int n_seq
         if (seqs[s].pos0 + seqs[s].n_tokens - 1 > max_position) max_position = seqs[s].pos0 + seqs[s].n_tokens - 1;
     }
     if (fixed_shape) max_position = c->pages_per_seq * page - 1;
-    *b = (tsr_batch_layout){n_seqs, T, max_pages, max_position, d->row_seq, d->positions, d->seq_row0, d->page_tables, d->inv_freq,
-                            d->attn_factor, attended, h->seq_row0, h->positions};
+    *b = (tsr_batch_layout){n_seqs,       T,           max_pages,      max_position, d->row_seq,
+                            d->positions, d->seq_row0, d->page_tables, d->inv_freq,  d->attn_factor,
+                            attended,     h->seq_row0, h->positions};
     return n_out;
 }
 

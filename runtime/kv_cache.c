@@ -80,8 +80,8 @@ tsr_status tsr_kv_init(tsr_kv_cache *kv, const tsr_ops *ops, int n_layers, int n
         return tsr_fail(TSR_ERR_UNSUPPORTED, "KV cache: storage type %s is not supported (F16, F32, Q4, Q6, Q8)",
                         tsr_dtype_name(dtype));
     if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || page_size <= 0 || n_pages <= 0)
-        return tsr_fail(TSR_ERR_ARG, "KV cache: invalid geometry (%d layers, %d heads, dim %d, page %d, %d pages)", n_layers,
-                        n_kv_heads, head_dim, page_size, n_pages);
+        return tsr_fail(TSR_ERR_ARG, "KV cache: invalid geometry (%d layers, %d heads, dim %d, page %d, %d pages)",
+                        n_layers, n_kv_heads, head_dim, page_size, n_pages);
     if (quant && head_dim % TSR_KV_QCHUNK)
         return tsr_fail(TSR_ERR_UNSUPPORTED,
                         "KV cache: the %s mode needs a head dimension divisible by %d (this model's is %d); use f16",

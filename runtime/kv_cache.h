@@ -36,7 +36,7 @@ typedef struct tsr_kv_cache {
     int n_pages;
     tsr_dtype dtype;         /* TSR_F16, TSR_F32, TSR_KV_Q4, TSR_KV_Q6 or TSR_KV_Q8 */
     int k_bits, v_bits;      /* quantized modes: bits per K / V code (4 or 8); 0 otherwise */
-    void **k, **v;           /* [n_layers] → [n_pages][page_size][n_kv_heads][head_dim] elements of dtype (or codes) */
+    void **k, **v; /* [n_layers] → [n_pages][page_size][n_kv_heads][head_dim] elements of dtype (or codes) */
     uint16_t **k_scale, **v_scale; /* quantized: [n_layers] → [n_pages][page_size][n_kv_heads][head_dim/32] fp16 */
     /* quantized: the last kv_store call's rows, fp16 [stage_rows][n_kv_heads][head_dim] (backend memory) */
     uint16_t *stage_k, *stage_v;
@@ -115,7 +115,8 @@ void tsr_kv_release_page(tsr_kv_cache *kv, int32_t page);
 static inline size_t tsr_kv_slot_offset(const tsr_kv_cache *kv, const int32_t *page_table, int t)
 {
     size_t page = (size_t)page_table[t / kv->page_size];
-    return ((page * (size_t)kv->page_size) + (size_t)(t % kv->page_size)) * (size_t)kv->n_kv_heads * (size_t)kv->head_dim;
+    return ((page * (size_t)kv->page_size) + (size_t)(t % kv->page_size)) * (size_t)kv->n_kv_heads *
+           (size_t)kv->head_dim;
 }
 
 /* ---- the quantized format (host reference; the CPU backend uses it, the CUDA backend mirrors it) ---- */

@@ -20,7 +20,8 @@ static tsr_status load_dense(const tsr_st_set *st, const char *name, int rows, i
                       : (t->ndim == 1 && t->shape[0] == cols);
     if (!ok) {
         if (rows > 1)
-            return tsr_fail(TSR_ERR_FORMAT, "%s: tensor '%s' has the wrong shape (expected [%d, %d])", t->file, name, rows, cols);
+            return tsr_fail(TSR_ERR_FORMAT, "%s: tensor '%s' has the wrong shape (expected [%d, %d])", t->file, name,
+                            rows, cols);
         return tsr_fail(TSR_ERR_FORMAT, "%s: tensor '%s' has the wrong shape (expected [%d])", t->file, name, cols);
     }
     out->dtype = t->dtype;
@@ -52,8 +53,9 @@ static tsr_status load_linear(tsr_model *m, const char *key, int K, int N, int h
     if (has_tensor(m->st, key, "qweight")) {
         /* GPTQ (4-bit): a tsr_qmatrix in GPTQ mode, run by the same kernel as EXL2 (gptq.h) */
         if (m->cfg.quant.method[0] && strcmp(m->cfg.quant.method, "gptq"))
-            return tsr_fail(TSR_ERR_UNSUPPORTED, "%s: '%s' has qweight tensors but quant_method is '%s' (only GPTQ is supported)",
-                            m->dir, key, m->cfg.quant.method);
+            return tsr_fail(TSR_ERR_UNSUPPORTED,
+                            "%s: '%s' has qweight tensors but quant_method is '%s' (only GPTQ is supported)", m->dir,
+                            key, m->cfg.quant.method);
         L->kind = TSR_LINEAR_EXL2;
         m->n_exl2++;
         return tsr_gptq_load(m->st, key, K, N, has_bias, &m->cfg.quant, &L->q);
@@ -101,7 +103,8 @@ static tsr_status load_head(tsr_model *m)
         has_tensor(m->st, "lm_head", "qweight"))
         return load_linear(m, "lm_head", c->hidden, c->vocab_size, has_tensor(m->st, "lm_head", "bias"), &m->head);
     if (!c->tie_word_embeddings)
-        return tsr_fail(TSR_ERR_MISSING, "%s: tensor 'lm_head.weight' is missing (and tie_word_embeddings is false)", m->dir);
+        return tsr_fail(TSR_ERR_MISSING, "%s: tensor 'lm_head.weight' is missing (and tie_word_embeddings is false)",
+                        m->dir);
     memset(&m->head, 0, sizeof m->head);
     m->head_tied = 1;
     m->head.kind = TSR_LINEAR_DENSE;

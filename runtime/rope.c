@@ -45,7 +45,8 @@ void tsr_rope_freqs(const tsr_rope_config *r, int seq_len, float *inv_freq, floa
             if (wl > low_wl) {
                 inv_freq[i] = (float)(f / r->factor);
             } else {
-                double smooth = (r->original_max_pos / wl - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
+                double smooth =
+                    (r->original_max_pos / wl - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
                 inv_freq[i] = (float)((1.0 - smooth) * f / r->factor + smooth * f);
             }
         }

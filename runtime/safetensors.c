@@ -55,7 +55,8 @@ void tsr_st_set_free(tsr_st_set *set)
     if (!set) return;
     for (size_t i = 0; i < set->n_tensors; i++) free((char *)set->tensors[i].name);
     for (size_t i = 0; i < set->n_files; i++) {
-        if (set->files[i].map && set->files[i].size && !set->files[i].borrowed) munmap(set->files[i].map, set->files[i].size);
+        if (set->files[i].map && set->files[i].size && !set->files[i].borrowed)
+            munmap(set->files[i].map, set->files[i].size);
         free(set->files[i].path);
     }
     for (size_t i = 0; i < set->n_copies; i++) free(set->copies[i]);
@@ -67,10 +68,12 @@ void tsr_st_set_free(tsr_st_set *set)
 
 static tsr_status parse_shape(const char *path, const char *name, json_t *shape, tsr_st_tensor *t)
 {
-    if (!json_is_array(shape)) return tsr_fail(TSR_ERR_FORMAT, "%s: tensor '%s': \"shape\" is not an array", path, name);
+    if (!json_is_array(shape))
+        return tsr_fail(TSR_ERR_FORMAT, "%s: tensor '%s': \"shape\" is not an array", path, name);
     size_t nd = json_array_size(shape);
     if (nd > TSR_ST_MAX_DIMS)
-        return tsr_fail(TSR_ERR_FORMAT, "%s: tensor '%s': %zu dimensions (at most %d)", path, name, nd, TSR_ST_MAX_DIMS);
+        return tsr_fail(TSR_ERR_FORMAT, "%s: tensor '%s': %zu dimensions (at most %d)", path, name, nd,
+                        TSR_ST_MAX_DIMS);
     t->ndim = (int)nd;
     for (size_t d = 0; d < nd; d++) {
         json_t *v = json_array_get(shape, d);
@@ -84,16 +87,20 @@ static tsr_status parse_shape(const char *path, const char *name, json_t *shape,
 /* Parses and validates one file's header, appending its tensors to set. */
 static tsr_status parse_header(tsr_st_set *set, const st_file *f)
 {
-    if (f->size < 8) return tsr_fail(TSR_ERR_FORMAT, "%s: file too short for a safetensors header (%zu bytes)", f->path, f->size);
+    if (f->size < 8)
+        return tsr_fail(TSR_ERR_FORMAT, "%s: file too short for a safetensors header (%zu bytes)", f->path, f->size);
     const unsigned char *p = f->map;
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | p[i];
     if (hlen > ST_MAX_HEADER || hlen > f->size - 8)
-        return tsr_fail(TSR_ERR_FORMAT, "%s: header length %llu exceeds the file size %zu (truncated or not safetensors)",
-                        f->path, (unsigned long long)hlen, f->size);
+        return tsr_fail(TSR_ERR_FORMAT,
+                        "%s: header length %llu exceeds the file size %zu (truncated or not safetensors)", f->path,
+                        (unsigned long long)hlen, f->size);
     json_error_t jerr;
     json_t *root = json_loadb((const char *)p + 8, (size_t)hlen, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
-    if (!root) return tsr_fail(TSR_ERR_FORMAT, "%s: header JSON invalid at line %d column %d: %s", f->path, jerr.line, jerr.column, jerr.text);
+    if (!root)
+        return tsr_fail(TSR_ERR_FORMAT, "%s: header JSON invalid at line %d column %d: %s", f->path, jerr.line,
+                        jerr.column, jerr.text);
     if (!json_is_object(root)) {
         json_decref(root);
         return tsr_fail(TSR_ERR_FORMAT, "%s: header is not a JSON object", f->path);
@@ -146,8 +153,9 @@ static tsr_status parse_header(tsr_st_set *set, const st_file *f)
         }
         json_int_t b = json_integer_value(json_array_get(jo, 0)), e = json_integer_value(json_array_get(jo, 1));
         if (b < 0 || e < b || (uint64_t)e > data_size) {
-            st = tsr_fail(TSR_ERR_FORMAT, "%s: tensor '%s': data_offsets [%lld, %lld] outside the data section (%llu bytes)",
-                          f->path, name, (long long)b, (long long)e, (unsigned long long)data_size);
+            st = tsr_fail(TSR_ERR_FORMAT,
+                          "%s: tensor '%s': data_offsets [%lld, %lld] outside the data section (%llu bytes)", f->path,
+                          name, (long long)b, (long long)e, (unsigned long long)data_size);
             break;
         }
         /* dtype × shape must match the byte span exactly (checked without overflow) */
@@ -188,7 +196,8 @@ static tsr_status parse_header(tsr_st_set *set, const st_file *f)
         qsort(spans, n_spans, sizeof *spans, cmp_span);
         for (size_t i = 1; i < n_spans && st == TSR_OK; i++)
             if (spans[i - 1].end > spans[i].begin && spans[i].end > spans[i].begin)
-                st = tsr_fail(TSR_ERR_FORMAT, "%s: tensors '%s' and '%s' overlap", f->path, spans[i - 1].name, spans[i].name);
+                st = tsr_fail(TSR_ERR_FORMAT, "%s: tensors '%s' and '%s' overlap", f->path, spans[i - 1].name,
+                              spans[i].name);
     }
     free(spans);
     json_decref(root);
@@ -477,9 +486,11 @@ tsr_status tsr_st_writer_open(const char *path, tsr_st_writer **out)
 tsr_status tsr_st_writer_declare(tsr_st_writer *w, const char *name, tsr_dtype dtype, int ndim, const int64_t *shape)
 {
     if (w->header_done) return tsr_fail(TSR_ERR_INTERNAL, "%s: tensor '%s' declared after the header", w->path, name);
-    if (ndim < 0 || ndim > TSR_ST_MAX_DIMS) return tsr_fail(TSR_ERR_ARG, "%s: tensor '%s': bad rank %d", w->path, name, ndim);
+    if (ndim < 0 || ndim > TSR_ST_MAX_DIMS)
+        return tsr_fail(TSR_ERR_ARG, "%s: tensor '%s': bad rank %d", w->path, name, ndim);
     for (size_t i = 0; i < w->n_decls; i++)
-        if (!strcmp(w->decls[i].name, name)) return tsr_fail(TSR_ERR_ARG, "%s: tensor '%s' declared twice", w->path, name);
+        if (!strcmp(w->decls[i].name, name))
+            return tsr_fail(TSR_ERR_ARG, "%s: tensor '%s' declared twice", w->path, name);
     st_decl *grown = realloc(w->decls, (w->n_decls + 1) * sizeof *grown);
     if (!grown) return tsr_fail(TSR_ERR_NOMEM, "out of memory");
     w->decls = grown;
@@ -544,7 +555,8 @@ tsr_status tsr_st_writer_write(tsr_st_writer *w, const void *data, size_t nbytes
         if (w->current >= w->n_decls) return tsr_fail(TSR_ERR_INTERNAL, "%s: more data than declared", w->path);
         uint64_t room = w->decls[w->current].nbytes - w->written;
         size_t chunk = nbytes < room ? nbytes : (size_t)room;
-        if (fwrite(p, 1, chunk, w->fp) != chunk) return tsr_fail(TSR_ERR_IO, "%s: write failed: %s", w->path, strerror(errno));
+        if (fwrite(p, 1, chunk, w->fp) != chunk)
+            return tsr_fail(TSR_ERR_IO, "%s: write failed: %s", w->path, strerror(errno));
         p += chunk;
         nbytes -= chunk;
         w->written += chunk;

@@ -69,8 +69,9 @@ tsr_status tsr_sample(const float *logits, int n, const tsr_sampling *p, tsr_rng
 
 /* A logits row known only by its best entries (ops.h top_rows): n candidates, ids and logits, largest first (-0
  * below +0, the lower id first on ties), no other entry above the last one (NaN aside; entries equal to the last
- * may be missing, as in lists merged from several devices); complete when they are every non-NaN entry of the row; z = the sum over the whole row of exp((l - max) / T) at the draw's temperature
- * T (with 1 / T capped at FLT_MAX, as the sampler caps it). */
+ * may be missing, as in lists merged from several devices); complete when they are every non-NaN entry of the row; z =
+ * the sum over the whole row of exp((l - max) / T) at the draw's temperature T (with 1 / T capped at FLT_MAX, as the
+ * sampler caps it). */
 typedef struct tsr_top_row {
     const int32_t *ids;
     const float *vals;

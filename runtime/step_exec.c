@@ -234,8 +234,8 @@ tsr_status tsr_engine_run_step(tsr_engine *e, tsr_step_scratch *scratch, const t
         if (top) tsr_step_top_backoff(&scratch->top.backoff, n_undecided, (int)rows);
         if (st == TSR_OK && n_undecided) st = scratch_reserve(scratch, n, rows, vocab);
         if (st == TSR_OK && n_undecided)
-            st = tsr_step_sample_undecided(e->fwd, step, scratch->top.undecided, scratch->top.undecided + n, n_undecided,
-                                           vocab, scratch->logits, results);
+            st = tsr_step_sample_undecided(e->fwd, step, scratch->top.undecided, scratch->top.undecided + n,
+                                           n_undecided, vocab, scratch->logits, results);
         if (st != TSR_OK) break;
     }
     return st;

@@ -88,7 +88,8 @@ tsr_status tsr_synth_qplan_finish(tsr_synth_qplan *p)
         for (int r = 0; r < p->rows[i]; r += gs) {
             int gr = p->rows[i] - r < gs ? p->rows[i] - r : gs;
             if ((long)gr * b % 32)
-                return tsr_fail(TSR_ERR_ARG, "synth: a group of %d rows at %d bits is not a whole number of words", gr, b);
+                return tsr_fail(TSR_ERR_ARG, "synth: a group of %d rows at %d bits is not a whole number of words", gr,
+                                b);
             Q += gr * b / 32;
             G++;
         }
@@ -129,7 +130,8 @@ tsr_status tsr_synth_qplan_props(int K, int N, int n, const int *bits, const dou
     memset(p, 0, sizeof *p);
     p->K = K;
     p->N = (N + 31) / 32 * 32;
-    if (n < 1 || n > TSR_SYNTH_MAX_WIDTHS) return tsr_fail(TSR_ERR_ARG, "synth: %d widths (1..%d)", n, TSR_SYNTH_MAX_WIDTHS);
+    if (n < 1 || n > TSR_SYNTH_MAX_WIDTHS)
+        return tsr_fail(TSR_ERR_ARG, "synth: %d widths (1..%d)", n, TSR_SYNTH_MAX_WIDTHS);
     int remaining = p->K;
     p->n_widths = n;
     for (int i = 0; i < n; i++) {
@@ -167,7 +169,8 @@ tsr_status tsr_synth_head_plan(int K, int N, int head_bits, tsr_synth_qplan *p)
 /* Bits of a two-width option (plus an optional 32-row 8-bit group first) without building it. */
 static uint64_t option_bits(int K, int N, int top, int hi, int rows_hi, int gs_hi, int lo, int rows_lo, int gs_lo)
 {
-    uint64_t G = (uint64_t)(top ? 1 : 0) + (uint64_t)((rows_hi + gs_hi - 1) / gs_hi) + (uint64_t)((rows_lo + gs_lo - 1) / gs_lo);
+    uint64_t G =
+        (uint64_t)(top ? 1 : 0) + (uint64_t)((rows_hi + gs_hi - 1) / gs_hi) + (uint64_t)((rows_lo + gs_lo - 1) / gs_lo);
     uint64_t Q = (uint64_t)(top * 8 + rows_hi * hi + rows_lo * lo) / 32;
     return Q * (uint64_t)N * 32 + G * ((uint64_t)N / 8) * 32 + G * 48 + (uint64_t)K * 32;
 }
@@ -282,7 +285,8 @@ typedef struct {
     size_t buf_bytes;
 } synth_ctx;
 
-static tsr_status add_tensor(synth_ctx *c, const char *name, tkind kind, tsr_dtype dt, int ndim, int64_t d0, int64_t d1, int mat)
+static tsr_status add_tensor(synth_ctx *c, const char *name, tkind kind, tsr_dtype dt, int ndim, int64_t d0, int64_t d1,
+                             int mat)
 {
     if (c->n_tens == c->cap_tens) {
         int cap = c->cap_tens ? 2 * c->cap_tens : 256;
@@ -426,7 +430,10 @@ static const char *arch_class(tsr_arch a)
     return a == TSR_ARCH_QWEN2 ? "Qwen2ForCausalLM" : a == TSR_ARCH_MISTRAL ? "MistralForCausalLM" : "LlamaForCausalLM";
 }
 
-static const char *arch_type(tsr_arch a) { return a == TSR_ARCH_QWEN2 ? "qwen2" : a == TSR_ARCH_MISTRAL ? "mistral" : "llama"; }
+static const char *arch_type(tsr_arch a)
+{
+    return a == TSR_ARCH_QWEN2 ? "qwen2" : a == TSR_ARCH_MISTRAL ? "mistral" : "llama";
+}
 
 static tsr_status check_gptq_opts(const tsr_synth_opts *o)
 {
@@ -980,7 +987,8 @@ static int cmp_tensor(const void *pa, const void *pb)
 /* Refuses a directory holding other *.safetensors files (the loader would read them too). */
 static tsr_status check_dir(const char *dir, int n_shards, tsr_synth_format f)
 {
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST) return tsr_fail(TSR_ERR_IO, "%s: cannot create: %s", dir, strerror(errno));
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return tsr_fail(TSR_ERR_IO, "%s: cannot create: %s", dir, strerror(errno));
     DIR *d = opendir(dir);
     if (!d) return tsr_fail(TSR_ERR_IO, "%s: cannot open: %s", dir, strerror(errno));
     struct dirent *e;
@@ -996,7 +1004,8 @@ static tsr_status check_dir(const char *dir, int n_shards, tsr_synth_format f)
             ours = !strcmp(p, full);
         }
         if (!ours) {
-            st = tsr_fail(TSR_ERR_ARG, "%s already holds %s (from another run?); use an empty directory", dir, e->d_name);
+            st = tsr_fail(TSR_ERR_ARG, "%s already holds %s (from another run?); use an empty directory", dir,
+                          e->d_name);
             break;
         }
     }

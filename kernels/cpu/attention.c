@@ -367,7 +367,8 @@ void tsr_cpu_attention(const tsr_batch_layout *b, const tsr_attn_args *a, const 
 void tsr_cpu_kv_store(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const float *k, const float *v)
 {
     const size_t width = (size_t)kv->n_kv_heads * kv->head_dim;
-    if (tsr_kv_is_quant(kv->dtype)) kv->stage_key[kv->stage_rows] = b->n_rows < kv->stage_rows ? b->n_rows : kv->stage_rows;
+    if (tsr_kv_is_quant(kv->dtype))
+        kv->stage_key[kv->stage_rows] = b->n_rows < kv->stage_rows ? b->n_rows : kv->stage_rows;
     for (int t = 0; t < b->n_rows; t++) {
         const int32_t *table = b->page_tables + (size_t)b->row_seq[t] * b->max_pages;
         const size_t off = tsr_kv_slot_offset(kv, table, b->positions[t]);

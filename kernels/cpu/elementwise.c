@@ -15,7 +15,8 @@ void tsr_cpu_embed(const tsr_dense *table, const int32_t *ids, int n, float *out
     const int dim = table->cols;
     for (int i = 0; i < n; i++) {
         const size_t base = (size_t)ids[i] * (size_t)dim;
-        for (int k = 0; k < dim; k++) out[(size_t)i * dim + k] = tsr_dense_get(table->dtype, table->data, base + (size_t)k);
+        for (int k = 0; k < dim; k++)
+            out[(size_t)i * dim + k] = tsr_dense_get(table->dtype, table->data, base + (size_t)k);
     }
 }
 

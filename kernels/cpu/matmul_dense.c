@@ -52,7 +52,8 @@ static void dense_range(void *ctx, int begin, int end)
         for (int m = 0; m < job->M; m++)
             for (int r = 0; r < nr; r++)
                 job->y[(size_t)m * N + n0 + r] =
-                    job->bias && job->bias->data ? tsr_dense_get(job->bias->dtype, job->bias->data, (size_t)(n0 + r)) : 0.0f;
+                    job->bias && job->bias->data ? tsr_dense_get(job->bias->dtype, job->bias->data, (size_t)(n0 + r))
+                                                 : 0.0f;
         for (int k0 = 0; k0 < K; k0 += CHUNK_K) {
             const int nk = K - k0 < CHUNK_K ? K - k0 : CHUNK_K;
             for (int r = 0; r < nr; r++) convert_row(w, n0 + r, k0, nk, tile[r]);

@@ -6,8 +6,8 @@
  * head_dim/32 consecutive dims of q, of the running output and of each K/V row it reads (coalesced 32-lane
  * reads of one cache row); the fp16/fp32 kernel reads ATTN_UNROLL positions' rows per round before reducing
  * their scores, so loads overlap. Scores are reduced across the warp and folded into an online softmax, so no
- * score matrix is ever materialized. With several splits, a second kernel merges the partial (max, sum, output) triples.
- * KV storage is fp16 or fp32, or one of the quantized modes (runtime/kv_cache.h); math is fp32.
+ * score matrix is ever materialized. With several splits, a second kernel merges the partial (max, sum, output)
+ * triples. KV storage is fp16 or fp32, or one of the quantized modes (runtime/kv_cache.h); math is fp32.
  *
  * Quantized caches are dequantized inside the loads, in the rotated domain (kernels/cpu/attention.c explains the
  * algebra): each warp rotates its query once (a Hadamard butterfly over the warp's slice of shared memory), each
@@ -327,7 +327,8 @@ template <int NB> __device__ __forceinline__ void load_bytes(const uint8_t *p, u
 
 /* The lane's DPL rotated-domain values (code - m)·scale of the head vector at element offset head_off. */
 template <int DPL, int BITS>
-__device__ __forceinline__ void load_q(const uint8_t *codes, const __half *scales, size_t head_off, int lane, float (&x)[DPL])
+__device__ __forceinline__ void load_q(const uint8_t *codes, const __half *scales, size_t head_off, int lane,
+                                       float (&x)[DPL])
 {
     constexpr int NB = DPL * BITS / 8;
     const size_t e = head_off + (size_t)lane * DPL;
@@ -345,8 +346,8 @@ __device__ __forceinline__ void load_q(const uint8_t *codes, const __half *scale
 }
 
 template <int DPL, int KB, int VB>
-__global__ void attn_q_kernel(tsr_batch_layout b, tsr_attn_args a, kvq_view c, int page_size, const float *q, float *out,
-                              float2 *part_ml, float *part_acc, int n_splits)
+__global__ void attn_q_kernel(tsr_batch_layout b, tsr_attn_args a, kvq_view c, int page_size, const float *q,
+                              float *out, float2 *part_ml, float *part_acc, int n_splits)
 {
     __shared__ float rot[4][256]; /* one head vector per warp of the 128-thread block */
     const int lane = threadIdx.x & 31;
@@ -429,8 +430,8 @@ __global__ void attn_q_kernel(tsr_batch_layout b, tsr_attn_args a, kvq_view c, i
 }
 
 template <int DPL, int KB, int VB>
-static void launch_q(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q, float *out,
-                     float2 *ml, float *pacc, int n_splits)
+static void launch_q(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
+                     float *out, float2 *ml, float *pacc, int n_splits)
 {
     const int l = a->layer;
     kvq_view c = {(const uint8_t *)kv->k[l], (const uint8_t *)kv->v[l], (const __half *)kv->k_scale[l],
@@ -452,14 +453,15 @@ static void launch_q_bits(const tsr_batch_layout *b, const tsr_attn_args *a, con
 }
 
 template <int DPL>
-static void launch(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q, float *out,
-                   float2 *ml, float *pacc, int n_splits)
+static void launch(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
+                   float *out, float2 *ml, float *pacc, int n_splits)
 {
     size_t warps = (size_t)b->n_rows * a->n_heads * n_splits;
     unsigned blocks = tsr_div_up(warps * 32, 128);
     if (kv->dtype == TSR_F32)
-        attn_kernel<DPL, float><<<blocks, 128, 0, tsr_cuda_stream()>>>(
-            *b, *a, (const float *)kv->k[a->layer], (const float *)kv->v[a->layer], kv->page_size, q, out, ml, pacc, n_splits);
+        attn_kernel<DPL, float><<<blocks, 128, 0, tsr_cuda_stream()>>>(*b, *a, (const float *)kv->k[a->layer],
+                                                                       (const float *)kv->v[a->layer], kv->page_size, q,
+                                                                       out, ml, pacc, n_splits);
     else
         attn_kernel<DPL, __half><<<blocks, 128, 0, tsr_cuda_stream()>>>(
             *b, *a, (const __half *)kv->k[a->layer], (const __half *)kv->v[a->layer], kv->page_size, q, out, ml, pacc,

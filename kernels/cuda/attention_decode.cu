@@ -40,7 +40,8 @@
 #define AD_MAX_G 16       /* query heads per KV head */
 
 /* Shared memory: q of the group (fp32), the round's scores / probabilities, the running max, sum and rescale per
- * head (and a spare, for alignment), and the round's K and V rows (fp16, rows padded by 16 bytes against bank conflicts). */
+ * head (and a spare, for alignment), and the round's K and V rows (fp16, rows padded by 16 bytes against bank
+ * conflicts). */
 static size_t ad_smem_bytes(int D, int G)
 {
     return (size_t)G * D * 4 + (size_t)G * AD_CHUNK * 4 + (size_t)G * 4 * 4 + 2 * (size_t)AD_CHUNK * (D + 8) * 2;
@@ -204,7 +205,8 @@ __global__ void __launch_bounds__(AD_THREADS, ad_min_blocks(D, NT))
     const int p = b.positions[row];
     const int lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
     const size_t item0 = (size_t)row * a.n_heads + (size_t)kvh * G; /* the group's first (row, head) */
-    if (lo + split * AD_CHUNK > p) { /* an empty split (contexts shorter than the launch was sized for): a neutral partial */
+    if (lo + split * AD_CHUNK >
+        p) { /* an empty split (contexts shorter than the launch was sized for): a neutral partial */
         tsr_pdl_wait();
         if (tid < G) part_ml[(item0 + tid) * n_splits + split] = make_float2(-INFINITY, 0.0f);
         return;
@@ -324,7 +326,8 @@ __global__ void __launch_bounds__(AD_THREADS, ad_min_blocks(D, NT))
                 for (int j = 0; j < NS; j++) {
                     const int h = h0 + SG * j;
                     if (h >= G) break;
-                    const float4 qa = *(const float4 *)(qs + h * D + c * 8), qb = *(const float4 *)(qs + h * D + c * 8 + 4);
+                    const float4 qa = *(const float4 *)(qs + h * D + c * 8),
+                                 qb = *(const float4 *)(qs + h * D + c * 8 + 4);
                     s[j] += qa.x * k0.x + qa.y * k0.y + qa.z * k1.x + qa.w * k1.y + qb.x * k2.x + qb.y * k2.y +
                             qb.z * k3.x + qb.w * k3.y;
                 }

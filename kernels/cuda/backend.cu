@@ -1006,7 +1006,8 @@ static void pf_kv(const tsr_batch_layout *b, tsr_kv_cache *kv, int layer, const 
     p_scope s(P_KV);
     tsr_cuda_kv_store(b, kv, layer, k, v);
 }
-static void pf_attn(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q, float *out)
+static void pf_attn(const tsr_batch_layout *b, const tsr_attn_args *a, const tsr_kv_cache *kv, const float *q,
+                    float *out)
 {
     p_scope s(P_ATTN);
     tsr_cuda_attention(b, a, kv, q, out);

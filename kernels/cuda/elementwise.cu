@@ -35,7 +35,8 @@ __global__ void embed_kernel(const void *table, int dtype, const int32_t *ids, i
 void tsr_cuda_embed(const tsr_dense *table, const int32_t *ids, int n, float *out)
 {
     size_t total = (size_t)n * table->cols;
-    tsr_launch(embed_kernel, dim3(tsr_div_up(total, 256)), dim3(256), table->dev, table->dtype, ids, n, table->cols, out);
+    tsr_launch(embed_kernel, dim3(tsr_div_up(total, 256)), dim3(256), table->dev, table->dtype, ids, n, table->cols,
+               out);
     TSR_CUDA_LAUNCHED();
 }
 
@@ -430,7 +431,8 @@ template <> __device__ __forceinline__ __half from_float<__half>(float v) { retu
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
 
 template <typename T>
-__global__ void kv_store_kernel(tsr_batch_layout b, T *kc, T *vc, int page_size, int width, const float *k, const float *v)
+__global__ void kv_store_kernel(tsr_batch_layout b, T *kc, T *vc, int page_size, int width, const float *k,
+                                const float *v)
 {
     tsr_pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;

@@ -95,7 +95,8 @@ tsr_status tsr_cuda_exl2_pack(const tsr_qmatrix *q, const int32_t *cols, int row
     if (!d->fw || !d->units || !d->uperm) return tsr_fail(TSR_ERR_NOMEM, "out of device memory uploading weights");
     cudaStream_t s = tsr_cuda_stream();
     TSR_CUDA_CHECK(cudaMemsetAsync((void *)(d->fw + words), 0, FRAG_PAD_WORDS * 4, s));
-    TSR_CUDA_CHECK(cudaMemcpyAsync((void *)d->units, units.data(), units.size() * sizeof(uint2), cudaMemcpyHostToDevice, s));
+    TSR_CUDA_CHECK(
+        cudaMemcpyAsync((void *)d->units, units.data(), units.size() * sizeof(uint2), cudaMemcpyHostToDevice, s));
     TSR_CUDA_CHECK(cudaMemcpyAsync((void *)d->uperm, uperm.data(), uperm.size() * 4, cudaMemcpyHostToDevice, s));
     /* the file words and the unit list, only while the kernel runs */
     void *qw = NULL, *pud = NULL, *dcols = NULL;

@@ -1,6 +1,6 @@
-/* The product of many rows by an EXL2 or GPTQ matrix on Hopper's warpgroup tensor cores (wgmma, code for sm_90a), with the
- * weights dequantized in registers: no fp16 copy of the matrix is written to memory and read back, as the cuBLAS path
- * of matmul.cu does (its dequantize pass was ~12 % of an 8B 2048-token prefill; NOTES.md, stop 52).
+/* The product of many rows by an EXL2 or GPTQ matrix on Hopper's warpgroup tensor cores (wgmma, code for sm_90a), with
+ * the weights dequantized in registers: no fp16 copy of the matrix is written to memory and read back, as the cuBLAS
+ * path of matmul.cu does (its dequantize pass was ~12 % of an 8B 2048-token prefill; NOTES.md, stop 52).
  *
  * The product is computed transposed, yᵀ = Wᵀ · xpᵀ. The weights are then wgmma's A operand, which may come from
  * registers in the mma.m16n8k16 A layout, and that is the layout exl2_frag.cuh's packing decodes into: a lane's words
@@ -187,10 +187,11 @@ __device__ __forceinline__ void dw_bar_wait(uint32_t bar, uint32_t parity)
  * groups' rows of the block's columns, unswizzled). */
 __device__ __forceinline__ void dw_tma(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar)
 {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
-                 "[%4];\n" ::"r"(dst),
-                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
-                 : "memory");
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+        "[%4];\n" ::"r"(dst),
+        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
 }
 /* bytes (a multiple of 16) from global src to shared dst, counted by bar */
 __device__ __forceinline__ void dw_bulk(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)

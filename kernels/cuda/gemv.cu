@@ -6,13 +6,12 @@
  * hi + lo halves, so the products are exact to ~2^-22 like fp32; above 8 rows fp16, as on the cuBLAS path; with
  * TSR_CUDA_GEMV_PRESTAGE=0 each block gathers its exact rows itself; where the launch before it produced the
  * activations, the residual pass with its norm or silu_mul, that launch wrote the entries already: stage_ahead.cuh),
- * and
- * each warp then streams 64 columns of one quarter of the units: b words per lane per 32 × 32 block, each pair of codes
- * masked in place into an fp16 pattern (one LOP3) and scaled back with the zero point subtracted by one HFMA2 (exact),
- * then per 16 × 16 tile one mma per 8-token tile into fp32 accumulators that are scaled once per group (up to 4 rows
- * the hi and lo halves take the 8 B-columns of one mma, 5 to 8 rows two mma's). Warps of a block add up in shared
- * memory; when K is split over blocks to fill the chip, a second kernel adds the blocks' partial sums and the bias
- * (deterministic). Up to three matrices with the same input (q/k/v, gate/up) run as one launch. On sm_90, 3 to 64
+ * and each warp then streams 64 columns of one quarter of the units: b words per lane per 32 × 32 block, each pair of
+ * codes masked in place into an fp16 pattern (one LOP3) and scaled back with the zero point subtracted by one HFMA2
+ * (exact), then per 16 × 16 tile one mma per 8-token tile into fp32 accumulators that are scaled once per group (up to
+ * 4 rows the hi and lo halves take the 8 B-columns of one mma, 5 to 8 rows two mma's). Warps of a block add up in
+ * shared memory; when K is split over blocks to fill the chip, a second kernel adds the blocks' partial sums and the
+ * bias (deterministic). Up to three matrices with the same input (q/k/v, gate/up) run as one launch. On sm_90, 3 to 64
  * rows take frag_gemv_bulk_kernel instead (except narrow groups of 9-16 rows, fg_frag_n): the same products from
  * 448- or 512-column blocks whose units arrive by bulk copies (bulk.cuh) issued by one producer warp, with hi + lo
  * halves only up to 4 rows (fg_exact), in 1 to 4 or 8 token tiles of 8; from 9 rows (GPTQ: 33) the group scales

@@ -183,7 +183,8 @@ static void permute_half(const T *x, const T *up, const int32_t *uperm, int M, i
 /* dq[k][j] = W[k][32 cb0 + j] in unit row order for the slab's columns; one warp per (unit, column block): the
  * lane's fragment values go through a shared tile so the rows are written whole. */
 template <int B, bool GPTQ, int F>
-__device__ __forceinline__ void frag_dequant_f(const uint32_t (&w)[B], const frag_scales &sc, int lane, __half (*tile)[34])
+__device__ __forceinline__ void frag_dequant_f(const uint32_t (&w)[B], const frag_scales &sc, int lane,
+                                               __half (*tile)[34])
 {
     const int g = lane >> 2, c = 2 * (lane & 3), ct = F >> 1, ks = F & 1;
     uint32_t a[4];
@@ -460,8 +461,8 @@ __device__ __forceinline__ float dense_elem(const void *p, int dtype, size_t i)
 }
 
 template <int M>
-__global__ void dense_gemv_kernel(const void *w, int dtype, const void *bias, int bias_dtype, const float *x, int K, int N,
-                                  float *y)
+__global__ void dense_gemv_kernel(const void *w, int dtype, const void *bias, int bias_dtype, const float *x, int K,
+                                  int N, float *y)
 {
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -525,8 +526,8 @@ static void dense_gemm(const tsr_linear_dev *L, const float *x, int M, float *y)
         t = CUDA_R_16BF;
     }
     TSR_CUDA_LAUNCHED();
-    cublasStatus_t st = cublasGemmEx(tsr_cuda_blas(), CUBLAS_OP_T, CUBLAS_OP_N, L->N, M, L->K, &alpha, L->w, t, L->K, xin,
-                                     t, L->K, &beta, y, CUDA_R_32F, L->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t st = cublasGemmEx(tsr_cuda_blas(), CUBLAS_OP_T, CUBLAS_OP_N, L->N, M, L->K, &alpha, L->w, t, L->K,
+                                     xin, t, L->K, &beta, y, CUDA_R_32F, L->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS) tsr_cuda_fatal(__FILE__, __LINE__, "cublasGemmEx failed");
     tsr_cuda_launches++;
     if (L->dense_bias) {

@@ -281,7 +281,8 @@ tsr_status tsr_prefix_check(const tsr_prefix_index *x)
     for (int32_t p = 0; p < x->n_pages; p++) {
         int c = tsr_pages_refcount(x->pages, p);
         if (!x->cached[p]) {
-            if (x->in_lru[p]) return tsr_fail(TSR_ERR_INTERNAL, "prefix index: page %d is on the LRU but not cached", p);
+            if (x->in_lru[p])
+                return tsr_fail(TSR_ERR_INTERNAL, "prefix index: page %d is on the LRU but not cached", p);
             continue;
         }
         n_cached++;

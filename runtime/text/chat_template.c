@@ -118,7 +118,8 @@ tsr_status tsr_chat_template_render(const tsr_chat_template *t, const json_t *me
             return tsr_fail(TSR_ERR_ARG, "chat template: message %zu is not a JSON object", i);
     if (tools && !json_is_null(tools) && !json_is_array(tools))
         return tsr_fail(TSR_ERR_ARG, "chat template: tools must be a JSON array");
-    if (extra && !json_is_object(extra)) return tsr_fail(TSR_ERR_ARG, "chat template: extra variables must be a JSON object");
+    if (extra && !json_is_object(extra))
+        return tsr_fail(TSR_ERR_ARG, "chat template: extra variables must be a JSON object");
 
     jinja_arena *arena = calloc(1, sizeof *arena);
     jinja_err *err = malloc(sizeof *err);
@@ -219,7 +220,8 @@ tsr_status tsr_chat_template_load_dir(const char *dir, int want_tools, tsr_chat_
             const char *tp = json_string_value(json_object_get(e, "template"));
             if (!nm || !tp) {
                 json_decref(cfg);
-                return tsr_fail(TSR_ERR_FORMAT, "%s: chat_template entry %zu needs string 'name' and 'template'", path, i);
+                return tsr_fail(TSR_ERR_FORMAT, "%s: chat_template entry %zu needs string 'name' and 'template'", path,
+                                i);
             }
             if (!strcmp(nm, "default")) dflt = tp;
             if (!strcmp(nm, "tool_use")) tool = tp;

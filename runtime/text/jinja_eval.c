@@ -167,7 +167,8 @@ jv jinja_getattr(jctx *c, jv obj, const char *name, int line)
     case JV_NS: {
         jv *v = jv_dict_find(obj, name, strlen(name));
         if (v) return *v;
-        return undef_named(fmt_msg(c, "'%s object' has no attribute '%s'", obj.t == JV_NS ? "Namespace" : "dict", name));
+        return undef_named(
+            fmt_msg(c, "'%s object' has no attribute '%s'", obj.t == JV_NS ? "Namespace" : "dict", name));
     }
     case JV_LOOP: return loop_attr(c, obj.u.ptr, name, line);
     default:
@@ -376,7 +377,8 @@ static jv binop(jctx *c, int op, jv a, jv b, int line)
     case 'F':
     case '%':
         if (op == '%' && a.t == JV_STR)
-            jinja_raise(c->err, TSR_ERR_UNSUPPORTED, line, "unsupported construct: printf-style string formatting (%%)");
+            jinja_raise(c->err, TSR_ERR_UNSUPPORTED, line,
+                        "unsupported construct: printf-style string formatting (%%)");
         if (!nums) bad_operands(c, op == 'F' ? "//" : "%", a, b, line);
         if (ints) {
             if (b.u.i == 0) jinja_raise(c->err, TSR_ERR_FORMAT, line, "integer division or modulo by zero");
@@ -469,7 +471,9 @@ static jv call_macro(jctx *c, jinja_macro *m, jv *args, size_t nargs, const char
             if (!strcmp(def->args.v[i]->name, kwn[k])) break;
         if (i == def->args.n)
             jinja_raise(c->err, TSR_ERR_FORMAT, line, "macro '%s' takes no keyword argument '%s'", def->name, kwn[k]);
-        if (i < nargs) jinja_raise(c->err, TSR_ERR_FORMAT, line, "macro '%s' got multiple values for argument '%s'", def->name, kwn[k]);
+        if (i < nargs)
+            jinja_raise(c->err, TSR_ERR_FORMAT, line, "macro '%s' got multiple values for argument '%s'", def->name,
+                        kwn[k]);
     }
     for (size_t i = 0; i < def->args.n; i++) {
         const char *pn = def->args.v[i]->name;
@@ -506,7 +510,8 @@ static jv call_builtin(jctx *c, int id, jv *args, size_t nargs, const char **kwn
 {
     switch (id) {
     case JF_RANGE: {
-        if (nkw || nargs < 1 || nargs > 3) jinja_raise(c->err, TSR_ERR_FORMAT, line, "range() takes 1 to 3 integer arguments");
+        if (nkw || nargs < 1 || nargs > 3)
+            jinja_raise(c->err, TSR_ERR_FORMAT, line, "range() takes 1 to 3 integer arguments");
         int64_t v[3];
         for (size_t i = 0; i < nargs; i++) {
             if (args[i].t != JV_INT && args[i].t != JV_BOOL)
@@ -520,7 +525,8 @@ static jv call_builtin(jctx *c, int id, jv *args, size_t nargs, const char **kwn
                               : ceil(((double)start - (double)stop) / (double)-st);
         if (count < 0) count = 0;
         if (count > 100000)
-            jinja_raise(c->err, TSR_ERR_FORMAT, line, "range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
+            jinja_raise(c->err, TSR_ERR_FORMAT, line,
+                        "range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
         jv l = jv_list_new(c->a, (size_t)count);
         for (size_t i = 0; i < (size_t)count; i++) l.u.l->v[l.u.l->n++] = jv_int(start + (int64_t)i * st);
         return l;
@@ -537,7 +543,8 @@ static jv call_builtin(jctx *c, int id, jv *args, size_t nargs, const char **kwn
                 for (size_t i = 0; i < args[0].u.l->n; i++) {
                     jv p = args[0].u.l->v[i];
                     if (p.t != JV_LIST || p.u.l->n != 2)
-                        jinja_raise(c->err, TSR_ERR_FORMAT, line, "dictionary update sequence element has wrong length");
+                        jinja_raise(c->err, TSR_ERR_FORMAT, line,
+                                    "dictionary update sequence element has wrong length");
                     jv_dict_set(c->a, d, p.u.l->v[0], p.u.l->v[1]);
                 }
             } else
@@ -547,17 +554,20 @@ static jv call_builtin(jctx *c, int id, jv *args, size_t nargs, const char **kwn
         if (id == JF_NAMESPACE) {
             for (size_t i = 0; i < d.u.d->n; i++)
                 if (d.u.d->k[i].t == JV_STR && d.u.d->k[i].u.s.n && d.u.d->k[i].u.s.p[0] == '_')
-                    jinja_raise(c->err, TSR_ERR_FORMAT, line, "chat templates cannot store underscore-prefixed attributes on a namespace");
+                    jinja_raise(c->err, TSR_ERR_FORMAT, line,
+                                "chat templates cannot store underscore-prefixed attributes on a namespace");
             d.t = JV_NS;
         }
         return d;
     }
     case JF_RAISE: {
         jv msg = nargs ? jinja_str(c, args[0]) : jv_str("", 0);
-        jinja_raise(c->err, TSR_ERR_ARG, line, "raise_exception: %.*s", (int)(msg.u.s.n > 600 ? 600 : msg.u.s.n), msg.u.s.p);
+        jinja_raise(c->err, TSR_ERR_ARG, line, "raise_exception: %.*s", (int)(msg.u.s.n > 600 ? 600 : msg.u.s.n),
+                    msg.u.s.p);
     }
     case JF_STRFTIME: {
-        if (nargs != 1 || args[0].t != JV_STR) jinja_raise(c->err, TSR_ERR_FORMAT, line, "strftime_now() takes one string argument");
+        if (nargs != 1 || args[0].t != JV_STR)
+            jinja_raise(c->err, TSR_ERR_FORMAT, line, "strftime_now() takes one string argument");
         time_t now = time(NULL);
         struct tm tmv;
         localtime_r(&now, &tmv);
@@ -600,7 +610,8 @@ static jv eval_call(jctx *c, const jnode *e)
             if (v && (v->t == JV_MACRO || v->t == JV_FUNC)) attr = *v;
         }
         eval_args(c, e, &args, &kwv);
-        if (attr.t != JV_UNDEF) return jinja_call_value(c, attr, args, e->args.n, e->kwnames, kwv, e->kwargs.n, e->line);
+        if (attr.t != JV_UNDEF)
+            return jinja_call_value(c, attr, args, e->args.n, e->kwnames, kwv, e->kwargs.n, e->line);
         int handled = 1;
         jv r = jinja_call_method(c, obj, e->a->name, args, e->args.n, e->kwnames, kwv, e->kwargs.n, e->line, &handled);
         if (handled) return r;
@@ -678,12 +689,13 @@ static jv eval_inner(jctx *c, const jnode *e)
             return jv_int(-a.u.i);
         }
         if (a.t == JV_UNDEF) jinja_undefined_error(c, a, e->line);
-        jinja_raise(c->err, TSR_ERR_FORMAT, e->line, "bad operand type for unary %c: '%s'", e->kind == N_NEG ? '-' : '+',
-                    jv_type_name(a));
+        jinja_raise(c->err, TSR_ERR_FORMAT, e->line, "bad operand type for unary %c: '%s'",
+                    e->kind == N_NEG ? '-' : '+', jv_type_name(a));
     }
     case N_COND:
         if (jv_truthy(jinja_eval(c, e->a))) return jinja_eval(c, e->b);
-        return e->c ? jinja_eval(c, e->c) : undef_named("the inline if-expression evaluated to false and no else section was defined");
+        return e->c ? jinja_eval(c, e->c)
+                    : undef_named("the inline if-expression evaluated to false and no else section was defined");
     case N_LIST:
     case N_TUPLE: {
         jv l = jv_list_new(c->a, e->args.n);
@@ -725,16 +737,19 @@ static void assign(jctx *c, const jnode *target, jv v, int line)
     if (target->kind == N_ATTR) {
         jv ns = lookup(c, target->a->name);
         if (ns.t != JV_NS)
-            jinja_raise(c->err, TSR_ERR_FORMAT, line, "cannot assign attribute on non-namespace object '%s'", target->a->name);
+            jinja_raise(c->err, TSR_ERR_FORMAT, line, "cannot assign attribute on non-namespace object '%s'",
+                        target->a->name);
         if (target->name[0] == '_')
-            jinja_raise(c->err, TSR_ERR_FORMAT, line, "chat templates cannot store underscore-prefixed attributes on a namespace");
+            jinja_raise(c->err, TSR_ERR_FORMAT, line,
+                        "chat templates cannot store underscore-prefixed attributes on a namespace");
         jv_dict_set(c->a, ns, jv_cstr(target->name), v);
         return;
     }
     /* tuple unpacking */
     jv l = v.t == JV_LIST ? v : jinja_to_list(c, v, line);
     if (l.u.l->n != target->args.n)
-        jinja_raise(c->err, TSR_ERR_FORMAT, line, "cannot unpack %zu value(s) into %zu target(s)", l.u.l->n, target->args.n);
+        jinja_raise(c->err, TSR_ERR_FORMAT, line, "cannot unpack %zu value(s) into %zu target(s)", l.u.l->n,
+                    target->args.n);
     for (size_t i = 0; i < target->args.n; i++) assign(c, target->args.v[i], l.u.l->v[i], line);
 }
 

@@ -55,13 +55,15 @@ static void bind_args(jctx *c, const char *fname, const char *const *params, jv 
 {
     size_t np = 0;
     while (params[np]) np++;
-    if (nargs > np) jinja_raise(c->err, TSR_ERR_FORMAT, line, "%s() takes at most %zu argument(s), %zu given", fname, np, nargs);
+    if (nargs > np)
+        jinja_raise(c->err, TSR_ERR_FORMAT, line, "%s() takes at most %zu argument(s), %zu given", fname, np, nargs);
     for (size_t i = 0; i < np; i++) out[i] = i < nargs ? args[i] : jv_undef();
     for (size_t k = 0; k < nkw; k++) {
         size_t i;
         for (i = 0; i < np; i++)
             if (!strcmp(params[i], kwn[k])) break;
-        if (i == np) jinja_raise(c->err, TSR_ERR_FORMAT, line, "%s() got an unexpected keyword argument '%s'", fname, kwn[k]);
+        if (i == np)
+            jinja_raise(c->err, TSR_ERR_FORMAT, line, "%s() got an unexpected keyword argument '%s'", fname, kwn[k]);
         out[i] = kwv[k];
     }
 }
@@ -97,7 +99,8 @@ static void put_cp(jbuf *b, uint32_t cp)
 static uint32_t map_case(uint32_t cp, case_kind k)
 {
     if (cp > 0x10ffff) return cp;
-    return (uint32_t)(k == CASE_UPPER ? utf8proc_toupper((utf8proc_int32_t)cp) : utf8proc_tolower((utf8proc_int32_t)cp));
+    return (uint32_t)(k == CASE_UPPER ? utf8proc_toupper((utf8proc_int32_t)cp)
+                                      : utf8proc_tolower((utf8proc_int32_t)cp));
 }
 
 static int is_cased(uint32_t cp)
@@ -318,7 +321,8 @@ static jv str_split(jctx *c, jv s, jv sep, int64_t maxsplit, int right, int line
         if (maxsplit < 0 || (size_t)maxsplit + 1 >= nw) {
             for (size_t k = 0; k < nw; k++) jv_list_push(c->a, out, jv_str(s.u.s.p + st[k], en[k] - st[k]));
         } else if (!right) {
-            for (size_t k = 0; k < (size_t)maxsplit; k++) jv_list_push(c->a, out, jv_str(s.u.s.p + st[k], en[k] - st[k]));
+            for (size_t k = 0; k < (size_t)maxsplit; k++)
+                jv_list_push(c->a, out, jv_str(s.u.s.p + st[k], en[k] - st[k]));
             jv rest = str_strip(c, jv_str(s.u.s.p + st[maxsplit], s.u.s.n - st[maxsplit]), jv_undef(), 2, line);
             jv_list_push(c->a, out, rest);
         } else {
@@ -335,7 +339,8 @@ static jv str_split(jctx *c, jv s, jv sep, int64_t maxsplit, int right, int line
         size_t i = 0;
         int64_t done = 0;
         for (;;) {
-            const char *f = (maxsplit < 0 || done < maxsplit) ? find_bytes(s.u.s.p + i, s.u.s.n - i, sep.u.s.p, sep.u.s.n) : NULL;
+            const char *f =
+                (maxsplit < 0 || done < maxsplit) ? find_bytes(s.u.s.p + i, s.u.s.n - i, sep.u.s.p, sep.u.s.n) : NULL;
             if (!f) {
                 jv_list_push(c->a, out, jv_str(s.u.s.p + i, s.u.s.n - i));
                 break;
@@ -728,7 +733,8 @@ static jv map_or_select(jctx *c, const char *fname, jv v, jv *args, size_t nargs
             jinja_raise(c->err, known < 0 ? TSR_ERR_UNSUPPORTED : TSR_ERR_FORMAT, line, "%s filter '%s' in map()",
                         known < 0 ? "unsupported" : "no", fn);
         for (size_t i = 0; i < items.u.l->n; i++)
-            jv_list_push(c->a, out, jinja_apply_filter(c, fn, items.u.l->v[i], args + 1, nargs - 1, kwn, kwv, nkw, line));
+            jv_list_push(c->a, out,
+                         jinja_apply_filter(c, fn, items.u.l->v[i], args + 1, nargs - 1, kwn, kwv, nkw, line));
         return out;
     }
     int is_attr = !strcmp(fname, "selectattr") || !strcmp(fname, "rejectattr");
@@ -900,7 +906,8 @@ jv jinja_apply_filter(jctx *c, const char *name, jv v, jv *args, size_t nargs, c
         BIND("default", "base");
         jv dflt = a[0].t == JV_UNDEF ? jv_int(0) : a[0];
         if (a[1].t != JV_UNDEF && !(a[1].t == JV_INT && a[1].u.i == 10))
-            jinja_raise(c->err, TSR_ERR_UNSUPPORTED, line, "unsupported construct: int filter with a base other than 10");
+            jinja_raise(c->err, TSR_ERR_UNSUPPORTED, line,
+                        "unsupported construct: int filter with a base other than 10");
         if (v.t == JV_INT || v.t == JV_BOOL) return jv_int(v.u.i);
         if (v.t == JV_FLOAT) {
             if (!isfinite(v.u.f) || fabs(v.u.f) >= 9.2e18) return dflt;
@@ -934,7 +941,8 @@ jv jinja_apply_filter(jctx *c, const char *name, jv v, jv *args, size_t nargs, c
     if (!strcmp(name, "replace")) {
         BIND("old", "new", "count");
         jv s = str_of(c, v);
-        jv old = want_str(c, str_of(c, a[0]), "replace old", line), rep = want_str(c, str_of(c, a[1]), "replace new", line);
+        jv old = want_str(c, str_of(c, a[0]), "replace old", line),
+           rep = want_str(c, str_of(c, a[1]), "replace new", line);
         int64_t cnt = a[2].t == JV_UNDEF || a[2].t == JV_NONE ? -1 : want_int(c, a[2], "replace count", line);
         return str_replace(c, s, old, rep, cnt);
     }
@@ -945,7 +953,8 @@ jv jinja_apply_filter(jctx *c, const char *name, jv v, jv *args, size_t nargs, c
         NOARGS();
         if (v.t == JV_UNDEF) return jv_list_new(c->a, 0);
         if (v.t != JV_DICT && v.t != JV_NS)
-            jinja_raise(c->err, TSR_ERR_FORMAT, line, "can only get item pairs from a mapping, not '%s'", jv_type_name(v));
+            jinja_raise(c->err, TSR_ERR_FORMAT, line, "can only get item pairs from a mapping, not '%s'",
+                        jv_type_name(v));
         jv out = jv_list_new(c->a, v.u.d->n);
         for (size_t i = 0; i < v.u.d->n; i++) {
             jv p = jv_list_new(c->a, 2);
@@ -959,7 +968,8 @@ jv jinja_apply_filter(jctx *c, const char *name, jv v, jv *args, size_t nargs, c
     }
     if (!strcmp(name, "dictsort")) {
         BIND("case_sensitive", "by", "reverse");
-        if (v.t != JV_DICT) jinja_raise(c->err, TSR_ERR_FORMAT, line, "dictsort needs a mapping, not '%s'", jv_type_name(v));
+        if (v.t != JV_DICT)
+            jinja_raise(c->err, TSR_ERR_FORMAT, line, "dictsort needs a mapping, not '%s'", jv_type_name(v));
         int by_value = 0;
         if (a[1].t != JV_UNDEF) {
             if (jv_is_str(a[1], "value"))
@@ -1007,7 +1017,8 @@ jv jinja_apply_filter(jctx *c, const char *name, jv v, jv *args, size_t nargs, c
                             jv_type_name(acc), jv_type_name(it));
             if (acc.t != JV_FLOAT && it.t != JV_FLOAT) {
                 int64_t r;
-                if (__builtin_add_overflow(acc.u.i, it.u.i, &r)) jinja_raise(c->err, TSR_ERR_UNSUPPORTED, line, "integer overflow");
+                if (__builtin_add_overflow(acc.u.i, it.u.i, &r))
+                    jinja_raise(c->err, TSR_ERR_UNSUPPORTED, line, "integer overflow");
                 acc = jv_int(r);
             } else
                 acc = jv_float(jv_num(acc) + jv_num(it));
@@ -1017,7 +1028,8 @@ jv jinja_apply_filter(jctx *c, const char *name, jv v, jv *args, size_t nargs, c
     if (!strcmp(name, "round")) {
         BIND("precision", "method");
         int64_t prec = a[0].t == JV_UNDEF ? 0 : want_int(c, a[0], "round precision", line);
-        if (!jv_is_number(v)) jinja_raise(c->err, TSR_ERR_FORMAT, line, "round needs a number, not '%s'", jv_type_name(v));
+        if (!jv_is_number(v))
+            jinja_raise(c->err, TSR_ERR_FORMAT, line, "round needs a number, not '%s'", jv_type_name(v));
         double x = jv_num(v);
         if (a[1].t == JV_UNDEF || jv_is_str(a[1], "common")) return jv_float(py_round(x, prec));
         double p = pow(10.0, (double)prec);
@@ -1080,17 +1092,21 @@ static jv str_format(jctx *c, jv fmt, jv *args, size_t nargs, const char **kwn, 
         jv val;
         int64_t idx;
         if (field.u.s.n == 0) {
-            if (auto_i >= nargs) jinja_raise(c->err, TSR_ERR_FORMAT, line, "str.format: replacement index %zu out of range", auto_i);
+            if (auto_i >= nargs)
+                jinja_raise(c->err, TSR_ERR_FORMAT, line, "str.format: replacement index %zu out of range", auto_i);
             val = args[auto_i++];
         } else if (parse_int_str(field, &idx)) {
             if (idx < 0 || (size_t)idx >= nargs)
-                jinja_raise(c->err, TSR_ERR_FORMAT, line, "str.format: replacement index %lld out of range", (long long)idx);
+                jinja_raise(c->err, TSR_ERR_FORMAT, line, "str.format: replacement index %lld out of range",
+                            (long long)idx);
             val = args[idx];
         } else {
             size_t k;
             for (k = 0; k < nkw; k++)
                 if (strlen(kwn[k]) == field.u.s.n && !memcmp(kwn[k], field.u.s.p, field.u.s.n)) break;
-            if (k == nkw) jinja_raise(c->err, TSR_ERR_FORMAT, line, "str.format: missing key '%.*s'", (int)field.u.s.n, field.u.s.p);
+            if (k == nkw)
+                jinja_raise(c->err, TSR_ERR_FORMAT, line, "str.format: missing key '%.*s'", (int)field.u.s.n,
+                            field.u.s.p);
             val = kwv[k];
         }
         jv_to_str(&b, val);
@@ -1169,7 +1185,8 @@ jv jinja_call_method(jctx *c, jv obj, const char *name, jv *args, size_t nargs, 
         if (!strcmp(name, "replace")) {
             MBIND("old", "new", "count");
             int64_t cnt = a[2].t == JV_UNDEF ? -1 : want_int(c, a[2], "count", line);
-            return str_replace(c, s, want_str(c, a[0], "replace old", line), want_str(c, a[1], "replace new", line), cnt);
+            return str_replace(c, s, want_str(c, a[0], "replace old", line), want_str(c, a[1], "replace new", line),
+                               cnt);
         }
         if (!strcmp(name, "upper") || !strcmp(name, "lower")) {
             MNOARGS();
@@ -1246,7 +1263,8 @@ jv jinja_call_method(jctx *c, jv obj, const char *name, jv *args, size_t nargs, 
         if (!strcmp(name, "keys") || !strcmp(name, "values")) {
             MNOARGS();
             jv out = jv_list_new(c->a, obj.u.d->n);
-            for (size_t i = 0; i < obj.u.d->n; i++) out.u.l->v[out.u.l->n++] = name[0] == 'k' ? obj.u.d->k[i] : obj.u.d->v[i];
+            for (size_t i = 0; i < obj.u.d->n; i++)
+                out.u.l->v[out.u.l->n++] = name[0] == 'k' ? obj.u.d->k[i] : obj.u.d->v[i];
             return out;
         }
         if (!strcmp(name, "get")) {
@@ -1258,12 +1276,15 @@ jv jinja_call_method(jctx *c, jv obj, const char *name, jv *args, size_t nargs, 
         if (!strcmp(name, "copy")) return obj;
         static const char *const mut[] = {"clear", "pop", "popitem", "setdefault", "update", NULL};
         if (in_list(mut, name))
-            jinja_raise(c->err, TSR_ERR_FORMAT, line, "access to attribute '%s' of 'dict' object is unsafe (immutable sandbox)", name);
+            jinja_raise(c->err, TSR_ERR_FORMAT, line,
+                        "access to attribute '%s' of 'dict' object is unsafe (immutable sandbox)", name);
     }
     if (obj.t == JV_LIST) {
-        static const char *const mut[] = {"append", "extend", "insert", "pop", "remove", "reverse", "sort", "clear", NULL};
+        static const char *const mut[] = {"append",  "extend", "insert", "pop", "remove",
+                                          "reverse", "sort",   "clear",  NULL};
         if (in_list(mut, name))
-            jinja_raise(c->err, TSR_ERR_FORMAT, line, "access to attribute '%s' of 'list' object is unsafe (immutable sandbox)", name);
+            jinja_raise(c->err, TSR_ERR_FORMAT, line,
+                        "access to attribute '%s' of 'list' object is unsafe (immutable sandbox)", name);
         if (!strcmp(name, "index") || !strcmp(name, "count")) {
             MBIND("value");
             int64_t cnt = 0;

@@ -190,7 +190,8 @@ static void lex_tag(lexer *L, char kind, int *line_starting)
             size_t q = p;
             int is_float = 0;
             int after_dot = p > 0 && s[p - 1] == '.';
-            while (q < n && (isdigit((unsigned char)s[q]) || (s[q] == '_' && q + 1 < n && isdigit((unsigned char)s[q + 1]))))
+            while (q < n &&
+                   (isdigit((unsigned char)s[q]) || (s[q] == '_' && q + 1 < n && isdigit((unsigned char)s[q + 1]))))
                 q++;
             if (!after_dot && q + 1 < n && s[q] == '.' && isdigit((unsigned char)s[q + 1])) {
                 is_float = 1;

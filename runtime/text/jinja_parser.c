@@ -159,7 +159,8 @@ static jnode *parse_call_args(parser *P, jnode *node)
             if (is_op(cur(P), ")")) break;
         }
         if (is_op(cur(P), "*") || is_op(cur(P), "**"))
-            jinja_raise(P->a->err, TSR_ERR_UNSUPPORTED, cur(P)->line, "unsupported construct: *args/**kwargs in a call");
+            jinja_raise(P->a->err, TSR_ERR_UNSUPPORTED, cur(P)->line,
+                        "unsupported construct: *args/**kwargs in a call");
         if (cur(P)->t == TK_NAME && is_op(peek(P, 1), "=")) {
             const char *k = expect_name(P);
             adv(P);
@@ -168,7 +169,8 @@ static jnode *parse_call_args(parser *P, jnode *node)
             seen_kw = 1;
         } else {
             if (seen_kw)
-                jinja_raise(P->a->err, TSR_ERR_FORMAT, cur(P)->line, "syntax error: positional argument after keyword argument");
+                jinja_raise(P->a->err, TSR_ERR_FORMAT, cur(P)->line,
+                            "syntax error: positional argument after keyword argument");
             push(P, &node->args, parse_expression(P, 1));
         }
     }
@@ -229,7 +231,8 @@ static jnode *parse_test(parser *P, jnode *node)
     } else if ((c->t == TK_NAME || c->t == TK_STRING || c->t == TK_INT || c->t == TK_FLOAT || is_op(c, "(") ||
                 is_op(c, "[") || is_op(c, "{")) &&
                !is_name(c, "else") && !is_name(c, "or") && !is_name(c, "and") && !is_name(c, "if")) {
-        if (is_name(c, "is")) jinja_raise(P->a->err, TSR_ERR_FORMAT, c->line, "syntax error: you cannot chain multiple tests with is");
+        if (is_name(c, "is"))
+            jinja_raise(P->a->err, TSR_ERR_FORMAT, c->line, "syntax error: you cannot chain multiple tests with is");
         jnode *arg = parse_postfix(P, parse_primary(P));
         push(P, &t->args, arg);
     }
@@ -705,7 +708,8 @@ static jnode *parse_macro(parser *P, int line)
             push(P, &n->kwargs, parse_expression(P, 1));
         } else {
             if (n->kwargs.n && n->kwargs.v[n->kwargs.n - 1])
-                jinja_raise(P->a->err, TSR_ERR_FORMAT, a->line, "syntax error: non-default argument follows default argument");
+                jinja_raise(P->a->err, TSR_ERR_FORMAT, a->line,
+                            "syntax error: non-default argument follows default argument");
             push(P, &n->kwargs, NULL);
         }
     }
@@ -821,8 +825,10 @@ static jnode *parse_statement_inner(parser *P, jtoken *t, int line)
                                               "trans", "pluralize", "do", "print", NULL};
     for (int i = 0; unsupported[i]; i++)
         if (is_name(t, unsupported[i]))
-            jinja_raise(P->a->err, TSR_ERR_UNSUPPORTED, line, "unsupported construct: '{%% %s %%}' tag", unsupported[i]);
-    jinja_raise(P->a->err, TSR_ERR_FORMAT, line, "syntax error: unknown tag '%.*s'", (int)(t->n > 40 ? 40 : t->n), t->p);
+            jinja_raise(P->a->err, TSR_ERR_UNSUPPORTED, line, "unsupported construct: '{%% %s %%}' tag",
+                        unsupported[i]);
+    jinja_raise(P->a->err, TSR_ERR_FORMAT, line, "syntax error: unknown tag '%.*s'", (int)(t->n > 40 ? 40 : t->n),
+                t->p);
 }
 
 static void subparse(parser *P, jnodes *out, const char *const *end_tags)
@@ -861,7 +867,8 @@ static void subparse(parser *P, jnodes *out, const char *const *end_tags)
             if (end_tags)
                 for (int i = 0; end_tags[i]; i++)
                     if (is_name(nm, end_tags[i])) return; /* caller consumes the end tag */
-            if (nm->t == TK_NAME && (nm->n > 3 && !memcmp(nm->p, "end", 3) ? 1 : is_name(nm, "else") || is_name(nm, "elif")))
+            if (nm->t == TK_NAME &&
+                (nm->n > 3 && !memcmp(nm->p, "end", 3) ? 1 : is_name(nm, "else") || is_name(nm, "elif")))
                 jinja_raise(P->a->err, TSR_ERR_FORMAT, nm->line, "syntax error: unexpected '%.*s'%s%s%s",
                             (int)(nm->n > 40 ? 40 : nm->n), nm->p, end_tags ? " (expected '" : "",
                             end_tags ? end_tags[0] : "", end_tags ? "')" : "");

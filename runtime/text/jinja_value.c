@@ -601,8 +601,8 @@ static void json_value(jbuf *b, jv v, const json_opts *o, int depth)
                 else if (k.t == JV_FLOAT)
                     json_float(&kb, k.u.f);
                 else
-                    jinja_raise(o->err, TSR_ERR_FORMAT, o->line, "tojson: keys must be str, int, float, bool or None, not %s",
-                                jv_type_name(k));
+                    jinja_raise(o->err, TSR_ERR_FORMAT, o->line,
+                                "tojson: keys must be str, int, float, bool or None, not %s", jv_type_name(k));
                 k = jbuf_value(&kb);
             }
             keys[i] = k;

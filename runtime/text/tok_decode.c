@@ -44,7 +44,10 @@ static int is_byte_token(const char *s, size_t n, unsigned char *b)
     int v = 0;
     for (int i = 3; i < 5; i++) {
         char c = s[i];
-        int x = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int x = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (x < 0) return 0;
         v = v * 16 + x;
     }

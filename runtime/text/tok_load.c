@@ -627,8 +627,8 @@ static tsr_status load_model(const ctx *c, json_t *model)
         if (ia < 0 || ib < 0 || im < 0) {
             char f[64], m[400];
             snprintf(f, sizeof f, "model.merges[%zu]", i);
-            snprintf(m, sizeof m, "merge '%.*s' + '%.*s' uses a token that is not in the vocab", (int)(al > 100 ? 100 : al),
-                     a, (int)(bl > 100 ? 100 : bl), b);
+            snprintf(m, sizeof m, "merge '%.*s' + '%.*s' uses a token that is not in the vocab",
+                     (int)(al > 100 ? 100 : al), a, (int)(bl > 100 ? 100 : bl), b);
             st = bad(c, f, m);
             break;
         }

@@ -26,7 +26,8 @@ int tok_bytelevel_char(int b)
 
 static void bl_init(void)
 {
-    for (int b = 0; b < 256; b++) bl_len[b] = (unsigned char)tok_utf8_encode((uint32_t)tok_bytelevel_char(b), bl_enc[b]);
+    for (int b = 0; b < 256; b++)
+        bl_len[b] = (unsigned char)tok_utf8_encode((uint32_t)tok_bytelevel_char(b), bl_enc[b]);
 }
 
 static tsr_status oom(void)

@@ -7,9 +7,9 @@
  * through the same wrappers (json_set_alloc_funcs) so that JSON values tessera builds are counted, can fail and
  * are tracked too; the PCRE2 objects tessera makes count and are tracked through their wrapped constructors
  * and destructors. Under AddressSanitizer the wrappers sit in front of ASan's allocator (__real_malloc is
- * ASan's malloc), so both checks run. Inside jansson's parsers (json_loadb, json_load_file, wrapped to know) only the first
- * allocation of each call is counted and can fail, which makes the parser return NULL at once: later failures
- * are jansson's own business, and jansson 2.14 does not survive all of them (lex_save ignores a failed
+ * ASan's malloc), so both checks run. Inside jansson's parsers (json_loadb, json_load_file, wrapped to know) only the
+ * first allocation of each call is counted and can fail, which makes the parser return NULL at once: later failures are
+ * jansson's own business, and jansson 2.14 does not survive all of them (lex_save ignores a failed
  * strbuffer_append_byte: a character is dropped, or the lexer writes past its buffer and json_load_file
  * crashes, as a standalone program failing one allocation through json_set_alloc_funcs shows).
  *

@@ -147,7 +147,7 @@ static void test_parse_chat(void **state)
     fault_sweep("openai.chat", chat_op, NULL, max_runs(), NULL);
 }
 
-/* ---- scheduler ---------------------------------------------------------------------------------------------------- */
+/* ---- scheduler --------------------------------------------------------------------------------------------------- */
 
 static const int32_t prompt_a[] = {1, 17, 23, 99, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
 static const int32_t prompt_b[] = {1, 17, 23, 99, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 30, 31};
@@ -243,7 +243,8 @@ static tsr_status sched_lifecycle_op(void *ctx)
     if (st == TSR_OK) {
         if (!tsr_sched_idle(s)) fail_msg("sched.lifecycle, %s: requests never ended", fault_current_run());
         for (int k = 0; k < 2; k++) {
-            if (run.finals[k] != 1) fail_msg("sched.lifecycle, %s: %d final events", fault_current_run(), run.finals[k]);
+            if (run.finals[k] != 1)
+                fail_msg("sched.lifecycle, %s: %d final events", fault_current_run(), run.finals[k]);
             fault_result(run.tokens[k], (size_t)run.n_tokens[k] * sizeof run.tokens[k][0]);
             fault_result(&run.reason[k], sizeof run.reason[k]);
         }
@@ -297,7 +298,7 @@ static void test_sched_submit(void **state)
     tsr_sched_free(s);
 }
 
-/* ---- service ------------------------------------------------------------------------------------------------------- */
+/* ---- service ----------------------------------------------------------------------------------------------------- */
 
 /* What one request of the service op received. */
 typedef struct svc_watch {
@@ -397,7 +398,8 @@ static void test_service(void **state)
     tsr_engine_close(e);
 }
 
-/* ---- setup ----------------------------------------------------------------------------------------------------------- */
+/* ---- setup
+ * ----------------------------------------------------------------------------------------------------------- */
 
 static int setup(void **state)
 {

@@ -16,7 +16,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!aligned) return 0;
     memcpy(aligned, data, size);
     tsr_step s;
-    if (tsr_step_unpack((const uint8_t *)aligned, size, &s) == TSR_OK && tsr_step_validate(&s, 1000, 64, 16) == TSR_OK) {
+    if (tsr_step_unpack((const uint8_t *)aligned, size, &s) == TSR_OK &&
+        tsr_step_validate(&s, 1000, 64, 16) == TSR_OK) {
         volatile int64_t sum = 0;
         (void)sum;
         for (int i = 0; i < s.n_seqs; i++) {

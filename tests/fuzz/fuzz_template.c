@@ -21,18 +21,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     json_t *msgs = NULL;
     if (nul) msgs = json_loadb((const char *)nul + 1, size - tlen - 1, 0, NULL);
     if (!msgs)
-        msgs = json_loads("[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"Hi \\u00e9\"},"
-                          "{\"role\":\"assistant\",\"content\":\"<think>r</think>A\",\"tool_calls\":[{\"type\":\"function\","
-                          "\"function\":{\"name\":\"f\",\"arguments\":{\"x\":[1,2.5,null,true]}}}]},"
-                          "{\"role\":\"tool\",\"content\":\"42\"}]",
-                          0, NULL);
+        msgs = json_loads(
+            "[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"Hi \\u00e9\"},"
+            "{\"role\":\"assistant\",\"content\":\"<think>r</think>A\",\"tool_calls\":[{\"type\":\"function\","
+            "\"function\":{\"name\":\"f\",\"arguments\":{\"x\":[1,2.5,null,true]}}}]},"
+            "{\"role\":\"tool\",\"content\":\"42\"}]",
+            0, NULL);
     json_t *tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{}}}]", 0, NULL);
     json_t *extra = json_loads("{\"enable_thinking\":false}", 0, NULL);
     tsr_chat_template *t;
     if (tsr_chat_template_parse(src, &t) == TSR_OK) {
         char *out;
         for (int gen = 0; gen < 2; gen++)
-            if (tsr_chat_template_render(t, msgs, gen ? tools : NULL, gen, "<s>", "</s>", gen ? extra : NULL, &out) == TSR_OK)
+            if (tsr_chat_template_render(t, msgs, gen ? tools : NULL, gen, "<s>", "</s>", gen ? extra : NULL, &out) ==
+                TSR_OK)
                 free(out);
         tsr_chat_template_free(t);
     }

@@ -121,7 +121,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fclose(f);
         tsr_tokenizer *tok;
         if (tsr_tokenizer_load(path, &tok) == TSR_OK) {
-            static const char *samples[] = {"hello world", " <s>cat</s> <tool> 1234", "\xf0\x9f\x98\x80 caf\xc3\xa9", ""};
+            static const char *samples[] = {"hello world", " <s>cat</s> <tool> 1234", "\xf0\x9f\x98\x80 caf\xc3\xa9",
+                                            ""};
             for (size_t i = 0; i < sizeof samples / sizeof samples[0]; i++)
                 exercise(tok, (const uint8_t *)samples[i], strlen(samples[i]));
             tsr_tokenizer_free(tok);

@@ -40,11 +40,11 @@ static void check_logits(const char *what, const tsr_st_set *ref, const prompts 
         assert_true(rows <= p->len[i]);
         const float *g = got[i] + (size_t)(p->len[i] - rows) * vocab;
         tsr_logit_diff d = tsr_compare_logits(g, t->data, rows, vocab);
-        print_message("  %s prompt %d (%ld rows): max |d| %.5f, mean |d| %.6f, argmax disagreements %ld\n", what, i, rows,
-                      d.max_abs, d.mean_abs, d.argmax_disagree);
+        print_message("  %s prompt %d (%ld rows): max |d| %.5f, mean |d| %.6f, argmax disagreements %ld\n", what, i,
+                      rows, d.max_abs, d.mean_abs, d.argmax_disagree);
         if (d.max_abs > max_tol || d.mean_abs > mean_tol || d.argmax_disagree)
-            fail_msg("%s prompt %d: max %.5f (tol %g), mean %.6f (tol %g), argmax disagreements %ld", what, i, d.max_abs,
-                     max_tol, d.mean_abs, mean_tol, d.argmax_disagree);
+            fail_msg("%s prompt %d: max %.5f (tol %g), mean %.6f (tol %g), argmax disagreements %ld", what, i,
+                     d.max_abs, max_tol, d.mean_abs, mean_tol, d.argmax_disagree);
     }
 }
 

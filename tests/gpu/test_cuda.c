@@ -977,7 +977,8 @@ static void check_silu_linear_add_norm(const tsr_linear *Lc, const tsr_linear *L
 {
     const int K = Lc->K, N = Lc->N;
     const size_t nk = (size_t)M * K + (size_t)offset;
-    float *gate = rand_host(nk, 2.0f), *up = rand_host(nk, 1.0f), *act = malloc(nk * 4), *prod = malloc((size_t)M * N * 4);
+    float *gate = rand_host(nk, 2.0f), *up = rand_host(nk, 1.0f), *act = malloc(nk * 4),
+          *prod = malloc((size_t)M * N * 4);
     cpu->silu_mul(gate + offset, up + offset, (size_t)M * K, act);
     ref_linear(Lc, act, M, prod);
     float *dup = dev_copy(up, nk * 4);
@@ -1861,10 +1862,11 @@ static void test_models_kv_quant(void **state)
             tsr_logit_diff vs_ref = tsr_compare_logits(g, t->data, rows, vocab);
             tsr_logit_diff moved = tsr_compare_logits(t->data, fp16->data, rows, vocab);
             tsr_logit_diff vs_cpu = tsr_compare_logits(g, c, rows + steps, vocab);
-            print_message("  %s kv %s: GPU vs ExLlamaV2 max %.4f mean %.5f (argmax %ld; the mode moves it max %.4f mean "
-                          "%.5f), GPU vs CPU max %.4f mean %.5f\n",
-                          refs[r], tsr_kv_dtype_name(modes[m]), vs_ref.max_abs, vs_ref.mean_abs,
-                          vs_ref.argmax_disagree, moved.max_abs, moved.mean_abs, vs_cpu.max_abs, vs_cpu.mean_abs);
+            print_message(
+                "  %s kv %s: GPU vs ExLlamaV2 max %.4f mean %.5f (argmax %ld; the mode moves it max %.4f mean "
+                "%.5f), GPU vs CPU max %.4f mean %.5f\n",
+                refs[r], tsr_kv_dtype_name(modes[m]), vs_ref.max_abs, vs_ref.mean_abs, vs_ref.argmax_disagree,
+                moved.max_abs, moved.mean_abs, vs_cpu.max_abs, vs_cpu.mean_abs);
             if (vs_ref.max_abs > 0.2 + 0.5 * moved.max_abs || vs_ref.mean_abs > 0.015 + 0.25 * moved.mean_abs ||
                 vs_ref.argmax_disagree > rows / 10)
                 fail_msg("%s kv %s: GPU logits out of tolerance against the reference", refs[r],

@@ -53,10 +53,10 @@ static tsr_status render_input(const char *src, const json_t *in, char **out)
     *out = NULL;
     tsr_status st = tsr_chat_template_parse(src, &t);
     if (st) return st;
-    st = tsr_chat_template_render(t, json_object_get(in, "messages"), json_object_get(in, "tools"),
-                                  json_is_true(json_object_get(in, "add_generation_prompt")),
-                                  json_string_value(json_object_get(in, "bos_token")),
-                                  json_string_value(json_object_get(in, "eos_token")), json_object_get(in, "extra"), out);
+    st = tsr_chat_template_render(
+        t, json_object_get(in, "messages"), json_object_get(in, "tools"),
+        json_is_true(json_object_get(in, "add_generation_prompt")), json_string_value(json_object_get(in, "bos_token")),
+        json_string_value(json_object_get(in, "eos_token")), json_object_get(in, "extra"), out);
     tsr_chat_template_free(t);
     return st;
 }
@@ -151,7 +151,8 @@ static void test_tokenizer_dirs(void **state)
         json_array_foreach(cases, i, c) {
             char *out;
             st = tsr_chat_template_render(t, json_object_get(c, "messages"), NULL,
-                                          json_is_true(json_object_get(c, "add_generation_prompt")), bos, eos, NULL, &out);
+                                          json_is_true(json_object_get(c, "add_generation_prompt")), bos, eos, NULL,
+                                          &out);
             total++;
             if (st) {
                 fprintf(stderr, "FAILED %s #%zu: %s\n", name, i, tsr_last_error());
@@ -246,7 +247,8 @@ static void check_err(const err_case *e, tsr_status st)
     if (e->line) {
         char want[64];
         snprintf(want, sizeof want, "(template line %d)", e->line);
-        if (!strstr(tsr_last_error(), want)) fail_msg("template %s: message '%s' lacks '%s'", e->src, tsr_last_error(), want);
+        if (!strstr(tsr_last_error(), want))
+            fail_msg("template %s: message '%s' lacks '%s'", e->src, tsr_last_error(), want);
     }
 }
 
@@ -288,7 +290,8 @@ static void test_limits(void **state)
     (void)state;
     tsr_chat_template_set_limits(16u << 20, 2000000);
     static const char *const runaway[] = {
-        "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+        "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | "
+        "length }}",
         "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
         "{{ 'x' * 100000000000 }}",
     };
@@ -336,7 +339,8 @@ static void test_load_dir(void **state)
     char cfg[512];
     snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir);
     write_file(cfg, "{\"bos_token\": {\"content\": \"<B>\", \"lstrip\": false}, \"eos_token\": \"<E>\","
-                    " \"chat_template\": [{\"name\": \"default\", \"template\": \"D{{ bos_token }}{{ eos_token }}{{ tools is none }}\"},"
+                    " \"chat_template\": [{\"name\": \"default\", \"template\": \"D{{ bos_token }}{{ eos_token }}{{ "
+                    "tools is none }}\"},"
                     " {\"name\": \"tool_use\", \"template\": \"T{{ tools | length }}\"}]}");
     json_t *msgs = one_message(), *tools = json_pack("[{s:s}]", "type", "function");
     tsr_chat_template *t;

@@ -171,7 +171,8 @@ static void test_bad_files(void **s)
     unlink(p);
     free(p);
     /* a minimal valid one */
-    p = write_tmp("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [[\"a\", \"b\"]]}}");
+    p = write_tmp(
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [[\"a\", \"b\"]]}}");
     assert_int_equal(tsr_tokenizer_load(p, &tok), TSR_OK);
     int32_t *ids;
     size_t n;
@@ -207,7 +208,8 @@ static void test_bad_files(void **s)
     };
     for (size_t i = 0; i < sizeof unsup / sizeof unsup[0]; i++) {
         assert_int_equal(load_patched(unsup[i].key, unsup[i].value), TSR_ERR_UNSUPPORTED);
-        if (!strstr(tsr_last_error(), unsup[i].name)) fail_msg("message without '%s': %s", unsup[i].name, tsr_last_error());
+        if (!strstr(tsr_last_error(), unsup[i].name))
+            fail_msg("message without '%s': %s", unsup[i].name, tsr_last_error());
     }
     assert_int_equal(load_patched("pre_tokenizer", "{\"type\": 7}"), TSR_ERR_FORMAT);
     assert_int_equal(load_patched("model.merges", "[\"a b c\"]"), TSR_ERR_FORMAT);

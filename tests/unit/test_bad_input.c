@@ -46,22 +46,27 @@ static void expect_st_error(const char *header, size_t data_bytes, tsr_status wa
     tsr_st_set_free(set);
     unlink(path);
     if (st != want || (want != TSR_OK && (!strstr(tsr_last_error(), fragment) || !strstr(tsr_last_error(), path))))
-        fail_msg("header %s: expected %d with '%s' and the path, got %d: %s", header, want, fragment, st, tsr_last_error());
+        fail_msg("header %s: expected %d with '%s' and the path, got %d: %s", header, want, fragment, st,
+                 tsr_last_error());
 }
 
 static void test_bad_safetensors(void **state)
 {
     (void)state;
     expect_st_error("{\"a\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0, 4]}}", 4, TSR_OK, "");
-    expect_st_error("{\"a\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 4, TSR_ERR_FORMAT, "outside");
-    expect_st_error("{\"a\": {\"dtype\": \"F16\", \"shape\": [3], \"data_offsets\": [0, 4]}}", 8, TSR_ERR_FORMAT, "'a'");
-    expect_st_error("{\"a\": {\"dtype\": \"Q4\", \"shape\": [2], \"data_offsets\": [0, 4]}}", 4, TSR_ERR_UNSUPPORTED, "Q4");
+    expect_st_error("{\"a\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 4, TSR_ERR_FORMAT,
+                    "outside");
+    expect_st_error("{\"a\": {\"dtype\": \"F16\", \"shape\": [3], \"data_offsets\": [0, 4]}}", 8, TSR_ERR_FORMAT,
+                    "'a'");
+    expect_st_error("{\"a\": {\"dtype\": \"Q4\", \"shape\": [2], \"data_offsets\": [0, 4]}}", 4, TSR_ERR_UNSUPPORTED,
+                    "Q4");
     expect_st_error("{\"a\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0, 4]},"
                     " \"b\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [2, 6]}}",
                     8, TSR_ERR_FORMAT, "overlap");
-    expect_st_error("{\"a\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0, 4]}, \"a\": 1}", 4, TSR_ERR_FORMAT,
-                    "invalid");
-    expect_st_error("{\"a\": {\"dtype\": \"F16\", \"shape\": [-2], \"data_offsets\": [0, 4]}}", 4, TSR_ERR_FORMAT, "shape");
+    expect_st_error("{\"a\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0, 4]}, \"a\": 1}", 4,
+                    TSR_ERR_FORMAT, "invalid");
+    expect_st_error("{\"a\": {\"dtype\": \"F16\", \"shape\": [-2], \"data_offsets\": [0, 4]}}", 4, TSR_ERR_FORMAT,
+                    "shape");
     expect_st_error("{\"a\": {\"dtype\": \"F16\", \"shape\": [2]}}", 4, TSR_ERR_FORMAT, "data_offsets");
     expect_st_error("{\"a\": [1,2]", 4, TSR_ERR_FORMAT, "invalid");
     expect_st_error("[1, 2]", 4, TSR_ERR_FORMAT, "not a JSON object");

@@ -36,7 +36,8 @@ static void test_unpack_every_width(void **state)
         assert_int_equal(q.groups[g].rows, rows[g]);
         for (int j = 0; j < q.groups[g].rows; j++)
             for (int n = 0; n < q.N; n++)
-                assert_int_equal(tsr_qmatrix_code(&q, &q.groups[g], j, n), m.codes[(size_t)(q.groups[g].row0 + j) * q.N + n]);
+                assert_int_equal(tsr_qmatrix_code(&q, &q.groups[g], j, n),
+                                 m.codes[(size_t)(q.groups[g].row0 + j) * q.N + n]);
     }
     /* permutation: perm = argsort(invperm) */
     for (int k = 0; k < q.K; k++) assert_int_equal(q.perm[m.invperm[k]], k);
@@ -63,7 +64,8 @@ static void test_vectors_5_1(void **state)
         tsr_st_set *set;
         tsr_qmatrix q;
         assert_int_equal(load(&m, NULL, &set, &q), TSR_OK);
-        for (int j = 0; j < 32; j++) assert_int_equal(tsr_qmatrix_code(&q, &q.groups[0], j, 5), (uint32_t)(7 * j + 3) % (1u << v[i].bits));
+        for (int j = 0; j < 32; j++)
+            assert_int_equal(tsr_qmatrix_code(&q, &q.groups[0], j, 5), (uint32_t)(7 * j + 3) % (1u << v[i].bits));
         tsr_qmatrix_free(&q);
         tsr_st_set_free(set);
         free_matrix(&m);
@@ -135,7 +137,8 @@ static void test_matmul_kernel(void **state)
         for (int r = 0; r < M; r++)
             for (int n = 0; n < Nout; n++) {
                 const double got = y[(size_t)r * Nout + n], acc = want[(size_t)r * Nout + n];
-                if (!(fabs(got - acc) <= 1e-4 * (1 + fabs(acc)))) fail_msg("M=%d row %d col %d: %g vs %g", M, r, n, got, acc);
+                if (!(fabs(got - acc) <= 1e-4 * (1 + fabs(acc))))
+                    fail_msg("M=%d row %d col %d: %g vs %g", M, r, n, got, acc);
             }
         free(want);
         /* each row alone gives the same bits as in the batch (the kernel's paths for one row and for several) */

@@ -71,7 +71,8 @@ static void make(gmat *m, int K, int N, int gs, int act_order, int with_bias)
     m->scales16 = malloc((size_t)m->G * N * sizeof(uint16_t));
     m->scales32 = malloc((size_t)m->G * N * sizeof(float));
     for (int k = 0; k < K; k++)
-        for (int n = 0; n < N; n++) m->qweight[(size_t)(k / 8) * N + n] |= (uint32_t)m->codes[(size_t)k * N + n] << (4 * (k % 8));
+        for (int n = 0; n < N; n++)
+            m->qweight[(size_t)(k / 8) * N + n] |= (uint32_t)m->codes[(size_t)k * N + n] << (4 * (k % 8));
     for (int g = 0; g < m->G; g++)
         for (int n = 0; n < N; n++) {
             m->qzeros[(size_t)g * (N / 8) + n / 8] |= (uint32_t)m->zcode[(size_t)g * N + n] << (4 * (n % 8));
@@ -119,7 +120,8 @@ static tsr_st_set *write_and_open(const gmat *m, const file_opts *o)
     memcpy(qw, m->qweight, (size_t)(qrows < m->K / 8 ? qrows : m->K / 8) * m->N * sizeof(uint32_t));
     uint32_t *qz = calloc((size_t)m->G * zcols, sizeof(uint32_t));
     for (int g = 0; g < m->G; g++)
-        for (int c = 0; c < zcols && c < m->N / 8; c++) qz[(size_t)g * zcols + c] = m->qzeros[(size_t)g * (m->N / 8) + c];
+        for (int c = 0; c < zcols && c < m->N / 8; c++)
+            qz[(size_t)g * zcols + c] = m->qzeros[(size_t)g * (m->N / 8) + c];
     const test_tensor t[] = {
         {"w.qweight", TSR_I32, 2, {qrows, m->N}, qw, (size_t)qrows * m->N * 4},
         {"w.qzeros", TSR_I32, 2, {m->G, zcols}, qz, (size_t)m->G * zcols * 4},
@@ -168,11 +170,13 @@ static void check_roundtrip(const gmat *m, const file_opts *o, const tsr_quant_c
             int i = q.groups[g].row0 + j, k = q.perm[i];
             assert_true(k >= 0 && k < m->K && !seen[k]);
             seen[k] = 1;
-            int want_g = o->no_g_idx || o->zero_g_idx ? k / (qc && qc->group_size > 0 ? qc->group_size : 128) : m->g_idx[k];
+            int want_g =
+                o->no_g_idx || o->zero_g_idx ? k / (qc && qc->group_size > 0 ? qc->group_size : 128) : m->g_idx[k];
             assert_int_equal(want_g, g);
             if (j) assert_true(q.perm[i - 1] < k);
             /* codes read back through the (possibly re-packed) stream equal the file's codes */
-            for (int n = 0; n < m->N; n += 5) assert_int_equal(tsr_qmatrix_code(&q, &q.groups[g], j, n), m->codes[(size_t)k * m->N + n]);
+            for (int n = 0; n < m->N; n += 5)
+                assert_int_equal(tsr_qmatrix_code(&q, &q.groups[g], j, n), m->codes[(size_t)k * m->N + n]);
         }
     free(seen);
     /* dequantization, original row order */
@@ -183,7 +187,8 @@ static void check_roundtrip(const gmat *m, const file_opts *o, const tsr_quant_c
         for (int n = 0; n < m->N; n++) {
             float want = ref_w(m, k, n, zero_add);
             if (W[(size_t)k * m->N + n] != want || Wh[(size_t)k * m->N + n] != tsr_round_half(want))
-                fail_msg("W[%d][%d] = %g (fp16 %g), want %g", k, n, W[(size_t)k * m->N + n], Wh[(size_t)k * m->N + n], want);
+                fail_msg("W[%d][%d] = %g (fp16 %g), want %g", k, n, W[(size_t)k * m->N + n], Wh[(size_t)k * m->N + n],
+                         want);
         }
     /* bytes: qweight + qzeros + scales (+ g_idx) (+ bias) as stored; bpw excludes the bias */
     uint64_t bytes = (uint64_t)m->K / 8 * m->N * 4 + (uint64_t)m->G * m->N / 8 * 4 +
@@ -206,7 +211,8 @@ static void check_roundtrip(const gmat *m, const file_opts *o, const tsr_quant_c
                 double acc = m->bias ? tsr_half_to_float(m->bias[n]) : 0.0;
                 for (int k = 0; k < m->K; k++) acc += (double)x[(size_t)r * m->K + k] * ref_w(m, k, n, zero_add);
                 double got = y[(size_t)r * m->N + n];
-                if (!(fabs(got - acc) <= 1e-4 * (1 + fabs(acc)))) fail_msg("M=%d row %d col %d: %g vs %g", M, r, n, got, acc);
+                if (!(fabs(got - acc) <= 1e-4 * (1 + fabs(acc))))
+                    fail_msg("M=%d row %d col %d: %g vs %g", M, r, n, got, acc);
             }
         free(x);
         free(y);
@@ -325,7 +331,8 @@ static void test_bad_tensors(void **state)
         if (m.g_idx[k] != 0) {
             saved = m.g_idx[k];
             m.g_idx[k] = 0;
-            expect_error(&m, &(file_opts){0}, &qc, TSR_ERR_FORMAT, "group 0 holds 33 rows, more than the group size 32");
+            expect_error(&m, &(file_opts){0}, &qc, TSR_ERR_FORMAT,
+                         "group 0 holds 33 rows, more than the group size 32");
             m.g_idx[k] = saved;
             break;
         }
@@ -379,7 +386,8 @@ static void test_config(void **state)
     assert_int_equal(c.quant.gptq_v2, 0);
     assert_int_equal(c.quant.sym, 1);
     /* EXL2's block (float bits) is only named, never interpreted */
-    assert_int_equal(parse("{\"quant_method\":\"exl2\",\"version\":\"0.3.2\",\"bits\":2.5,\"head_bits\":6}", &c), TSR_OK);
+    assert_int_equal(parse("{\"quant_method\":\"exl2\",\"version\":\"0.3.2\",\"bits\":2.5,\"head_bits\":6}", &c),
+                     TSR_OK);
     assert_string_equal(c.quant.method, "exl2");
     assert_int_equal(c.quant.bits, 0);
     /* bits other than 4: a clear refusal */

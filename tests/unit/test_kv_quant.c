@@ -36,7 +36,8 @@ static int popcount(unsigned x)
     return n;
 }
 
-/* v[e] for the head vector x[d]: per 64-chunk c and parity p, v[c + 2j + p] = sum_i (-1)^popcount(i & j) x[c + 2i + p] */
+/* v[e] for the head vector x[d]: per 64-chunk c and parity p,
+ * v[c + 2j + p] = sum_i (-1)^popcount(i & j) x[c + 2i + p] */
 static void ref_rotate(const float *x, int d, float *v)
 {
     for (int c = 0; c < d; c += 64)
@@ -113,13 +114,14 @@ static void test_random_against_reference(void **state)
                     /* scale: the fp32 one rounded to fp16, give or take 1 ulp of the fp16 rotation's amax */
                     float s = tsr_half_to_float(scales[g]);
                     if (!(fabsf(s - sref[g]) <= 2e-3f * sref[g] + 1e-7f))
-                        fail_msg("%s bits %d: scale %g vs reference %g", tsr_kv_dtype_name(modes[mi]), bits, s, sref[g]);
+                        fail_msg("%s bits %d: scale %g vs reference %g", tsr_kv_dtype_name(modes[mi]), bits, s,
+                                 sref[g]);
                     for (int i = 0; i < 32; i++) {
                         const int e = g * 32 + i, q = code_at(codes, bits, e);
                         /* fp16 butterflies may move a value across a rounding boundary: one code at most */
                         if (abs(q - qref[e]) > 1)
-                            fail_msg("%s bits %d: element %d code %d vs reference %d", tsr_kv_dtype_name(modes[mi]), bits,
-                                     e, q, qref[e]);
+                            fail_msg("%s bits %d: element %d code %d vs reference %d", tsr_kv_dtype_name(modes[mi]),
+                                     bits, e, q, qref[e]);
                         flips += q != qref[e];
                         total++;
                         if (fabsf(rot[e] - (float)(q - m) * s) > 0) fail_msg("rotated dequantization is not (q - m)·s");
@@ -191,7 +193,8 @@ static void test_hand_made_codes(void **state)
         vq[0] = 32.0f * (float)(top - m) / (float)m, vq[2] = 16, vq[1] = -32, vq[64 + 40] = -3;
         from_rotated(vq, d, want);
         for (int e = 0; e < d; e++)
-            if (fabsf(back[e] - want[e]) > 1e-6f) fail_msg("%d-bit: element %d dequantizes to %g, want %g", bits, e, back[e], want[e]);
+            if (fabsf(back[e] - want[e]) > 1e-6f)
+                fail_msg("%d-bit: element %d dequantizes to %g, want %g", bits, e, back[e], want[e]);
     }
     /* an all-zero vector: zero scales, zero codes, zeros back */
     float z[64] = {0}, zb[64];
@@ -284,7 +287,8 @@ static void test_store_is_per_token(void **state)
             long changed_inside = 0;
             for (size_t i = 0; i < sizes[a]; i++) {
                 if (i >= lo && i < hi) changed_inside += before[a][i] != after[a][i];
-                else if (before[a][i] != after[a][i]) fail_msg("%s: byte %zu of array %d changed", tsr_kv_dtype_name(modes[mi]), i, a);
+                else if (before[a][i] != after[a][i])
+                    fail_msg("%s: byte %zu of array %d changed", tsr_kv_dtype_name(modes[mi]), i, a);
             }
             assert_true(changed_inside > 0);
             free(before[a]), free(after[a]);
@@ -348,10 +352,12 @@ static void check_attention(tsr_dtype mode, int d, int window, int T0)
     double worst = 0;
     for (size_t i = 0; i < n; i++) {
         double e = fabs((double)got[i] - want[i]);
-        if (!(e <= 2e-5)) fail_msg("%s d%d window %d: element %zu %g vs %g", tsr_kv_dtype_name(mode), d, window, i, got[i], want[i]);
+        if (!(e <= 2e-5))
+            fail_msg("%s d%d window %d: element %zu %g vs %g", tsr_kv_dtype_name(mode), d, window, i, got[i], want[i]);
         if (e > worst) worst = e;
     }
-    print_message("  %s d%d window %d: max |quantized - dequantized FP32| %.2e\n", tsr_kv_dtype_name(mode), d, window, worst);
+    print_message("  %s d%d window %d: max |quantized - dequantized FP32| %.2e\n", tsr_kv_dtype_name(mode), d, window,
+                  worst);
     free(k), free(v), free(q), free(got), free(want);
     tsr_kv_free(&kq);
     tsr_kv_free(&kf);

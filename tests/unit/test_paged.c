@@ -39,8 +39,8 @@ static void test_page_pool(void **state)
 }
 
 /* Dense reference attention for one sequence with all K/V in arrays [T][nkv][d]. */
-static void reference(const float *q, const float *k, const float *v, int pos0, int n, int nh, int nkv, int d, int window,
-                      float *out)
+static void reference(const float *q, const float *k, const float *v, int pos0, int n, int nh, int nkv, int d,
+                      int window, float *out)
 {
     for (int t = 0; t < n; t++)
         for (int h = 0; h < nh; h++) {
@@ -48,7 +48,8 @@ static void reference(const float *q, const float *k, const float *v, int pos0, 
             double *s = malloc((size_t)(p + 1) * sizeof(double)), mx = -1e300, sum = 0;
             for (int j = lo; j <= p; j++) {
                 double acc = 0;
-                for (int i = 0; i < d; i++) acc += (double)q[((size_t)t * nh + h) * d + i] * k[((size_t)j * nkv + kvh) * d + i];
+                for (int i = 0; i < d; i++)
+                    acc += (double)q[((size_t)t * nh + h) * d + i] * k[((size_t)j * nkv + kvh) * d + i];
                 s[j] = acc / sqrt((double)d);
                 if (s[j] > mx) mx = s[j];
             }
@@ -117,7 +118,8 @@ static void check_attention(tsr_dtype dtype, int window, int T0, int d, int nh)
     reference(q, k0, v0, T0 - n0, n0, nh, nkv, d, window, want);
     reference(q + (size_t)n0 * nh * d, k1, v1, 0, T1, nh, nkv, d, window, want + (size_t)n0 * nh * d);
     for (int i = 0; i < rows * nh * d; i++)
-        if (!(fabsf(out[i] - want[i]) < 1e-5f)) fail_msg("dtype %d window %d: element %d %g vs %g", dtype, window, i, out[i], want[i]);
+        if (!(fabsf(out[i] - want[i]) < 1e-5f))
+            fail_msg("dtype %d window %d: element %d %g vs %g", dtype, window, i, out[i], want[i]);
     free(k0), free(v0), free(k1), free(v1), free(q), free(out), free(want);
     tsr_kv_free(&kv);
 }

@@ -34,7 +34,8 @@ static void test_rope_refs(void **state)
         float inv[512], af;
         tsr_rope_freqs(&cfg.rope, (int)json_integer_value(json_object_get(c, "seq_len")), inv, &af);
         double want_af = json_number_value(json_object_get(c, "attention_factor"));
-        if (fabs(af - want_af) > 1e-6 * fabs(want_af)) fail_msg("case %zu: attention factor %g, want %g", i, af, want_af);
+        if (fabs(af - want_af) > 1e-6 * fabs(want_af))
+            fail_msg("case %zu: attention factor %g, want %g", i, af, want_af);
         for (int k = 0; k < cfg.rope.dim / 2; k++) {
             double w = json_number_value(json_array_get(want, (size_t)k));
             if (fabs(inv[k] - w) > 2e-6 * fabs(w))
@@ -65,8 +66,9 @@ static void test_config_errors(void **state)
                            ", \"rope_scaling\": {\"type\": \"su\", \"factor\": 2}}",
                            &cfg),
                      TSR_ERR_UNSUPPORTED);
-    assert_int_equal(parse("{\"architectures\": [\"LlamaForCausalLM\"], " MODEL_KEYS ", \"num_key_value_heads\": 3}", &cfg),
-                     TSR_ERR_FORMAT);
+    assert_int_equal(
+        parse("{\"architectures\": [\"LlamaForCausalLM\"], " MODEL_KEYS ", \"num_key_value_heads\": 3}", &cfg),
+        TSR_ERR_FORMAT);
     assert_int_equal(parse("{\"architectures\": [\"LlamaForCausalLM\"], " MODEL_KEYS ", \"hidden_size\": \"x\"", &cfg),
                      TSR_ERR_FORMAT);
     assert_int_equal(parse("[]", &cfg), TSR_ERR_FORMAT);

@@ -63,7 +63,8 @@ static void test_writer_round_trip(void **state)
         assert_int_equal(t->dtype, all[i]);
         assert_int_equal(t->shape[1], i + 1);
         assert_int_equal((uintptr_t)t->data % tsr_dtype_size(all[i]), 0);
-        for (size_t k = 0; k < t->nbytes; k++) assert_int_equal(((const unsigned char *)t->data)[k], (unsigned char)(i * 31 + k));
+        for (size_t k = 0; k < t->nbytes; k++)
+            assert_int_equal(((const unsigned char *)t->data)[k], (unsigned char)(i * 31 + k));
     }
     tsr_st_set_free(set);
     /* closing before all bytes are written is an error and removes the file */

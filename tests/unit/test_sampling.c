@@ -237,8 +237,8 @@ static void check_against_ref(const float *l, int n, const tsr_sampling *sp, con
     int kept = 0;
     for (int i = 0; i < n; i++) {
         if ((want[i] == 0) != (got[i] == 0))
-            fail_msg("%s (n %d): token %d kept by %s only (%g vs %g)", what, n, i, want[i] ? "the reference" : "tessera",
-                     want[i], got[i]);
+            fail_msg("%s (n %d): token %d kept by %s only (%g vs %g)", what, n, i,
+                     want[i] ? "the reference" : "tessera", want[i], got[i]);
         if (fabs(got[i] - want[i]) > 1e-7 + 1e-5 * want[i])
             fail_msg("%s (n %d): p[%d] = %.9g, reference %.9g", what, n, i, got[i], want[i]);
         sum += got[i];
