@@ -10,9 +10,9 @@
 tsr_status tsr_select_backend(const char *device, const tsr_ops **ops);
 
 /* The default ceiling on sequences running at once (--max-running) for a device name: 256 on a GPU ("cuda",
- * "cuda:N"), whose decode step costs little more at 256 rows than at 64 (H100, 8B 4.0 bpw: 11.0 against 9.7 ms) and
- * so yields ~3x the tokens; 64 elsewhere, where a step's cost grows with its rows. The KV pool's pages still bound
- * what runs. */
+ * "cuda:N"), whose decode step costs little more at 256 rows than at 64 (H100, 8B 4.0 bpw: through the service 16.9k
+ * generated tokens/s at 256 running against 7.1k at 64, BENCHMARKS.md stop 68); 64 elsewhere, where a step's cost
+ * grows with its rows. The KV pool's pages still bound what runs. */
 #define TSR_MAX_RUNNING_GPU 256
 #define TSR_MAX_RUNNING_CPU 64
 int tsr_default_max_running(const char *device);
