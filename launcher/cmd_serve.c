@@ -416,8 +416,10 @@ int tsr_cmd_serve(int argc, char **argv)
     char dev[256] = "";
     if (s.session->engine) tsr_backend_describe(s.session->engine->ops, dev, sizeof dev);
     else snprintf(dev, sizeof dev, "%s workers", device);
-    fprintf(stderr, "tessera serve: ready: model '%s' (%s), context %d, KV cache %d pages of %d tokens (%s)%s\n",
-            s.name, dev, s.x->max_context, s.x->n_pages, s.x->page_size, tsr_kv_dtype_name(kv_dtype),
+    fprintf(stderr,
+            "tessera serve: ready: model '%s' (%s), context %d, KV cache %d pages of %d tokens (%s), up to %ld "
+            "running%s\n",
+            s.name, dev, s.x->max_context, s.x->n_pages, s.x->page_size, tsr_kv_dtype_name(kv_dtype), max_running,
             n_keys ? ", API keys required" : "");
     if (intake) fprintf(stderr, "tessera serve: nanomsg intake on %s\n", intake_addr);
 

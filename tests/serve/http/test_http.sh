@@ -41,6 +41,10 @@ start_server "$tmp/server.log" --api-key "$key" --max-body 65536 --kv-tokens 819
   --intake "ipc://$tmp/intake.ipc"
 base="http://127.0.0.1:$port"
 echo "server on port $port"
+# the ready line names the ceiling on running sequences: the CPU's default (a GPU's is 256)
+for _ in $(seq 1 50); do grep -q "^tessera serve: ready: .*, up to 64 running, " "$tmp/server.log" && break; sleep 0.1; done
+grep -q "^tessera serve: ready: .*, up to 64 running, API keys required$" "$tmp/server.log" ||
+  fail "ready line: $(grep 'ready' "$tmp/server.log")"
 
 # health and keys
 [ "$(curl -s "$base/health")" = '{"status":"ok"}' ] || fail "/health body"
