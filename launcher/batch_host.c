@@ -145,8 +145,7 @@ tsr_status tsr_host_open(const tsr_host_opts *o, tsr_host **out)
     }
     for (int i = 0; i < c->n_eos; i++)
         h->eos_ids[i] = c->eos_ids[i];
-    tsr_service_opts so = {.sched = {.max_running = o->max_running ? o->max_running
-                                                                   : tsr_default_max_running(o->device),
+    tsr_service_opts so = {.sched = {.max_running = o->max_running,
                                      .max_prefill_decoding = o->prefill_chunk,
                                      .prefix_cache = o->no_prefix_cache ? -1 : 0}};
     if ((st = tsr_service_start(h->session->x, h->tok, &so, &h->svc)) != TSR_OK) goto fail;

@@ -28,7 +28,8 @@ typedef struct tsr_host_opts {
     tsr_dtype kv_dtype;      /* the KV cache's storage; TSR_DTYPE_INVALID (the zero value): fp16 */
     int step_tokens;         /* tokens per step and forward call; 0: TSR_STEP_TOKENS_DEFAULT */
     int prefill_chunk;       /* prompt tokens in a step that also decodes (0: as many as the step leaves) */
-    int max_running;         /* ceiling on running sequences; 0: the device's (tsr_default_max_running) */
+    int max_running;         /* ceiling on running sequences; the commands set tsr_default_max_running's where none
+                              * was given (0 here: the scheduler's 64) */
     int threads;             /* CPU threads; 0: default */
     int no_prefix_cache;     /* 1: do not share or keep prompt pages */
     tsr_par_opts par;        /* multi-rank options (tsr_par_opts_init / tsr_par_opts_take) */
