@@ -1,0 +1,161 @@
+/* What bounds the wgmma product's words' copies at few rows (kernels/cuda/NOTES.md, stops 66-68: alone they stream at
+ * ~1 TB/s, with 8 or 16 stages in flight alike, while the memory system idles): the number of bulk copies, the bytes
+ * in flight, or where the pieces lie? Each block has one issuing lane, as the product's producer warp, and a ring of
+ * SLOTS slots of PIECE bytes in shared memory, each with an mbarrier; it copies its pieces with cp.async.bulk, and
+ * before reusing a slot waits for the copy that last filled it (no consumers: the copies alone, as the product's
+ * copywords diagnostic). The same 1 GiB is read under each setting, a fresh region each run (L2 holds none of it):
+ *   layout 0 (the product's): piece i of block b at (i · NB + b) · PIECE, so that the blocks' i-th pieces lie side by
+ *            side, as the column tiles' words of one unit do (gate at 96 rows: 112 blocks, 2 KB pieces);
+ *   layout 1: each block's pieces one contiguous stretch (words stored by column tile, a layout tessera lacks);
+ * pieces of 2-32 KB, 2-64 slots, 112 or 132 blocks; stop 69's first call ran every piece and slot count with one
+ * lane (2 KB: 0.97 TB/s at 112 blocks whatever the slots, 4 KB 1.92, 8 KB 3.1). Now: more issuing warps, more blocks
+ * per SM, and tensor copies. Printed: TB/s (bytes read / time, best of 5 runs) per setting.
+ *
+ * Build and run on the GPU machine: nvcc -std=c++17 -O3 -arch=sm_90 -o build-probe/bulk scripts/bulk-probe.cu &&
+ * build-probe/bulk */
+#include "probe_check.cuh"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <stdint.h>
+#include <stdio.h>
+
+#define TOTAL_BYTES ((size_t)1 << 30)
+
+__device__ __forceinline__ void bar_init(uint32_t bar) { asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar)); }
+__device__ __forceinline__ void bar_expect(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred p;\nW:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra W;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+/* Block b's warp w copies pieces w, w + W, ... of the block's n (W warps, each with slots / W slots of its own); lane 0
+ * of each warp issues its copies: bulk copies, or with `tensor` 2D tensor copies of the piece as rows of 512 bytes
+ * (stride `row_stride`, the product's words of one unit and column block). */
+__global__ void __launch_bounds__(128) copy_kernel(const unsigned char *src, const __grid_constant__ CUtensorMap map,
+                                                   int tensor, int layout, uint32_t piece, int slots, long long n,
+                                                   unsigned *sink)
+{
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const int warps = (int)blockDim.x / 32, w = (int)threadIdx.x / 32, ws = slots / warps;
+    const uint32_t base = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)(w * ws) * piece;
+    const uint32_t bars = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)slots * piece + 8 * w * ws;
+    const int b = (int)blockIdx.x, nb = (int)gridDim.x;
+    if (threadIdx.x % 32 != 0) return;
+    for (int s = 0; s < ws; s++) bar_init(bars + 8 * s);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    long long k = 0; /* the warp's copies so far */
+    for (long long i = w; i < n; i += warps, k++) {
+        const int s = (int)(k % ws);
+        if (k >= ws) bar_wait(bars + 8 * s, (uint32_t)((k / ws - 1) & 1));
+        const size_t at = layout == 0 ? ((size_t)i * nb + b) * piece : ((size_t)b * n + i) * piece;
+        bar_expect(bars + 8 * s, piece);
+        if (tensor)
+            asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, "
+                         "{%2, %3}], [%4];" ::"r"(base + (uint32_t)s * piece),
+                         "l"((uint64_t)&map), "r"(0), "r"((int)(at / 512)), "r"(bars + 8 * s)
+                         : "memory");
+        else
+            bulk(base + (uint32_t)s * piece, src + at, piece, bars + 8 * s);
+    }
+    for (long long j = k > ws ? k - ws : 0; j < k; j++) bar_wait(bars + 8 * (int)(j % ws), (uint32_t)((j / ws) & 1));
+    if (smem[0] == 0xfe && smem[1] == 0xfe) atomicAdd(sink, 1u); /* keeps the copies' destination live */
+}
+
+/* The region as rows of 512 bytes (uint32), read in boxes of piece / 512 rows: one tensor copy a piece. */
+typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                              const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static int tensor_map(CUtensorMap *map, const void *base, size_t bytes, uint32_t piece)
+{
+    static encode_fn fn;
+    if (!fn) {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q;
+        CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
+        fn = (encode_fn)p;
+    }
+    const cuuint64_t dims[2] = {128, (cuuint64_t)(bytes / 512)}, strides[1] = {512};
+    const cuuint32_t box[2] = {128, piece / 512}, step[2] = {1, 1};
+    if (fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, (void *)base, dims, strides, box, step,
+           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+        fprintf(stderr, "tensor map refused\n");
+        return 1;
+    }
+    return 0;
+}
+
+static int measure(const unsigned char *buf, size_t buf_bytes, int tensor, int layout, uint32_t piece, int slots,
+                   int nb, int warps, unsigned *sink, double *tbs)
+{
+    const long long n = (long long)(TOTAL_BYTES / piece / nb);
+    const size_t bytes = (size_t)n * nb * piece;
+    const size_t smem = (size_t)slots * piece + 8 * (size_t)slots + 1024;
+    CHECK(cudaFuncSetAttribute(copy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    cudaEvent_t a, z;
+    CHECK(cudaEventCreate(&a));
+    CHECK(cudaEventCreate(&z));
+    float best = 1e30f;
+    static size_t region;
+    for (int r = 0; r < 5; r++) {
+        region = (region + bytes) % (buf_bytes - bytes + 1); /* a region L2 has not seen lately */
+        region &= ~(size_t)4095;
+        CHECK(cudaEventRecord(a));
+        CUtensorMap map;
+        if (tensor && tensor_map(&map, buf + region, bytes, piece)) return 1;
+        copy_kernel<<<nb, 32 * warps, smem>>>(buf + region, map, tensor, layout, piece, slots, n, sink);
+        CHECK(cudaEventRecord(z));
+        CHECK(cudaEventSynchronize(z));
+        CHECK(cudaGetLastError());
+        float ms;
+        CHECK(cudaEventElapsedTime(&ms, a, z));
+        if (ms < best) best = ms;
+    }
+    *tbs = (double)bytes / (best * 1e-3) / 1e12;
+    return 0;
+}
+
+int main(void)
+{
+    const size_t buf_bytes = (size_t)4 << 30;
+    unsigned char *buf;
+    unsigned *sink;
+    CHECK(cudaMalloc(&buf, buf_bytes));
+    CHECK(cudaMemset(buf, 1, buf_bytes));
+    CHECK(cudaMalloc(&sink, sizeof(unsigned)));
+    printf("kind   blocks warps layout piece_KB slots in_flight_KB  TB/s\n");
+    struct setting { int tensor, nb, warps, layout; uint32_t piece; int slots; };
+    const setting settings[] = {
+        /* copies of 2 KB from one lane: more lanes, more blocks per SM, tensor copies */
+        {0, 112, 1, 0, 2048, 8}, {0, 112, 2, 0, 2048, 8}, {0, 112, 4, 0, 2048, 8}, {0, 112, 4, 0, 2048, 16},
+        {0, 224, 1, 0, 2048, 8}, {0, 264, 1, 0, 2048, 8}, {0, 528, 1, 0, 2048, 8},
+        {1, 112, 1, 0, 2048, 8}, {1, 112, 4, 0, 2048, 8}, {1, 132, 1, 0, 2048, 8},
+        /* larger tensor copies */
+        {1, 112, 1, 0, 4096, 8}, {1, 112, 1, 0, 8192, 8}, {1, 112, 1, 0, 16384, 8}, {1, 112, 1, 0, 16384, 4},
+        {1, 112, 1, 1, 8192, 8}, {1, 112, 1, 1, 16384, 8},
+        /* bulk copies of 4 and 8 KB from 2 lanes */
+        {0, 112, 2, 0, 4096, 8}, {0, 112, 2, 0, 8192, 8},
+    };
+    for (const setting &t : settings) {
+        double tbs;
+        if (measure(buf, buf_bytes, t.tensor, t.layout, t.piece, t.slots, t.nb, t.warps, sink, &tbs)) return 1;
+        printf("%-6s %6d %5d %6d %8u %5d %12u  %.3f\n", t.tensor ? "tensor" : "bulk", t.nb, t.warps, t.layout,
+               t.piece / 1024, t.slots, t.slots * t.piece / 1024, tbs);
+    }
+    return 0;
+}
