@@ -53,6 +53,7 @@ struct fg_part {
 struct fg_group {
     fg_part p[FG_MAX_PARTS];
     int n;
+    int hdr_once; /* the bulk kernel: a group's scale codes and table copied with its first unit only (ft_hdr_once) */
 };
 
 /* The part of a grouped launch that block b belongs to: parts take consecutive stretches of their `blocks` blocks,
@@ -408,18 +409,25 @@ __device__ __forceinline__ void ft_issue_x(const fg_part &P, ft_shared &F, int u
 }
 
 /* Producer: unit i of the block (record m) into its ring slot, arming the slot's full barrier (XR: also for the
- * unit's activations, which ft_issue_x copies, after the PDL wait for the first slots). */
+ * unit's activations, which ft_issue_x copies, after the PDL wait for the first slots). The group's scale codes and
+ * table (its header) come with its first unit in the block where `once` (ft_hdr_once), else with every unit. The
+ * consumers decode a header only where the group changes (ft_run), and each bulk copy costs an SM about 0.24 µs
+ * whatever its size up to ~4 KB (scripts/bulk-probe.cu: 2 KB copies stream at ~1 TB/s over the chip, 8 KB ones at
+ * 3.1), so two copies fewer a unit is most of a unit's time where groups span several units. */
 template <bool GPTQ, bool XR>
-__device__ __forceinline__ void ft_issue(const tsr_linear_dev &L, ft_shared &F, int i, int cbf, int live, int M)
+__device__ __forceinline__ void ft_issue(const tsr_linear_dev &L, ft_shared &F, int i, int cbf, int live, int M,
+                                         int once)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const uint2 m = F.meta[i];
     const int bits = GPTQ ? 4 : (int)(m.y >> 24), grp = (int)(m.y & 0xffffffu), s = i % FT_RING;
+    const bool hdr = !once || i == 0 || grp != (int)(F.meta[i - 1].y & 0xffffffu);
     uint32_t *slot = F.ring[s];
     const unsigned wbytes = (unsigned)live * 128u * (unsigned)bits, cbytes = (unsigned)live * 16u;
     const unsigned tbytes = GPTQ ? (unsigned)live * 64u : 64u;
-    mbar_expect_tx(&F.full[s], wbytes + cbytes + tbytes + (XR ? (unsigned)M * 64u : 0u));
+    mbar_expect_tx(&F.full[s], wbytes + (hdr ? cbytes + tbytes : 0u) + (XR ? (unsigned)M * 64u : 0u));
     bulk_copy(slot, L.fw + m.x + (size_t)cbf * 32 * bits, wbytes, &F.full[s]);
+    if (!hdr) return;
     const uint32_t *codes = (GPTQ ? L.g_zeros : L.q_scale) + (size_t)grp * (L.Npad / 8) + 4 * cbf;
     bulk_copy(slot + FT_SLOT_WORDS, codes, cbytes, &F.full[s]);
     const void *tab = GPTQ ? (const void *)(L.g_scales + (size_t)grp * L.Npad + 32 * cbf)
@@ -530,7 +538,7 @@ __global__ void __launch_bounds__((ft_consumers(NT) + 1) * 32, NT == 1 ? 2 : 1)
     const bool producer = warp == NC && lane == 0;
     if (producer)
         for (int i = 0; i < min(nu, FT_RING); i++)
-            ft_issue<GPTQ, XR>(L, F, i, cbf, live, M);
+            ft_issue<GPTQ, XR>(L, F, i, cbf, live, M, G.hdr_once);
     if (XR) { /* no staging: the activations follow the weights through the ring once the kernel writing them is done */
         tsr_pdl_wait();
         if (producer)
@@ -544,7 +552,7 @@ __global__ void __launch_bounds__((ft_consumers(NT) + 1) * 32, NT == 1 ? 2 : 1)
         if (producer)
             for (int i = FT_RING; i < nu; i++) {
                 mbar_wait(&F.empty[i % FT_RING], (unsigned)(i / FT_RING - 1) & 1u);
-                ft_issue<GPTQ, XR>(L, F, i, cbf, live, M);
+                ft_issue<GPTQ, XR>(L, F, i, cbf, live, M, G.hdr_once);
                 if (XR) ft_issue_x(P, F, u0, i, M);
             }
         tsr_pdl_trigger();
@@ -630,6 +638,14 @@ static bool fg_imma(bool gptq)
 static bool fg_prestage_exact(void)
 {
     static const bool on = !tsr_cuda_env_off("TSR_CUDA_GEMV_PRESTAGE");
+    return on;
+}
+
+/* Whether the bulk kernel copies a group's header (scale codes, table) with its first unit only (ft_issue):
+ * TSR_CUDA_GEMV_HDR_ONCE=1 (default 0: with every unit; written at stop 69 and not yet run on a GPU, NOTES.md). */
+static int ft_hdr_once(void)
+{
+    static const int on = getenv("TSR_CUDA_GEMV_HDR_ONCE") && atoi(getenv("TSR_CUDA_GEMV_HDR_ONCE")) != 0;
     return on;
 }
 
@@ -1068,6 +1084,7 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
     const int ub = bulk ? ft_plan(all_col_blocks, Ls[0]->n_units, M, Ls[0]->gptq != 0, target, fg_target())
                         : fg_plan(all_col_blocks, Ls[0]->n_units, M, target, fg_target());
     G.n = n;
+    G.hdr_once = ft_hdr_once();
     for (int i = 0; i < n; i++) {
         const tsr_linear_dev *L = Ls[i];
         const int col_blocks = (int)tsr_div_up(L->Npad, cols);
