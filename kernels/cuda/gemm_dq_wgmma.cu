@@ -655,7 +655,7 @@ bool tsr_cuda_dw_word_maps(tsr_linear_dev *d, void *(*dev_alloc)(size_t))
         bits_of.push_back(bits);
     }
     const int n = (int)bits_of.size();
-    d->run_u0[n] = d->n_units;
+    d->run_u0[n] = d->n_units; /* n_runs stays 0 until the maps are in place */
     /* run r as words × column blocks × units: 32 · bits words of a (unit, column block), Npad / 32 column blocks of
      * 128 · bits bytes, units Npad · 4 · bits bytes apart; boxes of DW_CBS column blocks × 2 units */
     std::vector<CUtensorMap> maps((size_t)n);
@@ -669,7 +669,7 @@ bool tsr_cuda_dw_word_maps(tsr_linear_dev *d, void *(*dev_alloc)(size_t))
                          (void *)(d->fw + units[(size_t)d->run_u0[r]].x), dims, strides, box, step,
                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-            tsr_cuda_fatal(__FILE__, __LINE__, "cuTensorMapEncodeTiled refused the words of the wgmma product");
+            return true; /* a run the encoder refuses (e.g. one unit, shorter than a box): bulk copies throughout */
     }
     void *dev = dev_alloc(maps.size() * sizeof(CUtensorMap)); /* cudaMalloc's 256-byte alignment: maps want 64 */
     if (!dev) return false;
