@@ -14,6 +14,7 @@
  * Build and run on the GPU machine: nvcc -std=c++17 -O3 -arch=sm_90 -o build-probe/bulk scripts/bulk-probe.cu &&
  * build-probe/bulk */
 #include "probe_check.cuh"
+#include "../kernels/cuda/bulk.cuh" /* the mbarrier and bulk-copy wrappers the GEMV uses */
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -23,60 +24,39 @@
 
 #define TOTAL_BYTES ((size_t)1 << 30)
 
-__device__ __forceinline__ void bar_init(uint32_t bar)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar));
-}
-__device__ __forceinline__ void bar_expect(uint32_t bar, uint32_t bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity)
-{
-    asm volatile("{\n.reg .pred p;\nW:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra W;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-__device__ __forceinline__ void bulk(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-
 /* Block b's warp w copies pieces w, w + W, ... of the block's n (W warps, each with slots / W slots of its own); lane 0
  * of each warp issues its copies: bulk copies, or with `tensor` 2D tensor copies of the piece as rows of 512 bytes
- * (stride `row_stride`, the product's words of one unit and column block). */
+ * (tensor_map). */
 __global__ void __launch_bounds__(128) copy_kernel(const unsigned char *src, const __grid_constant__ CUtensorMap map,
                                                    int tensor, int layout, uint32_t piece, int slots, long long n,
                                                    unsigned *sink)
 {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(1024) unsigned char smem[];
     const int warps = (int)blockDim.x / 32, w = (int)threadIdx.x / 32, ws = slots / warps;
-    const uint32_t base = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)(w * ws) * piece;
-    const uint32_t bars = (uint32_t)__cvta_generic_to_shared(smem) + (uint32_t)slots * piece + 8 * w * ws;
+    unsigned char *ring = smem + (size_t)(w * ws) * piece;
+    uint64_t *bars = (uint64_t *)(smem + (size_t)slots * piece) + w * ws;
     const int b = (int)blockIdx.x, nb = (int)gridDim.x;
     if (threadIdx.x % 32 != 0) return;
-    for (int s = 0; s < ws; s++) bar_init(bars + 8 * s);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int s = 0; s < ws; s++) mbar_init(&bars[s], 1);
+    mbar_init_fence();
     long long k = 0; /* the warp's copies so far */
     for (long long i = w; i < n; i += warps, k++) {
         const int s = (int)(k % ws);
-        if (k >= ws) bar_wait(bars + 8 * s, (uint32_t)((k / ws - 1) & 1));
+        if (k >= ws) mbar_wait(&bars[s], (unsigned)((k / ws - 1) & 1));
         const size_t at = layout == 0 ? ((size_t)i * nb + b) * piece : ((size_t)b * n + i) * piece;
-        bar_expect(bars + 8 * s, piece);
+        mbar_expect_tx(&bars[s], piece);
         if (tensor)
             asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, "
-                         "{%2, %3}], [%4];" ::"r"(base + (uint32_t)s * piece),
-                         "l"((uint64_t)&map), "r"(0), "r"((int)(at / 512)), "r"(bars + 8 * s)
+                         "{%2, %3}], [%4];" ::"r"(smem_addr(ring + (size_t)s * piece)),
+                         "l"((uint64_t)&map), "r"(0), "r"((int)(at / 512)), "r"(smem_addr(&bars[s]))
                          : "memory");
         else
-            bulk(base + (uint32_t)s * piece, src + at, piece, bars + 8 * s);
+            bulk_copy(ring + (size_t)s * piece, src + at, piece, &bars[s]);
     }
-    for (long long j = k > ws ? k - ws : 0; j < k; j++) bar_wait(bars + 8 * (int)(j % ws), (uint32_t)((j / ws) & 1));
+    for (long long j = k > ws ? k - ws : 0; j < k; j++) mbar_wait(&bars[(int)(j % ws)], (unsigned)((j / ws) & 1));
     if (smem[0] == 0xfe && smem[1] == 0xfe) atomicAdd(sink, 1u); /* keeps the copies' destination live */
+#endif
 }
 
 /* The region as rows of 512 bytes (uint32), read in boxes of piece / 512 rows: one tensor copy a piece. */
