@@ -18,9 +18,9 @@ extern "C" {
 tsr_status tsr_cuda_exl2_pack(const tsr_qmatrix *q, const int32_t *cols, int rows_in_order, tsr_linear_dev *d,
                               void *(*dev_alloc)(size_t));
 /* Where TSR_CUDA_DW_TWORDS=1 asks for them (gemm_dq_wgmma.cu), d's runs of units of one width (d->n_runs, d->run_u0)
- * and their words' tensor maps in device memory from dev_alloc (d->wmaps), once its words are packed; else, or where
- * the matrix has more runs than TSR_LINEAR_RUNS or the driver has no encoder, none (n_runs 0, wmaps NULL). Returns
- * false when dev_alloc fails. */
-bool tsr_cuda_dw_word_maps(tsr_linear_dev *d, void *(*dev_alloc)(size_t));
+ * and their words' tensor maps in device memory from dev_alloc (d->wmaps), once its words are packed (units: the host
+ * copy of d->units); else, or where the matrix has more runs than TSR_LINEAR_RUNS or the driver has no encoder, none
+ * (n_runs 0, wmaps NULL). Returns false when dev_alloc fails. */
+bool tsr_cuda_dw_word_maps(tsr_linear_dev *d, const uint2 *units, void *(*dev_alloc)(size_t));
 
 #endif

@@ -640,14 +640,12 @@ static bool dw_twords(void)
     return on != 0;
 }
 
-bool tsr_cuda_dw_word_maps(tsr_linear_dev *d, void *(*dev_alloc)(size_t))
+bool tsr_cuda_dw_word_maps(tsr_linear_dev *d, const uint2 *units, void *(*dev_alloc)(size_t))
 {
     d->n_runs = 0, d->wmaps = NULL;
     if (!dw_twords() || !dw_encoder() || d->n_units == 0) return true;
-    std::vector<uint2> units((size_t)d->n_units);
-    TSR_CUDA_CHECK(cudaMemcpy(units.data(), d->units, units.size() * sizeof(uint2), cudaMemcpyDeviceToHost));
     std::vector<int> bits_of;
-    for (size_t u = 0; u < units.size(); u++) {
+    for (size_t u = 0; u < (size_t)d->n_units; u++) {
         const int bits = (int)(units[u].y >> 24);
         if (u > 0 && bits == (int)(units[u - 1].y >> 24)) continue;
         if ((int)bits_of.size() == TSR_LINEAR_RUNS) return true; /* more runs than the mirror holds: none */
