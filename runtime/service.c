@@ -504,8 +504,8 @@ tsr_status tsr_service_start(tsr_executor *x, const tsr_tokenizer *tok, const ts
     if (so->max_step_tokens <= 0 || so->max_step_tokens > x->max_step_tokens) so->max_step_tokens = x->max_step_tokens;
     if (so->max_context <= 0) so->max_context = x->max_context;
     so->vocab = x->vocab;
-    if (so->max_running <= 0) so->max_running = 64;
-    if (so->max_waiting <= 0) so->max_waiting = 1024;
+    if (so->max_running <= 0) so->max_running = TSR_SCHED_RUNNING_DEFAULT;
+    if (so->max_waiting <= 0) so->max_waiting = TSR_SCHED_WAITING_DEFAULT;
     const int depth = x->depth > 1 && x->submit && x->collect ? x->depth : 1;
     if (depth > TSR_EXECUTOR_MAX_DEPTH || depth > TSR_SCHED_MAX_PLANS) {
         free(s);

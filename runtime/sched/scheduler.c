@@ -175,10 +175,10 @@ tsr_status tsr_sched_new(const tsr_sched_opts *opts, tsr_sched **out)
         return tsr_fail(TSR_ERR_ARG, "scheduler: invalid max_running %d, max_waiting %d, max_context %d, vocab %d, "
                         "prefix_cache %d, max_plans %d or max_prefill_decoding %d", o.max_running, o.max_waiting,
                         o.max_context, o.vocab, o.prefix_cache, o.max_plans, o.max_prefill_decoding);
-    if (o.max_running == 0) o.max_running = 64;
+    if (o.max_running == 0) o.max_running = TSR_SCHED_RUNNING_DEFAULT;
     /* every running sequence must be able to take its decode token in every step, or some would starve */
     if (o.max_running > o.max_step_tokens) o.max_running = o.max_step_tokens;
-    if (o.max_waiting == 0) o.max_waiting = 1024;
+    if (o.max_waiting == 0) o.max_waiting = TSR_SCHED_WAITING_DEFAULT;
     if (o.prefix_cache == 0) o.prefix_cache = 1;
     if (o.max_context == 0) o.max_context = INT_MAX / 2;
     if (o.max_plans == 0) o.max_plans = 1;

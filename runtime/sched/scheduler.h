@@ -23,6 +23,11 @@
  * where 512 cost 20-27 % (BENCHMARKS.md, stop 28). */
 #define TSR_PREFILL_CHUNK_DEFAULT 1024
 
+/* What a zero max_running and max_waiting mean (the scheduler's defaults; the service applies them too, since its
+ * admission bound counts both). */
+#define TSR_SCHED_RUNNING_DEFAULT 64
+#define TSR_SCHED_WAITING_DEFAULT 1024
+
 typedef struct tsr_sched_opts {
     int page_size;           /* tokens per page (must match the executor's KV pool) */
     int n_pages;             /* pages in the pool */
