@@ -54,6 +54,7 @@ struct fg_group {
     fg_part p[FG_MAX_PARTS];
     int n;
     int hdr_once; /* the bulk kernel: a group's scale codes and table copied with its first unit only (ft_hdr_once) */
+    int x_pair;   /* the bulk kernel (XR): two units' activations in one copy (ft_x_pair) */
 };
 
 /* The part of a grouped launch that block b belongs to: parts take consecutive stretches of their `blocks` blocks,
@@ -392,19 +393,32 @@ static_assert(sizeof(ft_shared) % 16 == 0, "XR's activation slots follow ft_shar
  * entries of 8 bytes (fp16; fg_prestage_kernel's layout), so that no block stages its whole K range. */
 #define FT_X_WORDS (FT_MAX_M * 16)
 
-/* XR: slot s's activation area, after ft_shared. */
-__device__ __forceinline__ uint32_t *ft_xslot(ft_shared &F, int s)
+/* XR: slot s's activation area, after ft_shared: M × 16 words a slot, the slots packed, so that the activations
+ * of units in consecutive slots (contiguous in fg_prestage_kernel's layout too) can come as one copy. */
+__device__ __forceinline__ uint32_t *ft_xslot(ft_shared &F, int s, int M)
 {
-    return (uint32_t *)(&F + 1) + s * FT_X_WORDS;
+    return (uint32_t *)(&F + 1) + s * M * 16;
+}
+static_assert(FT_RING % 2 == 0, "x_pair's two slots are neighbours");
+
+/* XR: the activation bytes that slot i % FT_RING's full barrier expects: its unit's, or where `pair` those of
+ * units i and i + 1 for even i and none for odd i (their activations came with the even neighbour's, and the
+ * consumers, taking the units in order, waited for that barrier first). */
+__device__ __forceinline__ unsigned ft_x_bytes(int i, int nu, int M, int pair)
+{
+    if (!pair) return (unsigned)M * 64u;
+    return (i & 1) ? 0u : (unsigned)M * 64u * (unsigned)min(2, nu - i);
 }
 
-/* XR: the activations of block unit i (block units start at unit u0 of the part) into slot i % FT_RING's
- * activation area; its full barrier already expects them (ft_issue). */
-__device__ __forceinline__ void ft_issue_x(const fg_part &P, ft_shared &F, int u0, int i, int M)
+/* XR: the activations of block unit i (block units start at unit u0 of the part; where `pair`, also of unit i + 1)
+ * into slot i % FT_RING's activation area (and the next slot's); its full barrier already expects them (ft_issue).
+ * Where `pair`, odd units copy nothing. */
+__device__ __forceinline__ void ft_issue_x(const fg_part &P, ft_shared &F, int u0, int i, int nu, int M, int pair)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const int s = i % FT_RING;
-    bulk_copy(ft_xslot(F, s), P.xs + (size_t)(u0 + i) * 2 * M * 4, (unsigned)M * 64u, &F.full[s]);
+    const unsigned bytes = ft_x_bytes(i, nu, M, pair);
+    if (bytes) bulk_copy(ft_xslot(F, s, M), P.xs + (size_t)(u0 + i) * 2 * M * 4, bytes, &F.full[s]);
 #endif
 }
 
@@ -416,7 +430,7 @@ __device__ __forceinline__ void ft_issue_x(const fg_part &P, ft_shared &F, int u
  * 3.1), so two copies fewer a unit is most of a unit's time where groups span several units. */
 template <bool GPTQ, bool XR>
 __device__ __forceinline__ void ft_issue(const tsr_linear_dev &L, ft_shared &F, int i, int cbf, int live, int M,
-                                         int once)
+                                         int once, unsigned xbytes)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const uint2 m = F.meta[i];
@@ -425,7 +439,7 @@ __device__ __forceinline__ void ft_issue(const tsr_linear_dev &L, ft_shared &F, 
     uint32_t *slot = F.ring[s];
     const unsigned wbytes = (unsigned)live * 128u * (unsigned)bits, cbytes = (unsigned)live * 16u;
     const unsigned tbytes = GPTQ ? (unsigned)live * 64u : 64u;
-    mbar_expect_tx(&F.full[s], wbytes + (hdr ? cbytes + tbytes : 0u) + (XR ? (unsigned)M * 64u : 0u));
+    mbar_expect_tx(&F.full[s], wbytes + (hdr ? cbytes + tbytes : 0u) + (XR ? xbytes : 0u));
     bulk_copy(slot, L.fw + m.x + (size_t)cbf * 32 * bits, wbytes, &F.full[s]);
     if (!hdr) return;
     const uint32_t *codes = (GPTQ ? L.g_zeros : L.q_scale) + (size_t)grp * (L.Npad / 8) + 4 * cbf;
@@ -497,7 +511,7 @@ __device__ __forceinline__ void ft_run(const tsr_linear_dev &L, ft_shared &F, co
             }
             if (XR) { /* the unit's activations sit in its slot's activation area */
                 fg_bsrc xb = bs;
-                xb.p = (const uint2 *)ft_xslot(F, s);
+                xb.p = (const uint2 *)ft_xslot(F, s, M);
                 fg_unit<B, GPTQ, NT, PK, FOLD>(slot + 2 * w * 32 * B, xb, 0, M, lane, sc, acc);
             } else {
                 fg_unit<B, GPTQ, NT, PK, FOLD>(slot + 2 * w * 32 * B, bs, i, M, lane, sc, acc);
@@ -538,12 +552,12 @@ __global__ void __launch_bounds__((ft_consumers(NT) + 1) * 32, NT == 1 ? 2 : 1)
     const bool producer = warp == NC && lane == 0;
     if (producer)
         for (int i = 0; i < min(nu, FT_RING); i++)
-            ft_issue<GPTQ, XR>(L, F, i, cbf, live, M, G.hdr_once);
+            ft_issue<GPTQ, XR>(L, F, i, cbf, live, M, G.hdr_once, ft_x_bytes(i, nu, M, G.x_pair));
     if (XR) { /* no staging: the activations follow the weights through the ring once the kernel writing them is done */
         tsr_pdl_wait();
         if (producer)
             for (int i = 0; i < min(nu, FT_RING); i++)
-                ft_issue_x(P, F, u0, i, M);
+                ft_issue_x(P, F, u0, i, nu, M, G.x_pair);
     } else {
         fg_stage_block<NT == 1 && !HALF>(P, x, M, u0, nu, fg_smem, S0);
         __syncthreads();
@@ -552,8 +566,13 @@ __global__ void __launch_bounds__((ft_consumers(NT) + 1) * 32, NT == 1 ? 2 : 1)
         if (producer)
             for (int i = FT_RING; i < nu; i++) {
                 mbar_wait(&F.empty[i % FT_RING], (unsigned)(i / FT_RING - 1) & 1u);
-                ft_issue<GPTQ, XR>(L, F, i, cbf, live, M, G.hdr_once);
-                if (XR) ft_issue_x(P, F, u0, i, M);
+                ft_issue<GPTQ, XR>(L, F, i, cbf, live, M, G.hdr_once, ft_x_bytes(i, nu, M, G.x_pair));
+                if (!XR) continue;
+                /* a pair's second slot must be free too (its next unit's weights come in the next round, after a
+                 * wait that this one has already satisfied) */
+                if (G.x_pair && !(i & 1) && i + 1 < nu)
+                    mbar_wait(&F.empty[(i + 1) % FT_RING], (unsigned)((i + 1) / FT_RING - 1) & 1u);
+                ft_issue_x(P, F, u0, i, nu, M, G.x_pair);
             }
         tsr_pdl_trigger();
         return;
@@ -646,6 +665,16 @@ static bool fg_prestage_exact(void)
 static int ft_hdr_once(void)
 {
     static const int on = getenv("TSR_CUDA_GEMV_HDR_ONCE") && atoi(getenv("TSR_CUDA_GEMV_HDR_ONCE")) != 0;
+    return on;
+}
+
+/* Whether the bulk kernel with activations through the ring (ft_xring) copies two units' activations at once
+ * (ft_issue_x): TSR_CUDA_GEMV_XPAIR=1 (default 0: one copy a unit; written at stop 70 and not yet run on a GPU). At
+ * 17-64 rows a unit's activations are 1-4 KB, and a copy of up to ~4 KB costs an SM what a copy of 2 KB does
+ * (scripts/bulk-probe.cu, NOTES.md stop 69). */
+static int ft_x_pair(void)
+{
+    static const int on = getenv("TSR_CUDA_GEMV_XPAIR") && atoi(getenv("TSR_CUDA_GEMV_XPAIR")) != 0;
     return on;
 }
 
@@ -1085,6 +1114,7 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
                         : fg_plan(all_col_blocks, Ls[0]->n_units, M, target, fg_target());
     G.n = n;
     G.hdr_once = ft_hdr_once();
+    G.x_pair = ft_x_pair();
     for (int i = 0; i < n; i++) {
         const tsr_linear_dev *L = Ls[i];
         const int col_blocks = (int)tsr_div_up(L->Npad, cols);
