@@ -8,6 +8,7 @@
 #    product's words as one tensor copy a stage at every row count (TSR_CUDA_DQ_WGMMA=1 TSR_CUDA_DW_TWORDS=1,
 #    gemm_dq_wgmma.cu; CTest test_cuda_dwtwords); both written at stop 69 and off by default until measured;
 #    and two units' activations in one copy through the bulk GEMV's ring (TSR_CUDA_GEMV_XPAIR=1, stop 70);
+#    and one and two rows on the bulk GEMV with headers once (TSR_CUDA_GEMV_BULK_MIN=1 TSR_CUDA_GEMV_HDR_ONCE=1);
 # 3. each against the default, once: decode at batch 1, 4, 8 and 32 of the 8B shape (3-64 rows take the bulk GEMV),
 #    and at 96 and 128 rows (the product). Written at stop 69, whose device time ran out before it could run.
 # About 120 s on a warm machine. Carry .parpack (TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh here) and build-probe.
@@ -22,6 +23,7 @@ test_cuda_one default 60
 test_cuda_one once 60 TSR_CUDA_GEMV_HDR_ONCE=1
 test_cuda_one twords 60 TSR_CUDA_DQ_WGMMA=1 TSR_CUDA_DW_TWORDS=1
 test_cuda_one xpair 60 TSR_CUDA_GEMV_XPAIR=1 TSR_CUDA_GEMV_XRING_MIN=9
+test_cuda_one bulk1 60 TSR_CUDA_GEMV_BULK_MIN=1 TSR_CUDA_GEMV_HDR_ONCE=1
 dec() { # MODEL ROWS NAME [ENV...]: decode tok/s at ROWS (a comma list)
   local model=$1 rows=$2 name=$3
   shift 3
@@ -36,4 +38,5 @@ dec $m8 24,64 xp TSR_CUDA_GEMV_XPAIR=1
 dec $m8 24,64 xpo TSR_CUDA_GEMV_XPAIR=1 TSR_CUDA_GEMV_HDR_ONCE=1
 dec $m8 96,128 bulkw
 dec $m8 96,128 tw TSR_CUDA_DW_TWORDS=1
+dec $m8 1,2 b1once TSR_CUDA_GEMV_BULK_MIN=1 TSR_CUDA_GEMV_HDR_ONCE=1
 echo "end (at $SECONDS s)"

@@ -897,7 +897,7 @@ static int ft_plan(int col_blocks, int n_units, int M, bool gptq, int target, in
 }
 
 /* Whether M rows take frag_gemv_bulk_kernel: with sm_90 code (tsr_cuda_sm90), from TSR_CUDA_GEMV_BULK_MIN
- * (default 3, at least 2) up to TSR_CUDA_GEMV_BULK rows (default and most FT_MAX_M; 0 keeps frag_gemv_kernel for
+ * (default 3, at least 1) up to TSR_CUDA_GEMV_BULK rows (default and most FT_MAX_M; 0 keeps frag_gemv_kernel for
  * all). One and two rows stay with frag_gemv_kernel: 2-4 % faster at one row when the bulk kernel came (NOTES.md,
  * stop 18), 7-9 % at two rows since the one-row kernel's later gains; from 3 rows the bulk kernel is as fast or
  * faster (stop 27). */
@@ -909,7 +909,7 @@ bool tsr_cuda_gemv_bulk(int M)
         most = !tsr_cuda_sm90() ? 0 : e ? min(atoi(e), FT_MAX_M) : FT_MAX_M;
         if (most < 0) most = 0;
         const char *l = getenv("TSR_CUDA_GEMV_BULK_MIN");
-        if (l && atoi(l) >= 2) least = atoi(l);
+        if (l && atoi(l) >= 1) least = atoi(l);
     }
     return M >= least && M <= most;
 }
