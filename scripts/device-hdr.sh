@@ -31,7 +31,7 @@ dec() { # MODEL ROWS NAME [ENV...]: decode tok/s at ROWS (a comma list)
     > "$OUT/d-$name.log" 2>&1
   echo "decode $name rc=$? $(awk '$1 ~ /^[0-9]+$/ && $3 ~ /^[0-9.]+$/ {printf "%s:%s ", $1, $3}' "$OUT/d-$name.log")"
 }
-dec $m8 1,4,8,32 every
+dec $m8 1,2,4,8,32 every
 dec $m8 1,4,8,32 once TSR_CUDA_GEMV_HDR_ONCE=1
 dec $m8 24,64 xp0
 dec $m8 24,64 xp TSR_CUDA_GEMV_XPAIR=1
