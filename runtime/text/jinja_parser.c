@@ -779,30 +779,17 @@ static jnode *parse_statement(parser *P)
 
 static jnode *parse_statement_inner(parser *P, jtoken *t, int line)
 {
-    if (is_name(t, "for")) {
-        adv(P);
-        return parse_for(P, line);
-    }
-    if (is_name(t, "if")) {
-        adv(P);
-        return parse_if(P, line);
-    }
-    if (is_name(t, "set")) {
-        adv(P);
-        return parse_set(P, line);
-    }
-    if (is_name(t, "macro")) {
-        adv(P);
-        return parse_macro(P, line);
-    }
-    if (is_name(t, "with")) {
-        adv(P);
-        return parse_with(P, line);
-    }
-    if (is_name(t, "filter")) {
-        adv(P);
-        return parse_filter_block(P, line);
-    }
+    /* the tags that open a block, each parsed past its name by its own function */
+    static const struct {
+        const char *tag;
+        jnode *(*parse)(parser *, int);
+    } blocks[] = {{"for", parse_for},     {"if", parse_if},     {"set", parse_set},
+                  {"macro", parse_macro}, {"with", parse_with}, {"filter", parse_filter_block}};
+    for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++)
+        if (is_name(t, blocks[i].tag)) {
+            adv(P);
+            return blocks[i].parse(P, line);
+        }
     if (is_name(t, "break") || is_name(t, "continue")) {
         if (!P->loop_depth)
             jinja_raise(P->a->err, TSR_ERR_FORMAT, line, "syntax error: '%.*s' outside of a loop", (int)t->n, t->p);
