@@ -89,7 +89,8 @@ if step "8B tensor profile" 150; then
   synth_8b $m8
   args=(generate --bench --model $m8 --device cuda --batch 1 --prompt-len 512 --gen 32)
   TSR_CUDA_PROFILE=2 timeout 60 "$bin" "${args[@]}" > "$out/prof-1gpu.txt" 2>&1
-  OMPI_MCA_orte_tag_output=1 TSR_CUDA_PROFILE=2 TSR_RUN_TIMEOUT=90 mpi 3 "${args[@]}" --split tensor > "$out/prof-tensor.txt" 2>&1
+  OMPI_MCA_orte_tag_output=1 TSR_CUDA_PROFILE=2 TSR_RUN_TIMEOUT=90 mpi 3 "${args[@]}" --split tensor \
+    > "$out/prof-tensor.txt" 2>&1
   timeout 60 "$bin" "${args[@]}" 2>&1 | grep "batch "
   TSR_RUN_TIMEOUT=90 mpi 3 "${args[@]}" --split tensor --quiet-ranks 2>&1 | grep "batch "
   for f in prof-1gpu prof-tensor; do

@@ -15,7 +15,9 @@
 set -u
 . tests/parallel/gpu-env.sh >/dev/null
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-[ -x build-probe/bulk ] && { timeout 30 build-probe/bulk > "$OUT/bulk.log" 2>&1; echo "bulk probe rc=$?"; cat "$OUT/bulk.log"; }
+[ -x build-probe/bulk ] && {
+  timeout 30 build-probe/bulk > "$OUT/bulk.log" 2>&1; echo "bulk probe rc=$?"; cat "$OUT/bulk.log"
+}
 m8=/tmp/llama8b-4.0
 synth_8b $m8 > /dev/null 2>&1
 echo "synth done (at $SECONDS s)"

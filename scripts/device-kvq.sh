@@ -21,7 +21,9 @@ tests=${TSR_KVQ_TESTS-kvqexact:TSR_CUDA_ATTN_KVQ=0 flashoff:TSR_CUDA_FLASH=0 spl
 if [ "$tests" != none ]; then
   for v in default:X=1 $tests; do
     name=${v%%:*}; envs=${v#*:}; tc=$P/bin/test_cuda
-    case ",$envs," in *,BIN=*) b=${envs#*BIN=}; tc=$P/alt/test_cuda-${b%%,*}; envs=$(echo ",$envs" | sed -E 's/,BIN=[^,]*//; s/^,//') ;; esac
+    case ",$envs," in
+      *,BIN=*) b=${envs#*BIN=}; tc=$P/alt/test_cuda-${b%%,*}; envs=$(echo ",$envs" | sed -E 's/,BIN=[^,]*//; s/^,//') ;;
+    esac
     env ${envs//,/ } X=1 timeout 150 "$tc" > "$out/test_cuda-$name.log" 2>&1
     echo "test_cuda $name exit $? at $SECONDS s"
     grep -E "PASSED|FAILED|ERROR|mismatch|differ" "$out/test_cuda-$name.log" | head -8

@@ -44,7 +44,8 @@ done
 # paths these changes leave (batch 1-64 and the 2048-token prefill through cuBLAS): a regression check
 timeout 120 $bin bench --model $m8 --device cuda --batch 1,8,64 --prompt-len 512 --gen 64 > $OUT/b1.log 2>&1
 echo "batch 1/8/64 rc=$?" | tee -a $s; grep -E '^ +[0-9]+ |copy' $OUT/b1.log | cut -c1-200 | tee -a $s
-timeout 120 $bin bench --model $m8 --device cuda --batch 1 --prompt-len 2048 --gen 8 --max-tokens 2048 > $OUT/pf.log 2>&1
+timeout 120 $bin bench --model $m8 --device cuda --batch 1 --prompt-len 2048 --gen 8 --max-tokens 2048 \
+  > $OUT/pf.log 2>&1
 echo "prefill 2048 rc=$?" | tee -a $s; grep -E '^ +[0-9]+ ' $OUT/pf.log | tee -a $s
 # per matrix at 256 and 128 rows: the defaults, and at 256 without the stores (what the staged epilogue still costs)
 for v in "def256:256:" "nostore256:256:TSR_CUDA_DW_DIAG=nostore" "def128:128:"; do
@@ -53,7 +54,8 @@ for v in "def256:256:" "nostore256:256:TSR_CUDA_DW_DIAG=nostore" "def128:128:"; 
     --gen 8 > $OUT/splits-$name.log 2>&1
   echo "per matrix $name ($envs) rc=$?" | tee -a $s; grep "^dq path M $rows" $OUT/splits-$name.log | tee -a $s
 done
-[ "$short" = 1 ] || tests "direct:TSR_CUDA_DQ_WGMMA=1 TSR_CUDA_DW_EPI=0" "dwsplit3:TSR_CUDA_DQ_WGMMA=1 TSR_CUDA_DW_SPLITS=3"
+[ "$short" = 1 ] || tests "direct:TSR_CUDA_DQ_WGMMA=1 TSR_CUDA_DW_EPI=0" \
+  "dwsplit3:TSR_CUDA_DQ_WGMMA=1 TSR_CUDA_DW_SPLITS=3"
 [ "$short" = 1 ] && exit 0
 # where the product's warps stall at 256 rows (ncu; graphs off so that each launch is its own; the second decode
 # step's first two layers: q/k/v, o, gate, up, down): the stall reasons per issued instruction, the tensor pipe and

@@ -3,7 +3,8 @@
 # (TSR_SLAB_TESTS=0 skips it), then the 8B-geometry EXL2 4.0 bpw model (tessera synth) through a 2048-token prefill
 # in chunks of each size of TSR_SLAB_CHUNKS and through decode at the batches of TSR_SLAB_BATCH, under each slab width
 # of TSR_SLAB_COLS ("0": the whole matrix in one slab, main's default), alternating, TSR_SLAB_RUNS times each
-# (default 2). Stop 59 ran it (kernels/cuda/NOTES.md): narrow slabs lose at every row count. The question: whether slabs small enough to stay in L2 save the fp16 weights' round trip to DRAM
+# (default 2). Stop 59 ran it (kernels/cuda/NOTES.md): narrow slabs lose at every row count. The question: whether
+# slabs small enough to stay in L2 save the fp16 weights' round trip to DRAM
 # at the row counts where the dequantize pass is a large part of the product. Pack first with TSR_GPUPACK_SLIM=1
 # tests/parallel/gpu-pack.sh and carry `.parpack`; logs go to $OUT.
 set -uo pipefail

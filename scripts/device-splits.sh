@@ -21,7 +21,8 @@ for rows in 256 128; do
     dq_step $m8 $rows $rows-splits$sp $e
   done
 done
-timeout 120 $bin bench --model $m8 --device cuda --batch 96,128,160,192,224,256 --prompt-len 32 --gen 32 > $OUT/d.log 2>&1
+timeout 120 $bin bench --model $m8 --device cuda --batch 96,128,160,192,224,256 --prompt-len 32 --gen 32 \
+  > $OUT/d.log 2>&1
 echo "decode rc=$? $(awk '/^ +[0-9]+ /{printf "%s:%s ", $1, $3}' $OUT/d.log)"
 for v in "cublas:" "product:TSR_CUDA_DQ_WGMMA_MAX_M=512"; do
   name=${v%%:*}; envs=${v#*:}

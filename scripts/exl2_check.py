@@ -118,7 +118,8 @@ class Model:
         f, dt, arr = self.tensors[name]
         if dtype and dt != dtype:
             raise Invalid(f"{f}: tensor '{name}' is {dt}, expected {dtype}")
-        if shape is not None and (len(shape) != arr.ndim or any(s is not None and s != a for s, a in zip(shape, arr.shape))):
+        if shape is not None and (len(shape) != arr.ndim
+                                  or any(s is not None and s != a for s, a in zip(shape, arr.shape))):
             raise Invalid(f"{f}: tensor '{name}' has shape {list(arr.shape)}, expected {list(shape)}")
         return arr
 
@@ -322,7 +323,8 @@ def main(argv):
                 w = take(f"model.layers.{layer}.{n}.weight", "F16", (H,))
                 if not np.all(np.isfinite(w.astype(np.float32))):
                     raise Invalid(f"model.layers.{layer}.{n}.weight is not finite")
-            for name, K, N, bias in (("self_attn.q_proj", H, NH * D, qkv_bias), ("self_attn.k_proj", H, NKV * D, qkv_bias),
+            for name, K, N, bias in (("self_attn.q_proj", H, NH * D, qkv_bias),
+                                     ("self_attn.k_proj", H, NKV * D, qkv_bias),
                                      ("self_attn.v_proj", H, NKV * D, qkv_bias), ("self_attn.o_proj", NH * D, H, False),
                                      ("mlp.gate_proj", H, I, False), ("mlp.up_proj", H, I, False),
                                      ("mlp.down_proj", I, H, False)):

@@ -36,7 +36,8 @@ def dynamic(c, p, seq):
 
 def llama3(c, p, seq):
     inv, _ = default(c, p, seq)
-    factor, lo, hi, old = p["factor"], p["low_freq_factor"], p["high_freq_factor"], p["original_max_position_embeddings"]
+    factor, lo, hi, old = (p["factor"], p["low_freq_factor"], p["high_freq_factor"],
+                           p["original_max_position_embeddings"])
     low_wl, high_wl = old / lo, old / hi
     wl = (f32(2 * math.pi) / inv).astype(f32)
     out = np.where(wl > low_wl, inv / f32(factor), inv).astype(f32)
@@ -58,7 +59,8 @@ def yarn(c, p, seq):
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
     if att is None:
-        att = get_mscale(factor, mscale) / get_mscale(factor, mscale_all) if (mscale and mscale_all) else get_mscale(factor)
+        att = (get_mscale(factor, mscale) / get_mscale(factor, mscale_all) if (mscale and mscale_all)
+               else get_mscale(factor))
     beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
 
     def corr(rot):

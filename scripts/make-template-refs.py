@@ -130,11 +130,13 @@ CONV = {
 # template file -> (conversations, bos, eos, with tools?, extra variable sets)
 TEMPLATES = {
     "chatml": (["user", "system-multi", "unicode", "alternating"], None, None, False, [None]),
-    "mistral-inst": (["user", "alternating", "unicode", "bad-alternation", "system-first"], "<s>", "</s>", False, [None]),
+    "mistral-inst": (["user", "alternating", "unicode", "bad-alternation", "system-first"], "<s>", "</s>", False,
+                     [None]),
     "llama2-chat": (["user", "system-multi", "alternating", "bad-alternation"], "<s>", "</s>", False, [None]),
     "gemma": (["user", "alternating", "system-first", "bad-alternation"], "<bos>", "<eos>", False, [None]),
     "phi3": (["user", "system-multi", "unicode"], "<s>", "<|endoftext|>", False, [None]),
-    "deepseek-r1": (["user", "system-multi", "deepseek-tools", "reasoning"], "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", False, [None]),
+    "deepseek-r1": (["user", "system-multi", "deepseek-tools", "reasoning"], "<｜begin▁of▁sentence｜>",
+                    "<｜end▁of▁sentence｜>", False, [None]),
     "llama3": (["user", "system-multi", "unicode"], "<|begin_of_text|>", "<|end_of_text|>", False, [None]),
     "llama3.1-tools": (["user", "system-multi", "tools", "unicode"], "<|begin_of_text|>", "<|eot_id|>", True,
                        [None, {"tools_in_user_message": False, "date_string": "01 Jan 2025"},
@@ -157,37 +159,137 @@ MICRO = [
     ("ws-crlf", "a\r\n{% if true %}\r\nb\r\n{% endif %}\r\nc\r\n", {}),
     ("ws-trailing-newline", "x\n", {}),
     ("ws-raw", "{% raw %}{{ not evaluated }}{% endraw %}|{%- raw -%}  a  {%- endraw %}|", {}),
-    ("literals", "{{ 1 }} {{ -2 }} {{ 3.50 }} {{ 1e3 }} {{ 'a\\tb\\u00e9\\x41\\\\' }} {{ \"q'\" }} {{ true }} {{ None }} {{ [1, 'a', none, 2.0] }} {{ {'k': [1], 'b': false} }} {{ (1,) }} {{ (1, 2) }} {{ 'ab' 'cd' }}", {}),
-    ("arith", "{{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 7 / 2 }} {{ 2 ** 10 }} {{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }} {{ 1.5 + 1 }} {{ 'a' ~ 1 ~ none }} {{ 'ab' * 3 }} {{ [1] * 2 }} {{ [1] + [2] }} {{ 10 / 4 }} {{ 0.1 + 0.2 }} {{ 1e16 }} {{ 1e-5 }} {{ 123456789.0 * 10 }}", {}),
-    ("compare", "{{ 1 < 2 < 3 }} {{ 1 == 1.0 }} {{ 'a' < 'b' }} {{ [1, 2] < [1, 3] }} {{ 'a' in 'cat' }} {{ 2 not in [1] }} {{ 'k' in {'k': 1} }} {{ true == 1 }} {{ none == none }} {{ 'x' != 'y' }}", {}),
-    ("logic", "{{ 1 and 'x' }} {{ 0 or 'y' }} {{ not 0 }} {{ none or [] }} {{ 'a' if false else 'b' }} [{{ 'a' if false }}] {{ not 1 == 2 }}", {}),
-    ("index-slice", "{% set s = 'héllo wörld' %}{{ s[1] }} {{ s[-1] }} {{ s[::-1] }} {{ s[1:4] }} {{ s[:-3] }} {{ s[::2] }} {{ [1,2,3,4][1:] }} {{ [1,2,3,4][::-1] }} {{ [1,2,3,4][-2:] }} {{ [1,2,3][5:] }} [{{ [1][3] }}] {{ messages[0].role }} {{ messages[0]['content'] }} {{ messages.0.role }} {{ [1,2,3][0:3:2] }}", {"messages": M}),
-    ("loop-vars", "{% for x in ['a','b','c'] %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }}[{{ loop.previtem }}|{{ loop.nextitem }}]{{ loop.cycle('o','e') }} {% endfor %}", {}),
-    ("loop-else-filter", "{% for x in [] %}x{% else %}empty{% endfor %} {% for x in range(10) if x is odd %}{{ x }}{% if loop.last %}!{% endif %}{% endfor %} {% for x in undefined_thing %}x{% else %}u{% endfor %}", {}),
-    ("loop-break-continue", "{% for i in range(10) %}{% if i == 2 %}{% continue %}{% endif %}{% if i > 5 %}{% break %}{% endif %}{{ i }}{% endfor %}|{% for i in range(3) %}{% for j in range(3) %}{% if j == 1 %}{% break %}{% endif %}{{ i }}{{ j }} {% endfor %}{% endfor %}", {}),
-    ("loop-dict", "{% for k, v in {'b': 1, 'a': 2}.items() %}{{ k }}={{ v }};{% endfor %}{% for k in {'x': 1, 'y': 2} %}{{ k }}{% endfor %}{% for a, b in [[1, 2], (3, 4)] %}{{ a + b }}{% endfor %}{% for c in 'héj' %}[{{ c }}]{% endfor %}", {}),
-    ("scoping", "{% set c = 0 %}{% for i in [1,2,3] %}{% set c = c + i %}{{ c }}{% endfor %}{{ c }}|{% for i in [1,2] %}{% if loop.first %}{% set y = 5 %}{% endif %}{{ y }},{% endfor %}|{% if true %}{% set z = 3 %}{% endif %}{{ z }}", {}),
-    ("namespace", "{% set ns = namespace(n=0, items=[]) %}{% for i in range(4) %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }} {% set ns.last = 'x' %}{{ ns.last }}", {}),
-    ("set-tuple-block", "{% set a, b = 1, 2 %}{{ a }}{{ b }}{% set x %}hi {{ a }}\n{% endset %}[{{ x }}]{% set (p, q) = ['p', 'q'] %}{{ p }}{{ q }}", {}),
-    ("macro", "{% macro f(a, b=2, c='z') %}[{{ a }}{{ b }}{{ c }}]{% endmacro %}{{ f(1) }}{{ f(1, 3) }}{{ f(1, c='y') }}{{ f() }}{% macro rec(n) %}{% if n > 0 %}{{ n }}{{ rec(n - 1) }}{% endif %}{% endmacro %}{{ rec(3) }}", {}),
-    ("with-filterblock", "{% with a = 1, b = 'x' %}{{ a }}{{ b }}{% endwith %}{{ a is defined }}{% filter upper %}shout {{ 'it' }}{% endfilter %}", {}),
-    ("generation-tag", "{% for m in messages %}{% generation %}<{{ m.content }}>{% endgeneration %}{% endfor %}", {"messages": M}),
-    ("filters-str", "{{ '  a b  ' | trim }}|{{ 'xxhixx' | trim('x') }}|{{ 'hello world' | upper }}|{{ 'HeLLo' | lower }}|{{ 'hello WORLD' | capitalize }}|{{ 'hello big-world (x)' | title }}|{{ 'aaa' | replace('a', 'b', 2) }}|{{ 'abc' | replace('', '-') }}|{{ 'ÉCOLE' | lower }}|{{ 'straße' | upper }}|{{ '<a href=\"x\">&</a>' | e }}|{{ 'x' | safe }}|{{ 'one two  three' | wordcount }}|{{ 'abc' | reverse }}", {}),
-    ("filters-seq", "{{ [3, 1, 2] | sort }} {{ ['b', 'A', 'c'] | sort }} {{ [3, 1, 2] | sort(reverse=true) }} {{ [1, 2, 3] | first }} {{ [1, 2, 3] | last }} {{ [1, 2] | length }} {{ 'héllo' | length }} {{ {'a': 1} | count }} {{ [1, 2, 3] | join('-') }} {{ [1, 2, 3] | sum }} {{ [1, 5, 3] | max }} {{ [4, 2, 8] | min }} {{ 'ab' | list }} {{ ['a', 'A', 'b', 'a'] | unique | list }} {{ [1, 2] | reverse | list }} {{ {'b': 1, 'a': 2} | dictsort }} {{ {'b': 1, 'a': 2} | items | list }} {{ [1, 2, 3] | select('odd') | list }} {{ [1, 2, 3] | reject('odd') | list }} {{ ['a', 'b'] | map('upper') | join }}", {}),
-    ("filters-attr", "{{ messages | map(attribute='role') | join(',') }} {{ messages | selectattr('role', 'equalto', 'user') | map(attribute='content') | list }} {{ messages | rejectattr('role', 'eq', 'user') | list | length }} {{ messages | selectattr('tool_calls', 'defined') | list | length }} {{ messages | selectattr('content') | list | length }} {{ messages | map(attribute='missing', default='d') | list }} {{ messages | sort(attribute='content') | map(attribute='content') | join }} {{ messages | join(',', attribute='role') }}", {"messages": [{"role": "user", "content": "b"}, {"role": "assistant", "content": "a", "tool_calls": []}]}),
-    ("filters-num", "{{ '42' | int }} {{ '4.7' | int }} {{ 'x' | int }} {{ 'x' | int(7) }} {{ 3.9 | int }} {{ '2.5' | float }} {{ 'y' | float }} {{ -3 | abs }} {{ 2.5 | round }} {{ 3.5 | round }} {{ 3.14159 | round(2) }} {{ 2.7 | round(method='floor') }} {{ 5 | string ~ 'x' }} {{ true | int }}", {}),
-    ("filters-default", "{{ undefined_var | default('d') }} {{ '' | default('e') }} {{ '' | default('e', true) }} {{ none | d('n') }} {{ false | default('f', boolean=true) }} {{ undefined_var | length }} [{{ undefined_var }}] {{ undefined_var is defined }} {{ undefined_var is undefined }}", {}),
-    ("filters-tojson", "{{ messages | tojson }}|{{ {'a': [1, 2.5, none, true, 'é\"\\n'], 'b': {}} | tojson }}|{{ {'z': 1, 'a': {'y': [], 'b': 2}} | tojson(indent=2) }}|{{ {'z': 1, 'a': 2} | tojson(sort_keys=true) }}|{{ 'ünï' | tojson(ensure_ascii=true) }}|{{ [1, 2] | tojson(separators=(',', ':')) }}|{{ {'k': 1} | tojson(indent='\\t') }}|{{ 1e20 | tojson }}|{{ 3.0 | tojson }}", {"messages": M}),
-    ("filters-indent", "{{ 'a\\nb\\n\\nc' | indent }}|{{ 'a\\nb' | indent(2, true) }}|{{ 'a\\n\\nb' | indent(width='> ', blank=true) }}|{{ 'x\\n' | indent(3) }}", {}),
-    ("tests", "{{ 1 is number }}{{ 1.0 is float }}{{ 1 is integer }}{{ true is boolean }}{{ true is integer }}{{ 'a' is string }}{{ {} is mapping }}{{ [] is iterable }}{{ 'a' is sequence }}{{ none is none }}{{ true is true }}{{ 0 is false }}{{ 3 is odd }}{{ 4 is even }}{{ 6 is divisibleby 3 }}{{ 'a' is in 'cat' }}{{ 2 is in [1, 2] }}{{ 1 is eq 1 }}{{ 1 is equalto 2 }}{{ 'x' is lower }}{{ 'X' is upper }}{{ x is not defined }}{{ range is callable }}{{ 1 is ne 2 }}{{ 3 is gt 2 }}{{ 3 is le 2 }}", {}),
-    ("str-methods", "{{ 'Hello'.startswith('He') }} {{ 'Hello'.endswith(('x', 'lo')) }} {{ '  x  '.strip() }}|{{ 'xxaxx'.lstrip('x') }}|{{ '\\n\\nt\\n'.rstrip('\\n') }}|{{ 'a,b,,c'.split(',') }} {{ ' a  b '.split() }} {{ 'a b c'.split(' ', 1) }} {{ 'a.b.c'.rsplit('.', 1) }} {{ 'aXbX'.replace('X', '-') }} {{ 'ab'.upper() }} {{ 'AB'.lower() }} {{ 'hello wORLD 1st'.title() }} {{ 'hELLO'.capitalize() }} {{ 'héllo'.find('l') }} {{ 'abc'.find('z') }} {{ 'banana'.count('an') }} {{ '{} and {}'.format(1, 'x') }} {{ '{0}{1}{0}'.format('a', 'b') }} {{ '{name}!'.format(name='N') }} {{ '-'.join(['a', 'b']) }} {{ '12'.isdigit() }} {{ 'ab'.isalpha() }}", {}),
-    ("dict-methods", "{% set d = {'a': 1, 'b': none} %}{{ d.keys() | list }} {{ d.values() | list }} {{ d.items() | list }} {{ d.get('a') }} {{ d.get('z') }} {{ d.get('z', 5) }} {{ d.a }} [{{ d.zz }}] {{ d['b'] is none }} {{ d | length }} {{ dict(x=1, y='z') }} {{ dict(d, c=3) }}", {}),
-    ("globals", "{{ range(3) | list }} {{ range(1, 7, 2) | list }} {{ range(5, 0, -2) | list }} {% set ns = namespace({'a': 1}, b=2) %}{{ ns.a }}{{ ns.b }} {{ strftime_now('%Y') | length }}", {}),
-    ("undefined-attr-of-dict", "{% if messages[0].tool_calls is defined %}y{% else %}n{% endif %}{{ messages[0].nope is none }}{{ messages[0]['nope'] is defined }}{{ none.x is defined }}", {"messages": M}),
-    ("content-parts", "{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}{% if p.type == 'text' %}{{ p.text }}{% elif p.type == 'image' %}<img>{% endif %}{% endfor %}{% endif %}\n{% endfor %}", {"messages": [{"role": "user", "content": [{"type": "text", "text": "A"}, {"type": "image"}]}, {"role": "user", "content": "B"}]}),
-    ("tools-none", "{{ tools is none }}{{ tools is defined }}{{ documents is none }}{{ add_generation_prompt }}{% if tools %}T{% endif %}", {}),
-    ("reasoning-alias", "{% for m in messages %}{{ m | tojson }}\n{% endfor %}", {"messages": [{"role": "assistant", "content": "c", "reasoning": "r"}, {"role": "assistant", "content": "d", "thinking": "t", "x": 1}, {"role": "user", "content": "u", "reasoning_content": None}]}),
-    ("print-values", "{{ [1.0, 'a\\'b', \"c\\\"d\", {'k': none}] }} {{ ('x', 1) }} {{ 1.5e300 * 10 }} {{ -0.0 }} {{ 100000000000000000.0 }} {{ 0.0001 }} {{ [true, false] }} {{ {1: 'x'} }}", {}),
+    ("literals",
+     "{{ 1 }} {{ -2 }} {{ 3.50 }} {{ 1e3 }} {{ 'a\\tb\\u00e9\\x41\\\\' }} {{ \"q'\" }} {{ true }} {{ None }} "
+     "{{ [1, 'a', none, 2.0] }} {{ {'k': [1], 'b': false} }} {{ (1,) }} {{ (1, 2) }} {{ 'ab' 'cd' }}", {}),
+    ("arith",
+     "{{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 7 / 2 }} {{ 2 ** 10 }} {{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }} "
+     "{{ 1.5 + 1 }} {{ 'a' ~ 1 ~ none }} {{ 'ab' * 3 }} {{ [1] * 2 }} {{ [1] + [2] }} {{ 10 / 4 }} {{ 0.1 + 0.2 }} "
+     "{{ 1e16 }} {{ 1e-5 }} {{ 123456789.0 * 10 }}", {}),
+    ("compare",
+     "{{ 1 < 2 < 3 }} {{ 1 == 1.0 }} {{ 'a' < 'b' }} {{ [1, 2] < [1, 3] }} {{ 'a' in 'cat' }} {{ 2 not in [1] }} "
+     "{{ 'k' in {'k': 1} }} {{ true == 1 }} {{ none == none }} {{ 'x' != 'y' }}", {}),
+    ("logic",
+     "{{ 1 and 'x' }} {{ 0 or 'y' }} {{ not 0 }} {{ none or [] }} {{ 'a' if false else 'b' }} "
+     "[{{ 'a' if false }}] {{ not 1 == 2 }}", {}),
+    ("index-slice",
+     "{% set s = 'héllo wörld' %}{{ s[1] }} {{ s[-1] }} {{ s[::-1] }} {{ s[1:4] }} {{ s[:-3] }} {{ s[::2] }} "
+     "{{ [1,2,3,4][1:] }} {{ [1,2,3,4][::-1] }} {{ [1,2,3,4][-2:] }} {{ [1,2,3][5:] }} "
+     "[{{ [1][3] }}] {{ messages[0].role }} {{ messages[0]['content'] }} {{ messages.0.role }} {{ [1,2,3][0:3:2] }}",
+     {"messages": M}),
+    ("loop-vars",
+     "{% for x in ['a','b','c'] %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}"
+     "{{ loop.first }}{{ loop.last }}{{ loop.length }}[{{ loop.previtem }}"
+     "|{{ loop.nextitem }}]{{ loop.cycle('o','e') }} {% endfor %}", {}),
+    ("loop-else-filter",
+     "{% for x in [] %}x{% else %}empty{% endfor %} "
+     "{% for x in range(10) if x is odd %}{{ x }}{% if loop.last %}!{% endif %}{% endfor %} "
+     "{% for x in undefined_thing %}x{% else %}u{% endfor %}", {}),
+    ("loop-break-continue",
+     "{% for i in range(10) %}{% if i == 2 %}{% continue %}{% endif %}{% if i > 5 %}{% break %}{% endif %}{{ i }}"
+     "{% endfor %}|{% for i in range(3) %}{% for j in range(3) %}{% if j == 1 %}{% break %}{% endif %}{{ i }}{{ j }} "
+     "{% endfor %}{% endfor %}", {}),
+    ("loop-dict",
+     "{% for k, v in {'b': 1, 'a': 2}.items() %}{{ k }}={{ v }};{% endfor %}{% for k in {'x': 1, 'y': 2} %}{{ k }}"
+     "{% endfor %}{% for a, b in [[1, 2], (3, 4)] %}{{ a + b }}{% endfor %}{% for c in 'héj' %}[{{ c }}]{% endfor %}",
+     {}),
+    ("scoping",
+     "{% set c = 0 %}{% for i in [1,2,3] %}{% set c = c + i %}{{ c }}{% endfor %}{{ c }}|{% for i in [1,2] %}"
+     "{% if loop.first %}{% set y = 5 %}{% endif %}{{ y }},{% endfor %}|{% if true %}{% set z = 3 %}{% endif %}{{ z }}",
+     {}),
+    ("namespace",
+     "{% set ns = namespace(n=0, items=[]) %}{% for i in range(4) %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }} "
+     "{% set ns.last = 'x' %}{{ ns.last }}", {}),
+    ("set-tuple-block",
+     "{% set a, b = 1, 2 %}{{ a }}{{ b }}{% set x %}hi {{ a }}\n{% endset %}[{{ x }}]{% set (p, q) = ['p', 'q'] %}"
+     "{{ p }}{{ q }}", {}),
+    ("macro",
+     "{% macro f(a, b=2, c='z') %}[{{ a }}{{ b }}{{ c }}]{% endmacro %}{{ f(1) }}{{ f(1, 3) }}{{ f(1, c='y') }}"
+     "{{ f() }}{% macro rec(n) %}{% if n > 0 %}{{ n }}{{ rec(n - 1) }}{% endif %}{% endmacro %}{{ rec(3) }}", {}),
+    ("with-filterblock",
+     "{% with a = 1, b = 'x' %}{{ a }}{{ b }}{% endwith %}{{ a is defined }}{% filter upper %}shout {{ 'it' }}"
+     "{% endfilter %}", {}),
+    ("generation-tag",
+     "{% for m in messages %}{% generation %}<{{ m.content }}>{% endgeneration %}{% endfor %}", {"messages": M}),
+    ("filters-str",
+     "{{ '  a b  ' | trim }}|{{ 'xxhixx' | trim('x') }}|{{ 'hello world' | upper }}|{{ 'HeLLo' | lower }}"
+     "|{{ 'hello WORLD' | capitalize }}|{{ 'hello big-world (x)' | title }}|{{ 'aaa' | replace('a', 'b', 2) }}"
+     "|{{ 'abc' | replace('', '-') }}|{{ 'ÉCOLE' | lower }}|{{ 'straße' | upper }}|{{ '<a href=\"x\">&</a>' | e }}"
+     "|{{ 'x' | safe }}|{{ 'one two  three' | wordcount }}|{{ 'abc' | reverse }}", {}),
+    ("filters-seq",
+     "{{ [3, 1, 2] | sort }} {{ ['b', 'A', 'c'] | sort }} {{ [3, 1, 2] | sort(reverse=true) }} {{ [1, 2, 3] | first }} "
+     "{{ [1, 2, 3] | last }} {{ [1, 2] | length }} {{ 'héllo' | length }} {{ {'a': 1} | count }} "
+     "{{ [1, 2, 3] | join('-') }} {{ [1, 2, 3] | sum }} {{ [1, 5, 3] | max }} {{ [4, 2, 8] | min }} {{ 'ab' | list }} "
+     "{{ ['a', 'A', 'b', 'a'] | unique | list }} {{ [1, 2] | reverse | list }} {{ {'b': 1, 'a': 2} | dictsort }} "
+     "{{ {'b': 1, 'a': 2} | items | list }} {{ [1, 2, 3] | select('odd') | list }} "
+     "{{ [1, 2, 3] | reject('odd') | list }} {{ ['a', 'b'] | map('upper') | join }}", {}),
+    ("filters-attr",
+     "{{ messages | map(attribute='role') | join(',') }} "
+     "{{ messages | selectattr('role', 'equalto', 'user') | map(attribute='content') | list }} "
+     "{{ messages | rejectattr('role', 'eq', 'user') | list | length }} "
+     "{{ messages | selectattr('tool_calls', 'defined') | list | length }} "
+     "{{ messages | selectattr('content') | list | length }} "
+     "{{ messages | map(attribute='missing', default='d') | list }} "
+     "{{ messages | sort(attribute='content') | map(attribute='content') | join }} "
+     "{{ messages | join(',', attribute='role') }}",
+     {"messages": [{"role": "user", "content": "b"}, {"role": "assistant", "content": "a", "tool_calls": []}]}),
+    ("filters-num",
+     "{{ '42' | int }} {{ '4.7' | int }} {{ 'x' | int }} {{ 'x' | int(7) }} {{ 3.9 | int }} {{ '2.5' | float }} "
+     "{{ 'y' | float }} {{ -3 | abs }} {{ 2.5 | round }} {{ 3.5 | round }} {{ 3.14159 | round(2) }} "
+     "{{ 2.7 | round(method='floor') }} {{ 5 | string ~ 'x' }} {{ true | int }}", {}),
+    ("filters-default",
+     "{{ undefined_var | default('d') }} {{ '' | default('e') }} {{ '' | default('e', true) }} {{ none | d('n') }} "
+     "{{ false | default('f', boolean=true) }} {{ undefined_var | length }} "
+     "[{{ undefined_var }}] {{ undefined_var is defined }} {{ undefined_var is undefined }}", {}),
+    ("filters-tojson",
+     "{{ messages | tojson }}|{{ {'a': [1, 2.5, none, true, 'é\"\\n'], 'b': {}} "
+     "| tojson }}|{{ {'z': 1, 'a': {'y': [], 'b': 2}} "
+     "| tojson(indent=2) }}|{{ {'z': 1, 'a': 2} | tojson(sort_keys=true) }}|{{ 'ünï' | tojson(ensure_ascii=true) }}"
+     "|{{ [1, 2] | tojson(separators=(',', ':')) }}|{{ {'k': 1} | tojson(indent='\\t') }}|{{ 1e20 | tojson }}"
+     "|{{ 3.0 | tojson }}", {"messages": M}),
+    ("filters-indent",
+     "{{ 'a\\nb\\n\\nc' | indent }}|{{ 'a\\nb' | indent(2, true) }}|{{ 'a\\n\\nb' | indent(width='> ', blank=true) }}"
+     "|{{ 'x\\n' | indent(3) }}", {}),
+    ("tests",
+     "{{ 1 is number }}{{ 1.0 is float }}{{ 1 is integer }}{{ true is boolean }}{{ true is integer }}"
+     "{{ 'a' is string }}{{ {} is mapping }}{{ [] is iterable }}{{ 'a' is sequence }}{{ none is none }}"
+     "{{ true is true }}{{ 0 is false }}{{ 3 is odd }}{{ 4 is even }}{{ 6 is divisibleby 3 }}{{ 'a' is in 'cat' }}"
+     "{{ 2 is in [1, 2] }}{{ 1 is eq 1 }}{{ 1 is equalto 2 }}{{ 'x' is lower }}{{ 'X' is upper }}{{ x is not defined }}"
+     "{{ range is callable }}{{ 1 is ne 2 }}{{ 3 is gt 2 }}{{ 3 is le 2 }}", {}),
+    ("str-methods",
+     "{{ 'Hello'.startswith('He') }} {{ 'Hello'.endswith(('x', 'lo')) }} "
+     "{{ '  x  '.strip() }}|{{ 'xxaxx'.lstrip('x') }}|{{ '\\n\\nt\\n'.rstrip('\\n') }}|{{ 'a,b,,c'.split(',') }} "
+     "{{ ' a  b '.split() }} {{ 'a b c'.split(' ', 1) }} {{ 'a.b.c'.rsplit('.', 1) }} {{ 'aXbX'.replace('X', '-') }} "
+     "{{ 'ab'.upper() }} {{ 'AB'.lower() }} {{ 'hello wORLD 1st'.title() }} {{ 'hELLO'.capitalize() }} "
+     "{{ 'héllo'.find('l') }} {{ 'abc'.find('z') }} {{ 'banana'.count('an') }} {{ '{} and {}'.format(1, 'x') }} "
+     "{{ '{0}{1}{0}'.format('a', 'b') }} {{ '{name}!'.format(name='N') }} {{ '-'.join(['a', 'b']) }} "
+     "{{ '12'.isdigit() }} {{ 'ab'.isalpha() }}", {}),
+    ("dict-methods",
+     "{% set d = {'a': 1, 'b': none} %}{{ d.keys() | list }} {{ d.values() | list }} {{ d.items() | list }} "
+     "{{ d.get('a') }} {{ d.get('z') }} {{ d.get('z', 5) }} {{ d.a }} [{{ d.zz }}] {{ d['b'] is none }} "
+     "{{ d | length }} {{ dict(x=1, y='z') }} {{ dict(d, c=3) }}", {}),
+    ("globals",
+     "{{ range(3) | list }} {{ range(1, 7, 2) | list }} {{ range(5, 0, -2) | list }} "
+     "{% set ns = namespace({'a': 1}, b=2) %}{{ ns.a }}{{ ns.b }} {{ strftime_now('%Y') | length }}", {}),
+    ("undefined-attr-of-dict",
+     "{% if messages[0].tool_calls is defined %}y{% else %}n{% endif %}{{ messages[0].nope is none }}"
+     "{{ messages[0]['nope'] is defined }}{{ none.x is defined }}", {"messages": M}),
+    ("content-parts",
+     "{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}"
+     "{% if p.type == 'text' %}{{ p.text }}{% elif p.type == 'image' %}<img>{% endif %}{% endfor %}"
+     "{% endif %}\n{% endfor %}",
+     {"messages": [{"role": "user", "content": [{"type": "text", "text": "A"}, {"type": "image"}]},
+                   {"role": "user", "content": "B"}]}),
+    ("tools-none",
+     "{{ tools is none }}{{ tools is defined }}{{ documents is none }}{{ add_generation_prompt }}"
+     "{% if tools %}T{% endif %}", {}),
+    ("reasoning-alias", "{% for m in messages %}{{ m | tojson }}\n{% endfor %}",
+     {"messages": [{"role": "assistant", "content": "c", "reasoning": "r"},
+                   {"role": "assistant", "content": "d", "thinking": "t", "x": 1},
+                   {"role": "user", "content": "u", "reasoning_content": None}]}),
+    ("print-values",
+     "{{ [1.0, 'a\\'b', \"c\\\"d\", {'k': none}] }} {{ ('x', 1) }} {{ 1.5e300 * 10 }} {{ -0.0 }} "
+     "{{ 100000000000000000.0 }} {{ 0.0001 }} {{ [true, false] }} {{ {1: 'x'} }}", {}),
     # error cases (transformers raises; tessera must fail too)
     ("err-raise", "{{ raise_exception('Bad conversation: ' ~ messages | length) }}", {"messages": M}),
     ("err-undefined-attr", "{{ nothing.attr }}", {}),
@@ -234,7 +336,9 @@ def build():
                         if extra:
                             inp["extra"] = extra
                         text, err = render(src, inp)
-                        cname = f"{name}/{conv}{'/tools' if tools else ''}{'/' + json.dumps(extra, sort_keys=True) if extra else ''}{'/gen' if gen else ''}"
+                        cname = (f"{name}/{conv}{'/tools' if tools else ''}"
+                                 f"{'/' + json.dumps(extra, sort_keys=True) if extra else ''}"
+                                 f"{'/gen' if gen else ''}")
                         case = {"name": cname, "template_file": name + ".jinja", "input": inp}
                         if err is None:
                             case["expected"] = text

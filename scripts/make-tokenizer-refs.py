@@ -36,7 +36,8 @@ POOLS = [
     [chr(c) for c in range(0x4E00, 0x4F00)],        # CJK
     [chr(c) for c in range(0xAC00, 0xAD00)],        # Hangul
     [chr(c) for c in range(0x1F300, 0x1F650)],      # emoji
-    ["\u200d", "\ufe0f", "\U0001F3FB", "\U0001F3FD", "\U0001F1FA\U0001F1F8", "\U0001F468\u200d\U0001F469\u200d\U0001F467"],
+    ["\u200d", "\ufe0f", "\U0001F3FB", "\U0001F3FD", "\U0001F1FA\U0001F1F8",
+     "\U0001F468\u200d\U0001F469\u200d\U0001F467"],
     ["\u017f", "\u212a", "\u0130", "\u0131", "\u00df", "\u03c2", "\u1e9e", "\ufb01", "\u2126", "\u00b5"],
     [chr(c) for c in range(0x660, 0x66A)] + [chr(c) for c in range(0xFF10, 0xFF1A)] + ["\u00b2", "\u2155", "\u216b"],
     ["\ue000", "\uf8ff", "\U00020000", "\U0002A6D6", "\U0001D518", "\ufffd", "\ufeff", "\U0010FFFD"],

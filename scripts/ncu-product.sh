@@ -20,7 +20,8 @@ for v in full copywords; do
     --section MemoryWorkloadAnalysis --section LaunchStats --print-details all \
     "$bin" bench --model $m --device cuda --batch "$rows" --prompt-len 32 --gen 4 > "$out/ncu-$v.txt" 2>&1
   echo "ncu $v exit $?"
-  grep -E "dq_wgmma_kernel|Duration|DRAM Throughput|^ *Memory Throughput|L2 Hit Rate|Grid Size|Mem Busy|Max Bandwidth|L2 Cache Throughput" \
-    "$out/ncu-$v.txt"
+  rows_re="dq_wgmma_kernel|Duration|DRAM Throughput|^ *Memory Throughput|L2 Hit Rate|Grid Size|Mem Busy|Max Bandwidth"
+  rows_re+="|L2 Cache Throughput"
+  grep -E "$rows_re" "$out/ncu-$v.txt"
 done
 grep -iE "error|==PROF==|==WARNING==" "$out/ncu-full.txt" | head -5

@@ -10,6 +10,9 @@ n = len(text.encode())
 lines = text.split('\n')
 bw = bl = 1e30
 for r in range(3):
-    t0 = time.perf_counter(); ids = tok.encode(text, add_special_tokens=False).ids; bw = min(bw, time.perf_counter() - t0)
-    t0 = time.perf_counter(); nl = sum(len(tok.encode(l, add_special_tokens=False).ids) for l in lines); bl = min(bl, time.perf_counter() - t0)
-print(f"load {load*1e3:.1f} ms | whole text: {n} bytes -> {len(ids)} tokens, {n/bw/1e6:.2f} MB/s | per line: {nl} tokens, {n/bl/1e6:.2f} MB/s")
+    t0 = time.perf_counter(); ids = tok.encode(text, add_special_tokens=False).ids
+    bw = min(bw, time.perf_counter() - t0)
+    t0 = time.perf_counter(); nl = sum(len(tok.encode(l, add_special_tokens=False).ids) for l in lines)
+    bl = min(bl, time.perf_counter() - t0)
+print(f"load {load*1e3:.1f} ms | whole text: {n} bytes -> {len(ids)} tokens, {n/bw/1e6:.2f} MB/s"
+      f" | per line: {nl} tokens, {n/bl/1e6:.2f} MB/s")

@@ -20,8 +20,10 @@ qwen=(--arch qwen2 --hidden 128 --layers 2 --heads 4 --kv-heads 2 --head-dim 32 
 # usage errors exit 2, an unreachable target exits 1
 set +e
 "$TSR_BIN" synth --arch llama --out "$tmp/x" >/dev/null 2>&1; [ $? -eq 2 ] || fail "missing options should exit 2"
-"$TSR_BIN" synth "${llama[@]}" --arch gpt2 --out "$tmp/x" >/dev/null 2>&1; [ $? -eq 2 ] || fail "bad --arch should exit 2"
-"$TSR_BIN" synth "${llama[@]}" --bpw 2.0 --hidden 64 --out "$tmp/x" >/dev/null 2>&1; [ $? -eq 1 ] || fail "unreachable bpw should exit 1"
+"$TSR_BIN" synth "${llama[@]}" --arch gpt2 --out "$tmp/x" >/dev/null 2>&1
+[ $? -eq 2 ] || fail "bad --arch should exit 2"
+"$TSR_BIN" synth "${llama[@]}" --bpw 2.0 --hidden 64 --out "$tmp/x" >/dev/null 2>&1
+[ $? -eq 1 ] || fail "unreachable bpw should exit 1"
 "$TSR_BIN" bench >/dev/null 2>&1; [ $? -eq 2 ] || fail "bench without --model should exit 2"
 set -e
 
@@ -58,7 +60,8 @@ EOF
 done
 
 # bench runs and writes its JSON
-"$TSR_BIN" bench --model "$tmp/q" --batch 1,2 --prompt-len 8 --gen 3 --threads 1 --json "$tmp/bench.json" > "$tmp/bench.txt"
+"$TSR_BIN" bench --model "$tmp/q" --batch 1,2 --prompt-len 8 --gen 3 --threads 1 --json "$tmp/bench.json" \
+  > "$tmp/bench.txt"
 grep -q "decode tok/s" "$tmp/bench.txt" || fail "bench table missing"
 python3 - "$tmp/bench.json" <<'EOF'
 import json, sys
@@ -85,7 +88,8 @@ set +e
 rc=$?
 set -e
 [ $rc -eq 1 ] || fail "bench beyond the context should exit 1 (got $rc)"
-grep -q "beyond the model's context (64 positions)" "$tmp/ctx.err" || fail "bench context message: $(cat "$tmp/ctx.err")"
+grep -q "beyond the model's context (64 positions)" "$tmp/ctx.err" \
+  || fail "bench context message: $(cat "$tmp/ctx.err")"
 "$TSR_BIN" bench --model "$tmp/short" --batch 1 --prompt-len 56 --gen 8 --threads 1 > /dev/null
 
 # independent reader

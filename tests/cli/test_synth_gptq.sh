@@ -47,7 +47,8 @@ done
 python3 - "$tmp/a/config.json" <<'EOF'
 import json, sys
 q = json.load(open(sys.argv[1]))["quantization_config"]
-want = {"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": True, "sym": False, "checkpoint_format": "gptq"}
+want = {"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": True, "sym": False,
+        "checkpoint_format": "gptq"}
 assert all(q.get(k) == v for k, v in want.items()), q
 EOF
 

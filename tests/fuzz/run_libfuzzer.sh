@@ -26,5 +26,7 @@ export TSR_FIXTURES=$repo/tests/fixtures TSR_MODELS=$repo/models
 cd "$work"
 echo "== $name: $(date -u +%FT%TZ), $seconds s, $(ls corpus | wc -l) inputs in the working corpus" | tee log.txt
 "$bin" corpus -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=25 -print_final_stats=1 \
-  -artifact_prefix="$work/artifacts/" "${dict[@]}" "$@" 2>&1 | tee -a log.txt | grep -E "INITED|DONE|pulse|ERROR|SUMMARY|stat::" || true
-echo "== $name: corpus now $(ls corpus | wc -l) files, $(du -sk corpus | cut -f1) KB; artifacts: $(ls artifacts | wc -l)"
+  -artifact_prefix="$work/artifacts/" "${dict[@]}" "$@" 2>&1 | tee -a log.txt |
+  grep -E "INITED|DONE|pulse|ERROR|SUMMARY|stat::" || true
+echo "== $name: corpus now $(ls corpus | wc -l) files, $(du -sk corpus | cut -f1) KB;" \
+  "artifacts: $(ls artifacts | wc -l)"

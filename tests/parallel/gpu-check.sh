@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Multi-GPU checks and benchmarks on the lent GPU machine (2+ GPUs). Pack here first with
 # tests/parallel/gpu-pack.sh and carry `.parpack`; then, there:
-#   bash tests/parallel/gpu-check.sh [env|peer|correct|faults|bench|bench70|pipeline|all]   (default: env correct faults)
+#   bash tests/parallel/gpu-check.sh [env|peer|correct|faults|bench|bench70|pipeline|all]
+#     (default: env correct faults)
 #
 #   env      what the machine offers: GPUs, MPI, NCCL, missing libraries, the ranks' bindings
 #   correct  every fixture model on GPU workers: one GPU vs mpirun -np 3 --split layers / --split tensor (NCCL):
@@ -41,7 +42,8 @@ for mode in $modes; do
 case $mode in
 env)
   nvidia-smi --query-gpu=index,name,memory.total,pci.bus_id --format=csv | tee "$out/gpus.txt"
-  echo "mpirun: $(command -v mpirun) ($(mpirun --version 2>&1 | head -1)); the machine's own: $(ls /usr/bin/mpirun /usr/local/mpi/bin/mpirun /opt/hpcx/ompi/bin/mpirun 2>/dev/null | tr '\n' ' ')"
+  echo "mpirun: $(command -v mpirun) ($(mpirun --version 2>&1 | head -1)); the machine's own:" \
+    "$(ls /usr/bin/mpirun /usr/local/mpi/bin/mpirun /opt/hpcx/ompi/bin/mpirun 2>/dev/null | tr '\n' ' ')"
   echo "NCCL library: ${nccl_lib:-not found in the nvidia-nccl wheel}"
   ldd "$bin" | grep "not found" && bad "libraries missing"
   mpi 3 generate --model models/tiny-llama-exl2-4.0bpw --device "$dev" --ids 0,1392,1329 --max-tokens 8 --print-ids \
@@ -65,8 +67,10 @@ correct)
   for d in ${TSR_CHECK_MODELS:-tests/fixtures/models/* models/*}; do
     [ -f "$d/config.json" ] || continue
     tag=$(basename "$d")
-    ref=$("$bin" generate --model "$d" --device "$dev" --ids 0,1392,1329,263,680 --max-tokens 16 --ignore-eos --print-ids) || { bad "$tag one GPU"; continue; }
-    "$bin" logits --model "$d" --device "$dev" --prompts "$prompts" --kv-dtype f32 --out "$out/$tag.ref.st" || { bad "$tag logits"; continue; }
+    ref=$("$bin" generate --model "$d" --device "$dev" --ids 0,1392,1329,263,680 --max-tokens 16 --ignore-eos \
+      --print-ids) || { bad "$tag one GPU"; continue; }
+    "$bin" logits --model "$d" --device "$dev" --prompts "$prompts" --kv-dtype f32 --out "$out/$tag.ref.st" \
+      || { bad "$tag logits"; continue; }
     for split in layers tensor; do
       got=$(mpi 3 generate --model "$d" --device "$dev" --ids 0,1392,1329,263,680 --max-tokens 16 --ignore-eos \
         --print-ids --split $split --quiet-ranks) || { bad "$tag $split generate"; continue; }
@@ -138,7 +142,8 @@ bench|bench70)
     run_bench 70b25-24gb-tensor 3 "${args[@]}" --split tensor
     # the headline deployment as a server would run it: a Q4 KV cache (about 3.5x the tokens under the same caps)
     run_bench 70b25-24gb-tensor-q4 3 "${args[@]}" --split tensor --kv-dtype q4
-    names="70b40-1gpu 70b40-layers 70b40-tensor 70b25-24gb-layers 70b25-24gb-tensor 70b40-tensor-nccl 70b25-24gb-tensor-q4"
+    names="70b40-1gpu 70b40-layers 70b40-tensor 70b25-24gb-layers 70b25-24gb-tensor 70b40-tensor-nccl"
+    names+=" 70b25-24gb-tensor-q4"
   fi
   python3 - "$out" $names <<'PY' | tee "$out/ratios-$mode.txt"
 import json, os, sys
@@ -153,16 +158,20 @@ def get(n, batch, key):
 one, lay, ten = names[0], names[1], names[2]
 def ratio(a, b):
     return "%.2fx" % (a / b) if a and b else "n/a"
-print("tensor batch-1 decode vs one GPU: %s (target >= 1.7x)" % ratio(get(ten, 1, "decode_tok_s"), get(one, 1, "decode_tok_s")))
-print("layers batch-32 decode vs one GPU: %s (target >= 1.6x)" % ratio(get(lay, 32, "decode_tok_s"), get(one, 32, "decode_tok_s")))
-print("tensor prefill vs layers prefill (batch 1): %s (target >= 1x)" % ratio(get(ten, 1, "prefill_tok_s"), get(lay, 1, "prefill_tok_s")))
+print("tensor batch-1 decode vs one GPU: %s (target >= 1.7x)"
+      % ratio(get(ten, 1, "decode_tok_s"), get(one, 1, "decode_tok_s")))
+print("layers batch-32 decode vs one GPU: %s (target >= 1.6x)"
+      % ratio(get(lay, 32, "decode_tok_s"), get(one, 32, "decode_tok_s")))
+print("tensor prefill vs layers prefill (batch 1): %s (target >= 1x)"
+      % ratio(get(ten, 1, "prefill_tok_s"), get(lay, 1, "prefill_tok_s")))
 for n in names:
     p = os.path.join(out, "bench-%s.json" % n)
     for u in (json.load(open(p)).get("rank_usage", []) if os.path.exists(p) else []):
         print("%s rank %d: peak device memory %.2f GiB, usable %s" % (n, u["rank"], u["peak_device_bytes"] / 2**30,
               "%.2f GiB" % (u["capacity_bytes"] / 2**30) if u["capacity_bytes"] else "not limited"))
 if "70b40-tensor-nccl" in r:
-    print("tensor batch-1 decode, one-shot peer sums vs NCCL only: %s" % ratio(get(ten, 1, "decode_tok_s"), get("70b40-tensor-nccl", 1, "decode_tok_s")))
+    print("tensor batch-1 decode, one-shot peer sums vs NCCL only: %s"
+          % ratio(get(ten, 1, "decode_tok_s"), get("70b40-tensor-nccl", 1, "decode_tok_s")))
 PY
   ;;
 pipeline)
@@ -189,10 +198,12 @@ sys.exit(0 if a == b and len(a) == 12 else 1)
 PY
   # a tensor group merges its members' candidates: the same texts as the same split copying whole rows
   for t in 0 1; do
-    TSR_CUDA_TOP=$t mpi 3 batch --model $m --device "$dev" --input "$out/pipe-in.jsonl" --output "$out/pipe-tensor$t.jsonl" \
-      --quiet --quiet-ranks --split tensor || bad "batch under mpirun --split tensor (TSR_CUDA_TOP=$t)"
+    TSR_CUDA_TOP=$t mpi 3 batch --model $m --device "$dev" --input "$out/pipe-in.jsonl" \
+      --output "$out/pipe-tensor$t.jsonl" --quiet --quiet-ranks --split tensor ||
+      bad "batch under mpirun --split tensor (TSR_CUDA_TOP=$t)"
   done
-  python3 - "$out/pipe-tensor0.jsonl" "$out/pipe-tensor1.jsonl" <<'PY' || bad "tensor split: candidates and whole rows differ"
+  python3 - "$out/pipe-tensor0.jsonl" "$out/pipe-tensor1.jsonl" <<'PY' \
+    || bad "tensor split: candidates and whole rows differ"
 import json, sys
 def load(p):
     return {l["custom_id"]: l["response"]["body"]["choices"][0]["text"] for l in map(json.loads, open(p))}

@@ -4,7 +4,9 @@
 # variant_bin().
 # ---- the packed binaries and Open MPI ----
 pk=/tmp/parbin
-[ -f .parpack/parbin.tar.xz ] || { echo "gpu-check: no .parpack/parbin.tar.xz (run tests/parallel/gpu-pack.sh here, carry .parpack)"; exit 2; }
+[ -f .parpack/parbin.tar.xz ] || {
+  echo "gpu-check: no .parpack/parbin.tar.xz (run tests/parallel/gpu-pack.sh here, carry .parpack)"; exit 2
+}
 # unpacked again whenever the pack differs from the one unpacked (a machine still warm from an earlier call)
 sum=$(md5sum < .parpack/parbin.tar.xz)
 if [ ! -x "$pk/.parbin/bin/tessera" ] || [ "$(cat "$pk/.sum" 2>/dev/null)" != "$sum" ]; then
@@ -13,7 +15,8 @@ fi
 P=$pk/.parbin
 bin=$P/bin/tessera
 ldiff=$P/bin/logits_diff
-nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)
+nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' \
+  2>/dev/null || true)
 export LD_LIBRARY_PATH=$P/lib:$P/ompi/lib/x86_64-linux-gnu/openmpi/lib${nccl_lib:+:$nccl_lib}:${LD_LIBRARY_PATH:-}
 export OPAL_PREFIX=$P/ompi PATH=$P/ompi/bin:$PATH
 export OMPI_MCA_mca_base_component_path=$P/ompi/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
@@ -24,7 +27,8 @@ export OMPI_MCA_btl_vader_single_copy_mechanism=none
 export PMIX_MCA_mca_base_component_show_load_errors=0 PMIX_MCA_pcompress_base_silence_warning=1
 # never NVLink multicast on these shared machines (tessera sets it too; kept here for every process)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-[ -e /usr/lib/x86_64-linux-gnu/pmix2 ] || { mkdir -p /usr/lib/x86_64-linux-gnu && ln -s "$P/ompi/pmix2" /usr/lib/x86_64-linux-gnu/pmix2; } 2>/dev/null
+[ -e /usr/lib/x86_64-linux-gnu/pmix2 ] ||
+  { mkdir -p /usr/lib/x86_64-linux-gnu && ln -s "$P/ompi/pmix2" /usr/lib/x86_64-linux-gnu/pmix2; } 2>/dev/null
 mpi() { local np=$1; shift; timeout "${TSR_RUN_TIMEOUT:-300}" mpirun --bind-to none -np "$np" "$bin" "$@"; }
 # other builds to A/B against (the pack's alt/tessera-NAME, gpu-pack.sh's TSR_GPUPACK_ALT) as /tmp/tessera-NAME;
 # variant_bin "ENV=V,BIN=NAME,..." prints the binary a variant runs: /tmp/tessera-NAME, else $bin

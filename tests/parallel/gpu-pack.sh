@@ -10,17 +10,17 @@
 # (another build, stripped here) as .parbin/alt/tessera-NAME, the BIN=NAME variants of scripts/device-*.sh; the
 # archive is compressed with xz -9, whose 64 MiB window finds the builds' common code (another build adds about
 # 0.15 MB instead of 1.8 MB as a file of its own); TSR_GPUPACK_ALT_TESTS="NAME=FILE ..." does the same for
-# another build's test_cuda (.parbin/alt/test_cuda-NAME: BIN=NAME in scripts/device-kvq.sh's test variants). TSR_GPUPACK_ARCHS
-# (default 90a-real: sm_90a code without its PTX, which the lent H100/H200 never JIT-compiles; 2 MB less in the pack,
-# which with the new tile kernels no longer fitted beside the tracked files) builds for other architectures: 80 makes
-# the H200 JIT-compile sm_80 code, which runs the kernels and paths of consumer cards (no bulk copies, no programmatic
-# launch: backend.cu tsr_cuda_sm90).
+# another build's test_cuda (.parbin/alt/test_cuda-NAME: BIN=NAME in scripts/device-kvq.sh's test variants).
+# TSR_GPUPACK_ARCHS (default 90a-real: sm_90a code without its PTX, which the lent H100/H200 never JIT-compiles; 2 MB
+# less in the pack, which with the new tile kernels no longer fitted beside the tracked files) builds for other
+# architectures: 80 makes the H200 JIT-compile sm_80 code, which runs the kernels and paths of consumer cards (no
+# bulk copies, no programmatic launch: backend.cu tsr_cuda_sm90).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 build=${TSR_GPUPACK_BUILD:-$root/build-gpu-par}
-cmake -S "$root" -B "$build" -DTSR_NATIVE=OFF -DTSR_CUDA=ON -DTSR_CUDA_ARCHS="${TSR_GPUPACK_ARCHS:-90a-real}" -DTSR_NCCL=ON \
-  > "$build.configure.log"
+cmake -S "$root" -B "$build" -DTSR_NATIVE=OFF -DTSR_CUDA=ON -DTSR_CUDA_ARCHS="${TSR_GPUPACK_ARCHS:-90a-real}" \
+  -DTSR_NCCL=ON > "$build.configure.log"
 grep -q "NCCL for GPU workers" "$build.configure.log" || { echo "gpu-pack: this build found no NCCL" >&2; exit 1; }
 cmake --build "$build" -j "$(nproc)" --target tessera logits_diff test_cuda test_peer_ipc > "$build.log"
 out=$root/.parbin
@@ -53,8 +53,10 @@ if [ -d /usr/lib/x86_64-linux-gnu/pmix2 ]; then
 fi
 
 # shared libraries: everything the binaries and components load except the C runtime, CUDA and NCCL (there already)
-skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libgcc_s|libstdc\+\+|libcuda\.so|libcudart|libcublas|libnccl|libnvidia|libresolv|libutil)'
-objs=("$out/bin/tessera" "$out/bin/logits_diff" "$out/bin/test_cuda" "$out/bin/test_peer_ipc" /usr/bin/orterun /usr/bin/orted)
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libgcc_s|libstdc\+\+|libcuda\.so'
+skip+='|libcudart|libcublas|libnccl|libnvidia|libresolv|libutil)'
+objs=("$out/bin/tessera" "$out/bin/logits_diff" "$out/bin/test_cuda" "$out/bin/test_peer_ipc" /usr/bin/orterun
+      /usr/bin/orted)
 while IFS= read -r f; do objs+=("$f"); done < <(find "$comp" "$out/ompi/pmix2" -name '*.so' 2>/dev/null)
 for o in "${objs[@]}"; do
   ldd "$o" 2>/dev/null | awk '$3 ~ /^\// {print $1, $3}' | while read -r name path; do

@@ -119,7 +119,8 @@ layers)
   bench_check layers 2
   q4_check layers
   # the same options from an INI file (--config), and the plan printed without loading
-  printf '[parallel]\nsplit = layers:0.6,0.4\nquiet-ranks = true\nmicro-batches = 3\n[generate]\nignore-eos = yes\n' > "$tmp/c.ini"
+  printf '%s\n' '[parallel]' 'split = layers:0.6,0.4' 'quiet-ranks = true' 'micro-batches = 3' '[generate]' \
+    'ignore-eos = yes' > "$tmp/c.ini"
   got=$(mpi 3 generate --model "${models[0]}" --config "$tmp/c.ini" --ids "$ids" --max-tokens 16 --print-ids) ||
     fail "generate --config"
   [ "$got" = "${ref_ids[$(basename "${models[0]}")]}" ] || fail "--config: tokens $got"
@@ -130,7 +131,8 @@ layers)
     fail "inspect --plan output: $(cat "$tmp/plan.txt")"
   # a context cap (serve's --max-context, inspect's --context) is part of the plan every worker receives
   "$bin" inspect --model "${models[0]}" --plan --np 3 --split layers --context 512 > "$tmp/plan.txt" &&
-    grep -q "sequences of up to 512 positions" "$tmp/plan.txt" || fail "inspect --plan --context: $(cat "$tmp/plan.txt")"
+    grep -q "sequences of up to 512 positions" "$tmp/plan.txt" ||
+    fail "inspect --plan --context: $(cat "$tmp/plan.txt")"
   ;;
 tensor)
   for m in "${models[@]}"; do

@@ -11,7 +11,8 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 printf '[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi \\u00e9"}]' > "$T/conv.json"
 "$BIN" template --tokenizer "$FX/tokenizers/qwen3" --messages "$T/conv.json" --add-generation-prompt > "$T/out" \
     || fail "render exited $?"
-printf '<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi \303\251<|im_end|>\n<|im_start|>assistant\n' > "$T/want"
+{ printf '<|im_start|>system\nBe brief.<|im_end|>\n'
+  printf '<|im_start|>user\nHi \303\251<|im_end|>\n<|im_start|>assistant\n'; } > "$T/want"
 cmp "$T/out" "$T/want" || fail "qwen3 render differs: $(od -c "$T/out" | head -5)"
 
 printf '{"enable_thinking": false}' > "$T/vars.json"
@@ -24,7 +25,8 @@ tail -c 30 "$T/out2" | grep -q '<think>' || fail "enable_thinking=false ignored"
 # --template overrides; no trailing newline is added
 printf '{%% for m in messages %%}[{{ m.role }}]{%% endfor %%}' > "$T/t.jinja"
 "$BIN" template --template "$T/t.jinja" --messages "$T/conv.json" > "$T/out3" || fail "--template exited $?"
-[ "$(cat "$T/out3")" = "[system][user]" ] && [ "$(wc -c < "$T/out3")" -eq 14 ] || fail "--template output: $(cat "$T/out3")"
+[ "$(cat "$T/out3")" = "[system][user]" ] && [ "$(wc -c < "$T/out3")" -eq 14 ] \
+    || fail "--template output: $(cat "$T/out3")"
 
 # runtime error -> 1 with the message and line
 printf 'ok\n{{ raise_exception("no system role") }}' > "$T/bad.jinja"

@@ -6,23 +6,33 @@
 # codes follow the usual rules.
 . "$(dirname "$0")/../../common/prelude.sh"
 
-cat > "$tmp/in.jsonl" <<'EOF'
-{"custom_id": "c1", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}}
-{"custom_id": "c2", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 8, "temperature": 0}}
+# one request a line; the here-document is unquoted so that a backslash at a line's end joins it to the next (so no
+# dollar signs, backquotes or other backslashes in it)
+cat > "$tmp/in.jsonl" <<EOF
+{"custom_id": "c1", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time", \
+"max_tokens": 8, "temperature": 0}}
+{"custom_id": "c2", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", \
+"content": "Tell me a story."}], "max_tokens": 8, "temperature": 0}}
 {"custom_id": "c3", "method": "POST", "url": "/v1/completions", "body": {"prompt": "broken"
 {"custom_id": "c4", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}
 {"custom_id": "c5", "method": "POST", "url": "/v1/completions"}
 {"custom_id": "c1", "method": "POST", "url": "/v1/completions", "body": {"prompt": "dup", "max_tokens": 4}}
-{"custom_id": "c7", "method": "POST", "url": "/v1/completions", "body": {"prompt": "The cat", "max_tokens": 6, "n": 3, "temperature": 1, "seed": 5}}
+{"custom_id": "c7", "method": "POST", "url": "/v1/completions", "body": {"prompt": "The cat", "max_tokens": 6, \
+"n": 3, "temperature": 1, "seed": 5}}
 {"custom_id": "c8", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "temperature": "hot"}}
 {"custom_id": "c9", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "max_tokens": 100000}}
-{"custom_id": "c10", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}}
+{"custom_id": "c10", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "no-such-model", \
+"messages": [{"role": "user", "content": "hi"}]}}
 
-{"custom_id": "c11", "method": "POST", "url": "/v1/completions", "body": {"prompt": ["One day", "The dog"], "n": 2, "max_tokens": 5, "temperature": 0.8, "seed": 1}}
+{"custom_id": "c11", "method": "POST", "url": "/v1/completions", "body": {"prompt": ["One day", "The dog"], "n": 2, \
+"max_tokens": 5, "temperature": 0.8, "seed": 1}}
 {"custom_id": "c12", "method": "GET", "url": "/v1/completions", "body": {"prompt": "x"}}
 {"custom_id": 17, "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}
-{"custom_id": "c15", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}}
-{"custom_id": "c14", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "tiny-llama-exl2-4.0bpw", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}], "max_tokens": 12, "stop": ["."]}}
+{"custom_id": "c15", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time", \
+"max_tokens": 8, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}}
+{"custom_id": "c14", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "tiny-llama-exl2-4.0bpw", \
+"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}], "max_tokens": 12, \
+"stop": ["."]}}
 EOF
 
 "$bin" batch --model "$model" --input "$tmp/in.jsonl" --output "$tmp/out.jsonl" --kv-tokens 8192 \
@@ -138,9 +148,11 @@ EOF
 # two requests at a time (greedy, fixed lengths), prompts admitted beside a decoding request in chunks of at most 2
 # tokens: the same completions (the scheduler's own test checks the chunks; here, when a request is admitted beside
 # a decoding one depends on how fast the lines are read, so the step counts are only printed)
+fmt='{"custom_id": "g%d", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time there was'
+fmt+=' a little dog who lived in a small house by the sea, number %d", "max_tokens": %d, "temperature": 0,'
+fmt+=' "ignore_eos": true}}\n'
 for i in 1 2 3 4; do
-  printf '{"custom_id": "g%d", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time there was a little dog who lived in a small house by the sea, number %d", "max_tokens": %d, "temperature": 0, "ignore_eos": true}}\n' \
-    $i $i $((4 * i))
+  printf "$fmt" $i $i $((4 * i))
 done > "$tmp/greedy.jsonl"
 for pc in 0 2; do
   "$bin" batch --model "$model" --input "$tmp/greedy.jsonl" --output "$tmp/out-pc$pc.jsonl" --kv-tokens 8192 \
@@ -164,7 +176,8 @@ EOF
 grep -q "written=0 skipped=15" "$tmp/err" || fail "rerun stats: $(cat "$tmp/err")"
 
 # usage and runtime errors
-"$bin" batch --model "$model" --input "$tmp/in.jsonl" 2> /dev/null; [ $? -eq 2 ] || fail "missing --output should exit 2"
+"$bin" batch --model "$model" --input "$tmp/in.jsonl" 2> /dev/null
+[ $? -eq 2 ] || fail "missing --output should exit 2"
 "$bin" batch --model "$model" --input "$tmp/in.jsonl" --output "$tmp/in.jsonl" 2> /dev/null
 [ $? -eq 2 ] || fail "input == output should exit 2"
 "$bin" batch --model "$model" --input "$tmp/none.jsonl" --output "$tmp/o.jsonl" 2> "$tmp/err"

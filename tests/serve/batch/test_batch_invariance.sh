@@ -76,7 +76,8 @@ EOF
 grep "^tessera batch: stats" "$tmp/err2"
 prompt_tokens=$(python3 -c '
 import json, sys
-print(sum(json.loads(l)["response"]["body"]["usage"]["prompt_tokens"] for l in open(sys.argv[1])))' "$tmp/sys_out.jsonl")
+print(sum(json.loads(l)["response"]["body"]["usage"]["prompt_tokens"]
+          for l in open(sys.argv[1])))' "$tmp/sys_out.jsonl")
 hits=$(stat_of prefix_hits "$tmp/err2")
 hit_tokens=$(stat_of prefix_hit_tokens "$tmp/err2")
 prefill=$(stat_of prefill_tokens "$tmp/err2")
@@ -95,7 +96,8 @@ head -n 4 "$tmp/sys.jsonl" > "$tmp/sys4.jsonl"
 texts_s() { # the texts of s0..s3
     python3 -c '
 import json, sys
-r = {l["custom_id"]: l["response"]["body"]["choices"][0]["message"]["content"] for l in map(json.loads, open(sys.argv[1]))
+r = {l["custom_id"]: l["response"]["body"]["choices"][0]["message"]["content"]
+     for l in map(json.loads, open(sys.argv[1]))
      if l["custom_id"] in ("s0", "s1", "s2", "s3")}
 print(json.dumps(r, sort_keys=True))' "$1"
 }

@@ -8,10 +8,15 @@
 mpiexec=$1
 mpi_env "$mpiexec"
 
-cat > "$tmp/in.jsonl" <<'JSONL'
-{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}}
-{"custom_id": "b", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 12, "temperature": 0}}
-{"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": "The cat", "max_tokens": 8, "n": 3, "temperature": 1, "seed": 5}}
+# one request a line; the here-document is unquoted so that a backslash at a line's end joins it to the next (so no
+# dollar signs, backquotes or other backslashes in it)
+cat > "$tmp/in.jsonl" <<JSONL
+{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time", \
+"max_tokens": 12, "temperature": 0}}
+{"custom_id": "b", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", \
+"content": "Tell me a story."}], "max_tokens": 12, "temperature": 0}}
+{"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": "The cat", "max_tokens": 8, "n": 3, \
+"temperature": 1, "seed": 5}}
 {"custom_id": "d", "method": "POST", "url": "/v1/embeddings", "body": {}}
 {"custom_id": "e", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "max_tokens": 100000}}
 JSONL

@@ -45,7 +45,8 @@ for l in open(sys.argv[1]):
 echo "killed worker: exit $rc after ${took}s, $done_before of $n results written"
 
 mpirun_batch "$tmp/out.jsonl" > /dev/null 2> "$tmp/err" || fail "resume under mpirun: $(tail -5 "$tmp/err")"
-python3 - "$tmp/out.jsonl" "$tmp/ref.jsonl" "$n" <<'PY' || fail "after resuming, results are not each written once or differ"
+python3 - "$tmp/out.jsonl" "$tmp/ref.jsonl" "$n" <<'PY' \
+    || fail "after resuming, results are not each written once or differ"
 import collections, json, sys
 def load(path):
     rows = [json.loads(l) for l in open(path)]

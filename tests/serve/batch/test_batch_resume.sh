@@ -82,7 +82,8 @@ check "$tmp/short.jsonl" "$tmp/full.jsonl" || fail "output after resuming delete
 TSR_TEST_WRITE_FAIL_AFTER=10 run --output "$tmp/full2.jsonl" 2> "$tmp/err"
 [ $? -eq 1 ] || fail "a failed write should exit 1"
 grep -q "No space left on device" "$tmp/err" || fail "no disk-full message: $(cat "$tmp/err")"
-[ "$(wc -l < "$tmp/full2.jsonl")" -eq 10 ] || fail "$(wc -l < "$tmp/full2.jsonl") lines after the failed write, expected 10"
+[ "$(wc -l < "$tmp/full2.jsonl")" -eq 10 ] \
+    || fail "$(wc -l < "$tmp/full2.jsonl") lines after the failed write, expected 10"
 [ "$(tail -c 1 "$tmp/full2.jsonl" | od -An -c | tr -d ' ')" = '\n' ] || fail "the file does not end with a whole line"
 python3 -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1])]' "$tmp/full2.jsonl" || fail "damaged lines"
 run --output "$tmp/full2.jsonl" 2> "$tmp/err" || fail "resume after the failed write: $(cat "$tmp/err")"
@@ -93,13 +94,16 @@ mkdir -p "$tmp/mnt"
 if unshare -rm sh -c "mount -t tmpfs -o size=16k none '$tmp/mnt'" 2> /dev/null; then
     unshare -rm sh -c "mount -t tmpfs -o size=16k none '$tmp/mnt' &&
         '$bin' batch --model '$model' --input '$tmp/in.jsonl' --kv-tokens 8192 --max-running 8 \
-            --output '$tmp/mnt/out.jsonl' 2> '$tmp/err'; echo \$? > '$tmp/rc'; cp '$tmp/mnt/out.jsonl' '$tmp/disk.jsonl'"
+            --output '$tmp/mnt/out.jsonl' 2> '$tmp/err'
+        echo \$? > '$tmp/rc'; cp '$tmp/mnt/out.jsonl' '$tmp/disk.jsonl'"
     [ "$(cat "$tmp/rc")" = 1 ] || fail "a full tmpfs should exit 1 (got $(cat "$tmp/rc")): $(cat "$tmp/err")"
     grep -q "No space left on device" "$tmp/err" || fail "no disk-full message: $(cat "$tmp/err")"
     n=$(wc -l < "$tmp/disk.jsonl")
     [ "$n" -gt 0 ] && [ "$n" -lt 43 ] || fail "$n lines on the full tmpfs"
-    python3 -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1])]' "$tmp/disk.jsonl" || fail "damaged lines on the full tmpfs"
-    [ "$(tail -c 1 "$tmp/disk.jsonl" | od -An -c | tr -d ' ')" = '\n' ] || fail "the full tmpfs file does not end with a whole line"
+    python3 -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1])]' "$tmp/disk.jsonl" \
+        || fail "damaged lines on the full tmpfs"
+    [ "$(tail -c 1 "$tmp/disk.jsonl" | od -An -c | tr -d ' ')" = '\n' ] \
+        || fail "the full tmpfs file does not end with a whole line"
     run --output "$tmp/disk.jsonl" 2> "$tmp/err" || fail "resume after the full tmpfs: $(cat "$tmp/err")"
     check "$tmp/disk.jsonl" "$tmp/full.jsonl" || fail "output after resuming from the full tmpfs"
     echo "full tmpfs: $n lines fitted, resume completed"
@@ -112,7 +116,8 @@ import json, sys
 with open(sys.argv[1], "w") as f:
     for i in range(400):
         f.write(json.dumps({"custom_id": f"i{i}", "method": "POST", "url": "/v1/completions",
-                            "body": {"prompt": f"Number {i} is", "max_tokens": 2, "temperature": 0}}) + "\n")' "$tmp/int.jsonl"
+                            "body": {"prompt": f"Number {i} is", "max_tokens": 2, "temperature": 0}})
+                + "\n")' "$tmp/int.jsonl"
 "$bin" batch --model "$model" --input "$tmp/int.jsonl" --output "$tmp/int_out.jsonl" --kv-tokens 8192 2> "$tmp/err" &
 bpid=$!
 for _ in $(seq 200); do [ "$(wc -l < "$tmp/int_out.jsonl" 2> /dev/null || echo 0)" -ge 20 ] && break; sleep 0.05; done

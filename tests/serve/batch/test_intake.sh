@@ -68,7 +68,8 @@ python3 - "$tmp/raw_chat" <<'EOF' || fail "chat messages"
 import json, sys
 msgs = [json.loads(l) for l in open(sys.argv[1])]
 chunks = [m["chunk"] for m in msgs if m["type"] == "chunk"]
-assert chunks[0]["object"] == "chat.completion.chunk" and chunks[0]["choices"][0]["delta"].get("role") == "assistant", chunks[0]
+assert (chunks[0]["object"] == "chat.completion.chunk"
+        and chunks[0]["choices"][0]["delta"].get("role") == "assistant"), chunks[0]
 assert chunks[-1]["usage"]["completion_tokens"] == 6 and chunks[-1]["choices"] == [], chunks[-1]
 assert msgs[-1]["type"] == "done"
 EOF

@@ -42,7 +42,9 @@ start_server "$tmp/server.log" --api-key "$key" --max-body 65536 --kv-tokens 819
 base="http://127.0.0.1:$port"
 echo "server on port $port"
 # the ready line names the ceiling on running sequences: the CPU's default (a GPU's is 256)
-for _ in $(seq 1 50); do grep -q "^tessera serve: ready: .*, up to 64 running, " "$tmp/server.log" && break; sleep 0.1; done
+for _ in $(seq 1 50); do
+  grep -q "^tessera serve: ready: .*, up to 64 running, " "$tmp/server.log" && break; sleep 0.1
+done
 grep -q "^tessera serve: ready: .*, up to 64 running, API keys required$" "$tmp/server.log" ||
   fail "ready line: $(grep 'ready' "$tmp/server.log")"
 
@@ -75,9 +77,11 @@ grep -qi '^content-type: text/event-stream' "$tmp/hdr" || fail "stream content t
 grep -qi '^transfer-encoding: chunked' "$tmp/hdr" || fail "stream not chunked"
 n=$(tool frames "$tmp/sse") || fail "SSE framing: $n"
 [ "$n" -ge 3 ] || fail "only $n frames"
-tail -n 4 "$tmp/sse" | head -n 1 | grep -q '"choices":\[\],"usage":{"prompt_tokens"' || fail "usage chunk: $(tail -n 4 "$tmp/sse")"
+tail -n 4 "$tmp/sse" | head -n 1 | grep -q '"choices":\[\],"usage":{"prompt_tokens"' ||
+  fail "usage chunk: $(tail -n 4 "$tmp/sse")"
 grep -q '"finish_reason":"\(stop\|length\)"' "$tmp/sse" || fail "no finish_reason in the stream"
-head -n 1 "$tmp/sse" | grep -q '"delta":{"role":"assistant","content":""}' || fail "first chunk: $(head -n 1 "$tmp/sse")"
+head -n 1 "$tmp/sse" | grep -q '"delta":{"role":"assistant","content":""}' ||
+  fail "first chunk: $(head -n 1 "$tmp/sse")"
 
 # a per-request deadline ends a long generation early with finish_reason "abort"
 echo '{"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": true, "timeout": 0.3}' > "$tmp/deadline.json"
@@ -139,7 +143,9 @@ for i in 1 2 3 4 5 6; do
 done
 wait "${clients[@]}"
 for i in 2 4 6; do tool frames "$tmp/c$i" > /dev/null || fail "concurrent stream $i"; done
-for i in 1 3 5; do grep -q '"finish_reason":"length"' "$tmp/c$i" || fail "concurrent request $i: $(cat "$tmp/c$i")"; done
+for i in 1 3 5; do
+  grep -q '"finish_reason":"length"' "$tmp/c$i" || fail "concurrent request $i: $(cat "$tmp/c$i")"
+done
 
 # metrics
 curl -s "$base/metrics" > "$tmp/metrics"
@@ -176,7 +182,8 @@ wait "$spid"
 rc=$?
 [ $rc = 0 ] || fail "server exit code $rc after SIGTERM"
 wait "$cpid" || fail "the streaming client failed"
-tool frames "$tmp/term.sse" > /dev/null || fail "the stream in flight did not end cleanly: $(tail -c 300 "$tmp/term.sse")"
+tool frames "$tmp/term.sse" > /dev/null ||
+  fail "the stream in flight did not end cleanly: $(tail -c 300 "$tmp/term.sse")"
 grep -q "stopped" "$tmp/server.log" || fail "no 'stopped' line"
 
 # a full queue answers 429 with Retry-After

@@ -27,7 +27,8 @@ start() {
 
 # the one-process reference
 start "$tmp/one.log" "$bin" serve || fail "one-process server"
-ref=$(curl -s "http://127.0.0.1:$port/v1/completions" -d "$body" | python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])')
+ref=$(curl -s "http://127.0.0.1:$port/v1/completions" -d "$body" |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])')
 [ -n "$ref" ] || fail "no reference text"
 kill -TERM "$pid"
 wait "$pid" || fail "one-process server exit code"
@@ -41,7 +42,8 @@ for split in layers tensor; do
     fi
     fail "mpirun serve --split $split did not start"
   fi
-  got=$(curl -s "http://127.0.0.1:$port/v1/completions" -d "$body" | python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])')
+  got=$(curl -s "http://127.0.0.1:$port/v1/completions" -d "$body" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])')
   [ "$got" = "$ref" ] || fail "$split: '$got' != one process '$ref'"
   curl -sS -N -o "$tmp/s.sse" "http://127.0.0.1:$port/v1/chat/completions" \
     -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "stream": true}' || fail "$split: stream"

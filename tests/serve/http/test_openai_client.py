@@ -91,7 +91,8 @@ check("".join(L.tokens) == lp.choices[0].text, f"tokens {L.tokens} vs text {lp.c
 # logit_bias: +100 on one token makes it every token
 one = client.completions.create(model=model, prompt="Hi", max_tokens=1, temperature=0, logit_bias={"300": 100})
 three = client.completions.create(model=model, prompt="Hi", max_tokens=3, temperature=0, logit_bias={"300": 100})
-check(three.choices[0].text == one.choices[0].text * 3, f"logit_bias: {one.choices[0].text!r} {three.choices[0].text!r}")
+check(three.choices[0].text == one.choices[0].text * 3,
+      f"logit_bias: {one.choices[0].text!r} {three.choices[0].text!r}")
 
 # extra sampling parameters are accepted (vLLM's names)
 x = client.completions.create(model=model, prompt="Hi", max_tokens=4, temperature=0.8, top_p=0.9, seed=1,
@@ -139,7 +140,8 @@ for chunk in stream:
 check(roles == 1 and finish in ("stop", "length"), f"stream roles {roles} finish {finish}")
 check(usage is not None and usage.completion_tokens <= 10, f"stream usage {usage}")
 plain = client.chat.completions.create(model=model, messages=msgs, max_tokens=10, temperature=0)
-check("".join(pieces) == plain.choices[0].message.content, f"stream {''.join(pieces)!r} vs {plain.choices[0].message.content!r}")
+check("".join(pieces) == plain.choices[0].message.content,
+      f"stream {''.join(pieces)!r} vs {plain.choices[0].message.content!r}")
 
 # streaming completions
 text = "".join(ch.choices[0].text for ch in client.completions.create(
