@@ -96,7 +96,8 @@ synth_8b() {
     --intermediate 14336 --vocab 128256 --bpw "$bpw" --shard-size 2048 --threads 16 "$@" --out "$dir" > /dev/null
 }
 # test_cuda_one NAME SECONDS [ENV=V ...]: test_cuda once under the settings given (at most SECONDS), its log to
-# $OUT/t-NAME.log, then one summary line: its exit code, its failure lines counted, the script's $SECONDS so far
+# $OUT/t-NAME.log, then one summary line: its exit code, its failure lines counted, the script's $SECONDS so far;
+# returns test_cuda's exit code
 test_cuda_one() {
   local name=$1 limit=$2 rc
   shift 2
@@ -104,6 +105,7 @@ test_cuda_one() {
     timeout "$limit" "$P/bin/test_cuda" > "$OUT/t-$name.log" 2>&1
   rc=$?
   echo "test_cuda $name rc=$rc $(grep -cE '^\[  FAILED|ERROR' "$OUT/t-$name.log") failure lines (at $SECONDS s)"
+  return $rc
 }
 # dq_times LOG ROWS: the least µs of each product at ROWS rows in a bench log taken with TSR_CUDA_DQ_TIMES=1, as
 # "KxN µs" pairs on one line
