@@ -2,10 +2,11 @@
  *
  * This header is plain C and includes no CUDA header, so the runtime and the launcher can use it; it exists only
  * in builds with a CUDA toolkit (TSR_HAVE_CUDA). tsr_cuda_init() selects the device and creates the stream and
- * cuBLAS handle; the ops table then works like the CPU one: prepare_model uploads every weight once (packed EXL2
- * tensors as stored, dense weights in their dtype, small derived tables), alloc hands out device memory, and all
- * kernels run on one stream. Errors from CUDA inside ops are fatal to the process (they mean a bug or a lost
- * device), reported with the file and line; initialization and uploads return a tsr_status. */
+ * cuBLAS handle; the ops table then works like the CPU one: prepare_model uploads every weight once (EXL2 and
+ * GPTQ codes rewritten into the tensor-core fragment layout of exl2_frag.cuh by exl2_pack.cu, dense weights in their
+ * dtype, small derived tables), alloc hands out device memory, and all kernels run on one stream. Errors from CUDA
+ * inside ops are fatal to the process (they mean a bug or a lost device), reported with the file and line;
+ * initialization and uploads return a tsr_status. */
 #ifndef TSR_OPS_CUDA_H
 #define TSR_OPS_CUDA_H
 
