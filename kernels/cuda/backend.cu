@@ -1145,6 +1145,12 @@ bool tsr_cuda_env_off(const char *name)
     return v && atoi(v) == 0;
 }
 
+bool tsr_cuda_env_on(const char *name)
+{
+    const char *v = getenv(name);
+    return v && atoi(v) != 0;
+}
+
 extern "C" const tsr_ops *tsr_ops_cuda(void)
 {
     static int profiled = -1;

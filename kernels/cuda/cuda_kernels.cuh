@@ -68,6 +68,8 @@ int tsr_cuda_mlp_half(const tsr_linear_dev *G, const tsr_linear_dev *U, const ts
                       float *x, const tsr_dense *w, float eps, float *out, float *scratch_gate, float *scratch_up);
 /* Whether the environment variable `name` is set to 0: a switch that is on by default, turned off (backend.cu). */
 bool tsr_cuda_env_off(const char *name);
+/* Whether `name` is set to a nonzero number: a switch that is off by default, turned on (backend.cu). */
+bool tsr_cuda_env_on(const char *name);
 /* Attribute attr of the current device, or fallback when it cannot be read (backend.cu). */
 int tsr_cuda_device_attr(cudaDeviceAttr attr, int fallback);
 /* The shared memory the kernels plan with, per block (opt-in) and per SM: the device's, or less where

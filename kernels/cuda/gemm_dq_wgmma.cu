@@ -636,8 +636,8 @@ static void dw_map_2d(CUtensorMap *map, CUtensorMapDataType t, const void *base,
  * TSR_CUDA_DW_TWORDS=1 (default 0: a bulk copy a unit). Read when the weights are packed (tsr_cuda_dw_word_maps). */
 static bool dw_twords(void)
 {
-    static const int on = getenv("TSR_CUDA_DW_TWORDS") ? atoi(getenv("TSR_CUDA_DW_TWORDS")) : 0;
-    return on != 0;
+    static const bool on = tsr_cuda_env_on("TSR_CUDA_DW_TWORDS");
+    return on;
 }
 
 bool tsr_cuda_dw_word_maps(tsr_linear_dev *d, const uint2 *units, void *(*dev_alloc)(size_t))

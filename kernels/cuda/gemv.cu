@@ -664,7 +664,7 @@ static bool fg_prestage_exact(void)
  * TSR_CUDA_GEMV_HDR_ONCE=1 (default 0: with every unit; written at stop 69 and not yet run on a GPU, NOTES.md). */
 static int ft_hdr_once(void)
 {
-    static const int on = getenv("TSR_CUDA_GEMV_HDR_ONCE") && atoi(getenv("TSR_CUDA_GEMV_HDR_ONCE")) != 0;
+    static const int on = tsr_cuda_env_on("TSR_CUDA_GEMV_HDR_ONCE");
     return on;
 }
 
@@ -674,7 +674,7 @@ static int ft_hdr_once(void)
  * (scripts/bulk-probe.cu, NOTES.md stop 69). */
 static int ft_x_pair(void)
 {
-    static const int on = getenv("TSR_CUDA_GEMV_XPAIR") && atoi(getenv("TSR_CUDA_GEMV_XPAIR")) != 0;
+    static const int on = tsr_cuda_env_on("TSR_CUDA_GEMV_XPAIR");
     return on;
 }
 

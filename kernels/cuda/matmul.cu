@@ -319,7 +319,7 @@ static int dq_path(int M) { return M >= dq_min_m(); }
 static int dq_times_on(void)
 {
     static int v = -1;
-    if (v < 0) v = getenv("TSR_CUDA_DQ_TIMES") && atoi(getenv("TSR_CUDA_DQ_TIMES")) != 0;
+    if (v < 0) v = tsr_cuda_env_on("TSR_CUDA_DQ_TIMES");
     return v;
 }
 
