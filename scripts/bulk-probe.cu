@@ -8,8 +8,10 @@
  *            side, as the column tiles' words of one unit do (gate at 96 rows: 112 blocks, 2 KB pieces);
  *   layout 1: each block's pieces one contiguous stretch (words stored by column tile, a layout tessera lacks);
  * pieces of 2-32 KB, 2-64 slots, 112 or 132 blocks; stop 69's first call ran every piece and slot count with one
- * lane (2 KB: 0.97 TB/s at 112 blocks whatever the slots, 4 KB 1.92, 8 KB 3.1). Now: more issuing warps, more blocks
- * per SM, and tensor copies. Printed: TB/s (bytes read / time, best of 5 runs) per setting.
+ * lane (2 KB: 0.97 TB/s at 112 blocks whatever the slots, 4 KB 1.92, 8 KB 3.1); stop 71's first call found the rate
+ * grows with the issuing warps (2 KB: 0.73, 1.45, 2.57 TB/s from 1, 2, 4 warps of a block) and the blocks per SM,
+ * tensor copies alike. Now: several issuing lanes of one warp against several warps. Printed: TB/s (bytes read /
+ * time, best of 5 runs) per setting.
  *
  * Build and run on the GPU machine: nvcc -std=c++17 -O3 -arch=sm_90 -o build-probe/bulk scripts/bulk-probe.cu &&
  * build-probe/bulk */
@@ -24,24 +26,25 @@
 
 #define TOTAL_BYTES ((size_t)1 << 30)
 
-/* Block b's warp w copies pieces w, w + W, ... of the block's n (W warps, each with slots / W slots of its own); lane 0
- * of each warp issues its copies: bulk copies, or with `tensor` 2D tensor copies of the piece as rows of 512 bytes
- * (tensor_map). */
+/* Block b's issuer q (lane q % L of warp q / L: W warps of L issuing lanes each) copies pieces q, q + W L, ... of the
+ * block's n, each issuer with slots / (W L) slots of its own; its copies are bulk copies, or with `tensor` 2D tensor
+ * copies of the piece as rows of 512 bytes (tensor_map). The lanes of a warp issue in the same instructions. */
 __global__ void __launch_bounds__(128) copy_kernel(const unsigned char *src, const __grid_constant__ CUtensorMap map,
-                                                   int tensor, int layout, uint32_t piece, int slots, long long n,
-                                                   unsigned *sink)
+                                                   int tensor, int layout, uint32_t piece, int slots, int lanes,
+                                                   long long n, unsigned *sink)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(1024) unsigned char smem[];
-    const int warps = (int)blockDim.x / 32, w = (int)threadIdx.x / 32, ws = slots / warps;
-    unsigned char *ring = smem + (size_t)(w * ws) * piece;
-    uint64_t *bars = (uint64_t *)(smem + (size_t)slots * piece) + w * ws;
+    const int issuers = (int)blockDim.x / 32 * lanes, ws = slots / issuers;
+    if ((int)threadIdx.x % 32 >= lanes) return;
+    const int q = (int)threadIdx.x / 32 * lanes + (int)threadIdx.x % 32;
+    unsigned char *ring = smem + (size_t)(q * ws) * piece;
+    uint64_t *bars = (uint64_t *)(smem + (size_t)slots * piece) + q * ws;
     const int b = (int)blockIdx.x, nb = (int)gridDim.x;
-    if (threadIdx.x % 32 != 0) return;
     for (int s = 0; s < ws; s++) mbar_init(&bars[s], 1);
     mbar_init_fence();
-    long long k = 0; /* the warp's copies so far */
-    for (long long i = w; i < n; i += warps, k++) {
+    long long k = 0; /* the issuer's copies so far */
+    for (long long i = q; i < n; i += issuers, k++) {
         const int s = (int)(k % ws);
         if (k >= ws) mbar_wait(&bars[s], (unsigned)((k / ws - 1) & 1));
         const size_t at = layout == 0 ? ((size_t)i * nb + b) * piece : ((size_t)b * n + i) * piece;
@@ -84,7 +87,7 @@ static int tensor_map(CUtensorMap *map, const void *base, size_t bytes, uint32_t
 }
 
 static int measure(const unsigned char *buf, size_t buf_bytes, int tensor, int layout, uint32_t piece, int slots,
-                   int nb, int warps, unsigned *sink, double *tbs)
+                   int nb, int warps, int lanes, unsigned *sink, double *tbs)
 {
     const long long n = (long long)(TOTAL_BYTES / piece / nb);
     const size_t bytes = (size_t)n * nb * piece;
@@ -101,7 +104,7 @@ static int measure(const unsigned char *buf, size_t buf_bytes, int tensor, int l
         CHECK(cudaEventRecord(a));
         CUtensorMap map;
         if (tensor && tensor_map(&map, buf + region, bytes, piece)) return 1;
-        copy_kernel<<<nb, 32 * warps, smem>>>(buf + region, map, tensor, layout, piece, slots, n, sink);
+        copy_kernel<<<nb, 32 * warps, smem>>>(buf + region, map, tensor, layout, piece, slots, lanes, n, sink);
         CHECK(cudaEventRecord(z));
         CHECK(cudaEventSynchronize(z));
         CHECK(cudaGetLastError());
@@ -121,24 +124,21 @@ int main(void)
     CHECK(cudaMalloc(&buf, buf_bytes));
     CHECK(cudaMemset(buf, 1, buf_bytes));
     CHECK(cudaMalloc(&sink, sizeof(unsigned)));
-    printf("kind   blocks warps layout piece_KB slots in_flight_KB  TB/s\n");
-    struct setting { int tensor, nb, warps, layout; uint32_t piece; int slots; };
+    printf("kind   blocks warps lanes layout piece_KB slots in_flight_KB  TB/s\n");
+    struct setting { int tensor, nb, warps, layout; uint32_t piece; int slots, lanes; };
     const setting settings[] = {
-        /* copies of 2 KB from one lane: more lanes, more blocks per SM, tensor copies */
-        {0, 112, 1, 0, 2048, 8}, {0, 112, 2, 0, 2048, 8}, {0, 112, 4, 0, 2048, 8}, {0, 112, 4, 0, 2048, 16},
-        {0, 224, 1, 0, 2048, 8}, {0, 264, 1, 0, 2048, 8}, {0, 528, 1, 0, 2048, 8},
-        {1, 112, 1, 0, 2048, 8}, {1, 112, 4, 0, 2048, 8}, {1, 132, 1, 0, 2048, 8},
-        /* larger tensor copies */
-        {1, 112, 1, 0, 4096, 8}, {1, 112, 1, 0, 8192, 8}, {1, 112, 1, 0, 16384, 8}, {1, 112, 1, 0, 16384, 4},
-        {1, 112, 1, 1, 8192, 8}, {1, 112, 1, 1, 16384, 8},
-        /* bulk copies of 4 and 8 KB from 2 lanes */
-        {0, 112, 2, 0, 4096, 8}, {0, 112, 2, 0, 8192, 8},
+        /* 2 KB copies from one lane, then from 2, 4 and 8 lanes of one warp (one instruction issues them all), and
+         * from 2 and 4 warps (stop 71's call: 0.73, 1.45 and 2.57 TB/s at 1, 2 and 4 warps) */
+        {0, 112, 1, 0, 2048, 8, 1}, {0, 112, 1, 0, 2048, 8, 2}, {0, 112, 1, 0, 2048, 8, 4}, {0, 112, 1, 0, 2048, 16, 8},
+        {0, 112, 2, 0, 2048, 8, 1}, {0, 112, 4, 0, 2048, 8, 1}, {0, 112, 4, 0, 2048, 16, 4},
+        /* the same with tensor copies, and 8 KB pieces */
+        {1, 112, 1, 0, 2048, 8, 4}, {0, 112, 1, 0, 8192, 8, 2}, {0, 112, 2, 0, 8192, 8, 1},
     };
     for (const setting &t : settings) {
         double tbs;
-        if (measure(buf, buf_bytes, t.tensor, t.layout, t.piece, t.slots, t.nb, t.warps, sink, &tbs)) return 1;
-        printf("%-6s %6d %5d %6d %8u %5d %12u  %.3f\n", t.tensor ? "tensor" : "bulk", t.nb, t.warps, t.layout,
-               t.piece / 1024, t.slots, t.slots * t.piece / 1024, tbs);
+        if (measure(buf, buf_bytes, t.tensor, t.layout, t.piece, t.slots, t.nb, t.warps, t.lanes, sink, &tbs)) return 1;
+        printf("%-6s %6d %5d %5d %6d %8u %5d %12u  %.3f\n", t.tensor ? "tensor" : "bulk", t.nb, t.warps, t.lanes,
+               t.layout, t.piece / 1024, t.slots, t.slots * t.piece / 1024, tbs);
     }
     return 0;
 }

@@ -61,8 +61,8 @@
 #include <vector>
 
 #define DW_THREADS   256 /* two warpgroups of consumers */
-#define DW_PRODUCER  128 /* a third warpgroup, of which one warp issues the copies; its registers go to the consumers
-                          * (setmaxnreg) */
+#define DW_PRODUCER  128 /* a third warpgroup, of which one warp (or 2-3: dw_produce) issues the copies; its
+                          * registers go to the consumers (setmaxnreg) */
 #define DW_ROWS      256 /* activation rows per block at most: the wgmma's N (fewer where M fits: dw_rows) */
 #define DW_CBS       4   /* column blocks of 32 per block, one per warp of a warpgroup */
 #define DW_A_BYTES   (DW_ROWS * 128)          /* a stage's activations: 256 rows × 64 halves (a block of fewer
@@ -101,6 +101,7 @@ struct dw_parts {
     CUtensorMap scales[TSR_GEMV_MAX_PARTS]; /* GPTQ: each part's fp16 scales, boxes of DW_GB groups */
     int twords; /* a stage's words as one tensor copy where its units share a run (dw_issue_words; every part has
                  * L.wmaps) */
+    int pwarps; /* the producer's issuing warps, 1-3 (dw_produce; TSR_CUDA_DW_PWARPS) */
 };
 
 /* The rings: DW_AST activation tiles in flight and DW_WST stages of words, which run DW_WST - DW_AST stages ahead of
@@ -260,12 +261,14 @@ __device__ __forceinline__ int dw_unit1_at(int twords, int bits0)
  * the codes, lane 3 the tables or GPTQ scales); their barrier's count. The words of the block's column blocks of unit
  * ui (one piece of memory) come by lane ui's bulk copy into the stage's buffer (unit 1 at dw_unit1_at), or with twords,
  * where both units lie in one run of one width, by one tensor copy from lane 0 (column blocks past the matrix then
- * arrive as zeros): a copy costs an SM ~0.24 µs whatever its size up to ~4 KB (NOTES.md, stop 69). */
+ * arrive as zeros): a copy costs an SM ~0.24 µs whatever its size up to ~4 KB (NOTES.md, stop 69), and its issuing
+ * warp about as much (stop 71). The warp issues the copies of the lanes in `roles` (bit l: lane l's copy; the others
+ * are another warp's) and arrives on bar expecting their bytes. */
 template <bool GPTQ>
 __device__ __forceinline__ void dw_issue_words(const tsr_linear_dev &L, const CUtensorMap *codes,
                                                const CUtensorMap *scales, int twords, const uint2 *rec, int s,
                                                int batch, int cb0, uint32_t w_at, uint32_t p_base, uint32_t t_base,
-                                               uint32_t bar, int lane)
+                                               uint32_t bar, int lane, unsigned roles)
 {
     const int u0 = 2 * s, nu = min(2, L.n_units - u0), cbs = min(DW_CBS, L.Npad / 32 - cb0);
     const int g0 = DW_GB * batch, slot0 = g0 % DW_P_SLOTS, bits0 = (int)(rec[u0].y >> 24);
@@ -292,12 +295,13 @@ __device__ __forceinline__ void dw_issue_words(const tsr_linear_dev &L, const CU
         src = L.s_table + (size_t)g0 * 16; /* read for EXL2 only: GPTQ's scales come by a tensor copy below */
         dst = t_base + (uint32_t)slot0 * (GPTQ ? 256 : 64);
     }
+    if (!((roles >> lane) & 1u)) bytes = 0;
     uint32_t total = bytes;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
     if (lane == 0) dw_bar_expect(bar, total);
     __syncwarp();
-    if (lane == 0 && run >= 0)
+    if (lane == 0 && run >= 0 && bytes)
         dw_tma3(dst, (const CUtensorMap *)L.wmaps + run, 0, cb0, u0 - L.run_u0[run], bar);
     else if (lane == 2 && bytes)
         dw_tma(p_base + (uint32_t)slot0 * 64, codes, 4 * cb0, g0, bar);
@@ -373,13 +377,17 @@ __device__ __forceinline__ void dw_store_staged(const float (&acc)[R / 2], bool 
     }
 }
 
-/* The producer warp: stage s's activation tile and the words and parameters of stage s + DW_WST - AST, as soon as
- * the consumers have released stage s - AST (whose tile buffer the one and whose words' buffer the other reuses).
- * The words thus run DW_WST - AST stages ahead of the tiles (AST: DW_AST, or DW_AST_FEW at few rows). */
+/* The producer: stage s's activation tile and the words and parameters of stage s + DW_WST - AST, as soon as the
+ * consumers have released stage s - AST (whose tile buffer the one and whose words' buffer the other reuses). The
+ * words thus run DW_WST - AST stages ahead of the tiles (AST: DW_AST, or DW_AST_FEW at few rows). With pwarps 1 the
+ * producer's warp 0 issues them all; with 2, warp 0 the tiles and warp 1 the words and parameters; with 3, warp 1
+ * issues unit 0's words and the parameters and warp 2 unit 1's words (both arrive on the words' full barrier). Each
+ * warp waits on the empty barriers itself; none can fall a phase behind, since the consumers need its copies. pw:
+ * this warp's index in the producer warpgroup. */
 template <bool GPTQ, int DG, int R, int AST>
 __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtensorMap *map, const CUtensorMap *codes,
                                            const CUtensorMap *scales, int twords, const uint2 *rec, int m0, int cb0,
-                                           uint32_t a_base, int s0, int n_local)
+                                           uint32_t a_base, int s0, int n_local, int pwarps, int pw)
 {
     constexpr int AHEAD = DW_WST - AST, A_SLOT = DW_A_RING / AST;
     static_assert(R * 128 <= A_SLOT, "a tile fits its slot");
@@ -389,6 +397,8 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
     /* batches of group parameters issued so far, counted from the batch of the range's first unit (a range never
      * starts at a stage whose two units lie in two batches: dw_split_start) */
     int batches = n_local > 0 ? (int)(rec[2 * s0].y & 0xffffffu) / DW_GB : 0;
+    const bool tiles = pw == 0, issues_words = pwarps == 1 || pw > 0;
+    const unsigned roles = pwarps < 3 ? 0xfu : pw == 1 ? 0xdu : 0x2u;
     /* the ring's buffers are indexed by t, the stage's place in the block's range; the copies by s0 + t */
     auto words = [&](int t) {
         const int s = s0 + t, last = min(2 * s + 1, L.n_units - 1), grp = (int)(rec[last].y & 0xffffffu);
@@ -400,18 +410,19 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
         }
         dw_issue_words<GPTQ>(L, codes, scales, twords, rec, s, DG == DG_NOPARAMS && t > 0 ? -1 : batch, cb0,
                              a_base + DW_W_OFF + (t % DW_WST) * DW_W_BYTES, a_base + DW_P_OFF, a_base + DW_T_OFF,
-                             full_w + 8 * (t % DW_WST), lane);
+                             full_w + 8 * (t % DW_WST), lane, roles);
     };
-    for (int t = 0; t < min(AHEAD, n_copied); t++) words(t);
+    if (issues_words)
+        for (int t = 0; t < min(AHEAD, n_copied); t++) words(t);
     tsr_pdl_wait(); /* the weights are constant; the activations are the kernel before's output */
     for (int t = 0; t < n_copied; t++) {
         if (t >= AST) dw_bar_wait(empty + 8 * ((t - AST) % DW_WST), (uint32_t)((t - AST) / DW_WST) & 1u);
-        if (lane == 0) {
+        if (tiles && lane == 0) {
             const uint32_t bar = bars + 8 * (t % AST);
             dw_bar_expect(bar, DG == DG_COPY_WORDS ? 0u : (uint32_t)(R * 128));
             if (DG != DG_COPY_WORDS) dw_tma(a_base + (t % AST) * A_SLOT, map, 64 * (s0 + t), m0, bar);
         }
-        if (t + AHEAD < n_copied) words(t + AHEAD);
+        if (issues_words && t + AHEAD < n_copied) words(t + AHEAD);
     }
 }
 
@@ -568,7 +579,9 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
         beta = 0.0f, y_half = 0;
     }
     if (threadIdx.x == 0) {
-        for (int b = 0; b < DW_AST_FEW + DW_WST; b++) dw_bar_init(bars + 8 * b, 1); /* full: the producer's arrival */
+        for (int b = 0; b < DW_AST_FEW; b++) dw_bar_init(bars + 8 * b, 1); /* full: the producer's arrival */
+        for (int b = 0; b < DW_WST; b++) /* the words': that of each warp issuing them */
+            dw_bar_init(bars + 8 * (DW_AST_FEW + b), P.pwarps == 3 ? 2 : 1);
         for (int b = 0; b < DW_WST; b++)
             dw_bar_init(bars + 8 * (DW_AST_FEW + DW_WST + b), DW_THREADS / 32); /* empty: each consumer warp's */
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -578,9 +591,10 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     const int n_local = dw_split_start(rec, L.n_units, n_stages, P.splits, split + 1) - s0;
     if (threadIdx.x >= DW_THREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (threadIdx.x < DW_THREADS + 32)
+        const int pw = (int)(threadIdx.x - DW_THREADS) / 32;
+        if (pw < P.pwarps)
             dw_produce<GPTQ, DG, R, AST>(L, &xmap, &P.codes[p], &P.scales[p], P.twords, rec, m0, cb0, a_base, s0,
-                                         n_local);
+                                         n_local, P.pwarps, pw);
         else
             tsr_pdl_wait();
         return;
@@ -638,6 +652,18 @@ static bool dw_twords(void)
 {
     static const bool on = tsr_cuda_env_on("TSR_CUDA_DW_TWORDS");
     return on;
+}
+
+/* The producer's issuing warps (dw_produce): TSR_CUDA_DW_PWARPS=2 (tiles and words apart) or 3 (and the two units'
+ * words apart); default 1, one warp issuing every copy. */
+static int dw_pwarps(void)
+{
+    static const int n = [] {
+        const char *v = getenv("TSR_CUDA_DW_PWARPS");
+        const int w = v ? atoi(v) : 1;
+        return w >= 1 && w <= 3 ? w : 1;
+    }();
+    return n;
 }
 
 bool tsr_cuda_dw_word_maps(tsr_linear_dev *d, const uint2 *units, void *(*dev_alloc)(size_t))
@@ -959,6 +985,7 @@ int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, i
                       (size_t)l->n_groups, (size_t)l->Npad * 2, 128, DW_GB, CU_TENSOR_MAP_SWIZZLE_NONE,
                       CU_TENSOR_MAP_L2_PROMOTION_NONE, what);
     }
+    parts.pwarps = dw_pwarps();
     parts.twords = 1; /* where every part has its words' maps */
     for (int i = 0; i < n; i++)
         if (!L[i]->wmaps) parts.twords = 0;
