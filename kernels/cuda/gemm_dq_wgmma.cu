@@ -102,6 +102,7 @@ struct dw_parts {
     int twords; /* a stage's words as one tensor copy where its units share a run (dw_issue_words; every part has
                  * L.wmaps) */
     int pwarps; /* the producer's issuing warps, 1-3 (dw_produce; TSR_CUDA_DW_PWARPS) */
+    int planes; /* the lanes that take turns a stage at each copy, 1, 2, 4 or 8 (dw_produce; TSR_CUDA_DW_PLANES) */
 };
 
 /* The rings: DW_AST activation tiles in flight and DW_WST stages of words, which run DW_WST - DW_AST stages ahead of
@@ -262,13 +263,15 @@ __device__ __forceinline__ int dw_unit1_at(int twords, int bits0)
  * ui (one piece of memory) come by lane ui's bulk copy into the stage's buffer (unit 1 at dw_unit1_at), or with twords,
  * where both units lie in one run of one width, by one tensor copy from lane 0 (column blocks past the matrix then
  * arrive as zeros): a copy costs an SM ~0.24 µs whatever its size up to ~4 KB (NOTES.md, stop 69), and its issuing
- * warp about as much (stop 71). The warp issues the copies of the lanes in `roles` (bit l: lane l's copy; the others
- * are another warp's) and arrives on bar expecting their bytes. */
+ * thread about as much (stop 71: a block's rate grows with its issuing lanes, 2 KB copies at 0.72, 1.30, 2.11 TB/s
+ * from 1, 2, 4 lanes of one warp). Lanes r0..r0 + 3 take the four roles above (0: unit 0, 1: unit 1, 2: codes, 3:
+ * tables), the warp issuing those in `roles` (bit r: role r; the others are another warp's), and lane 0 arrives on
+ * bar expecting their bytes. */
 template <bool GPTQ>
 __device__ __forceinline__ void dw_issue_words(const tsr_linear_dev &L, const CUtensorMap *codes,
                                                const CUtensorMap *scales, int twords, const uint2 *rec, int s,
                                                int batch, int cb0, uint32_t w_at, uint32_t p_base, uint32_t t_base,
-                                               uint32_t bar, int lane, unsigned roles)
+                                               uint32_t bar, int lane, int r0, unsigned roles)
 {
     const int u0 = 2 * s, nu = min(2, L.n_units - u0), cbs = min(DW_CBS, L.Npad / 32 - cb0);
     const int g0 = DW_GB * batch, slot0 = g0 % DW_P_SLOTS, bits0 = (int)(rec[u0].y >> 24);
@@ -278,34 +281,35 @@ __device__ __forceinline__ void dw_issue_words(const tsr_linear_dev &L, const CU
             if (u0 >= L.run_u0[r] && u0 + 1 < L.run_u0[r + 1]) run = r;
     uint32_t bytes = 0, dst = 0;
     const void *src = NULL;
-    if (lane <= 1) {
+    const int r = lane - r0; /* the lane's role: 0-3 for lanes r0..r0 + 3, none for the others */
+    if (r < 0 || r > 3 || !((roles >> r) & 1u)) {
+    } else if (r <= 1) {
         if (run >= 0) {
-            if (lane == 0) bytes = 2u * DW_CBS * 128u * (uint32_t)bits0, dst = w_at;
-        } else if (lane < nu) {
-            const uint2 e = rec[u0 + lane];
+            if (r == 0) bytes = 2u * DW_CBS * 128u * (uint32_t)bits0, dst = w_at;
+        } else if (r < nu) {
+            const uint2 e = rec[u0 + r];
             const int bits = (int)(e.y >> 24);
             bytes = 128u * (uint32_t)(bits * cbs);
             src = L.fw + e.x + (size_t)cb0 * 32 * bits;
-            dst = w_at + (uint32_t)(lane * 4 * dw_unit1_at(twords, bits0));
+            dst = w_at + (uint32_t)(r * 4 * dw_unit1_at(twords, bits0));
         }
-    } else if (lane == 2 && batch >= 0) {
+    } else if (r == 2 && batch >= 0) {
         bytes = DW_GB * 64;
-    } else if (lane == 3 && batch >= 0) {
+    } else if (r == 3 && batch >= 0) {
         bytes = GPTQ ? DW_GB * 256 : 64u * (uint32_t)min(DW_GB, L.n_groups - g0);
         src = L.s_table + (size_t)g0 * 16; /* read for EXL2 only: GPTQ's scales come by a tensor copy below */
         dst = t_base + (uint32_t)slot0 * (GPTQ ? 256 : 64);
     }
-    if (!((roles >> lane) & 1u)) bytes = 0;
     uint32_t total = bytes;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
     if (lane == 0) dw_bar_expect(bar, total);
     __syncwarp();
-    if (lane == 0 && run >= 0 && bytes)
+    if (r == 0 && run >= 0 && bytes)
         dw_tma3(dst, (const CUtensorMap *)L.wmaps + run, 0, cb0, u0 - L.run_u0[run], bar);
-    else if (lane == 2 && bytes)
+    else if (r == 2 && bytes)
         dw_tma(p_base + (uint32_t)slot0 * 64, codes, 4 * cb0, g0, bar);
-    else if (lane == 3 && bytes && GPTQ)
+    else if (r == 3 && bytes && GPTQ)
         dw_tma(dst, scales, 32 * cb0, g0, bar);
     else if (bytes)
         dw_bulk(dst, src, bytes, bar);
@@ -382,12 +386,15 @@ __device__ __forceinline__ void dw_store_staged(const float (&acc)[R / 2], bool 
  * words thus run DW_WST - AST stages ahead of the tiles (AST: DW_AST, or DW_AST_FEW at few rows). With pwarps 1 the
  * producer's warp 0 issues them all; with 2, warp 0 the tiles and warp 1 the words and parameters; with 3, warp 1
  * issues unit 0's words and the parameters and warp 2 unit 1's words (both arrive on the words' full barrier). Each
- * warp waits on the empty barriers itself; none can fall a phase behind, since the consumers need its copies. pw:
- * this warp's index in the producer warpgroup. */
+ * warp waits on the empty barriers itself; none can fall a phase behind, since the consumers need its copies. With
+ * `planes` P past 1, stage t's copies come from other lanes than stage t - 1's: its tile from lane t % P, its words'
+ * roles from lanes 4 (t % P)... (dw_issue_words), as a thread's copies seem to complete one after another (stop 71).
+ * pw: this warp's index in the producer warpgroup. */
 template <bool GPTQ, int DG, int R, int AST>
 __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtensorMap *map, const CUtensorMap *codes,
                                            const CUtensorMap *scales, int twords, const uint2 *rec, int m0, int cb0,
-                                           uint32_t a_base, int s0, int n_local, int pwarps, int pw)
+                                           uint32_t a_base, int s0, int n_local, int pwarps, int planes,
+                                           int pw)
 {
     constexpr int AHEAD = DW_WST - AST, A_SLOT = DW_A_RING / AST;
     static_assert(R * 128 <= A_SLOT, "a tile fits its slot");
@@ -410,14 +417,14 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
         }
         dw_issue_words<GPTQ>(L, codes, scales, twords, rec, s, DG == DG_NOPARAMS && t > 0 ? -1 : batch, cb0,
                              a_base + DW_W_OFF + (t % DW_WST) * DW_W_BYTES, a_base + DW_P_OFF, a_base + DW_T_OFF,
-                             full_w + 8 * (t % DW_WST), lane, roles);
+                             full_w + 8 * (t % DW_WST), lane, 4 * (t % planes), roles);
     };
     if (issues_words)
         for (int t = 0; t < min(AHEAD, n_copied); t++) words(t);
     tsr_pdl_wait(); /* the weights are constant; the activations are the kernel before's output */
     for (int t = 0; t < n_copied; t++) {
         if (t >= AST) dw_bar_wait(empty + 8 * ((t - AST) % DW_WST), (uint32_t)((t - AST) / DW_WST) & 1u);
-        if (tiles && lane == 0) {
+        if (tiles && lane == t % planes) {
             const uint32_t bar = bars + 8 * (t % AST);
             dw_bar_expect(bar, DG == DG_COPY_WORDS ? 0u : (uint32_t)(R * 128));
             if (DG != DG_COPY_WORDS) dw_tma(a_base + (t % AST) * A_SLOT, map, 64 * (s0 + t), m0, bar);
@@ -594,7 +601,7 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
         const int pw = (int)(threadIdx.x - DW_THREADS) / 32;
         if (pw < P.pwarps)
             dw_produce<GPTQ, DG, R, AST>(L, &xmap, &P.codes[p], &P.scales[p], P.twords, rec, m0, cb0, a_base, s0,
-                                         n_local, P.pwarps, pw);
+                                         n_local, P.pwarps, P.planes, pw);
         else
             tsr_pdl_wait();
         return;
@@ -662,6 +669,17 @@ static int dw_pwarps(void)
         const char *v = getenv("TSR_CUDA_DW_PWARPS");
         const int w = v ? atoi(v) : 1;
         return w >= 1 && w <= 3 ? w : 1;
+    }();
+    return n;
+}
+
+/* The producer's lanes taking turns a stage (dw_produce): TSR_CUDA_DW_PLANES=2, 4 or 8; default 1. */
+static int dw_planes(void)
+{
+    static const int n = [] {
+        const char *v = getenv("TSR_CUDA_DW_PLANES");
+        const int k = v ? atoi(v) : 1;
+        return k == 2 || k == 4 || k == 8 ? k : 1;
     }();
     return n;
 }
@@ -986,6 +1004,7 @@ int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, i
                       CU_TENSOR_MAP_L2_PROMOTION_NONE, what);
     }
     parts.pwarps = dw_pwarps();
+    parts.planes = dw_planes();
     parts.twords = 1; /* where every part has its words' maps */
     for (int i = 0; i < n; i++)
         if (!L[i]->wmaps) parts.twords = 0;
