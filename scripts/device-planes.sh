@@ -2,7 +2,7 @@
 # Device call (stop 71) for copies from several producer threads. Stop 71's probe found a block's bulk-copy rate grows
 # with its issuing threads, lanes of one warp as much as warps (2 KB copies: 0.72, 1.30, 2.11, 2.97 TB/s from 1, 2,
 # 4, 8 lanes), as if a thread's copies completed one after another; TSR_CUDA_DW_PWARPS=2 (the wgmma product's tiles
-# and words from two warps) gained 4-6 % at 96-512 rows. Measured here, in order:
+# and words from two warps, now the default) gained 3-6 % at 96-512 rows. Measured here, in order:
 # 1. test_cuda with the new settings: the product's lanes taking turns a stage (TSR_CUDA_DW_PLANES), the bulk GEMV's
 #    lanes taking turns a unit (TSR_CUDA_GEMV_PLANES, with one row on the bulk GEMV and XR from 9 rows);
 # 2. the product's least µs a matrix at 96 rows under each;
@@ -16,6 +16,7 @@ m8=/tmp/llama8b-4.0
 synth_8b $m8 > /dev/null 2>&1
 echo "synth done (at $SECONDS s)"
 dw=1 gv=1
+test_cuda_one default 120 # two producer warps in the product are now the default
 test_cuda_one dwplanes 120 TSR_CUDA_DQ_WGMMA=1 TSR_CUDA_DW_PWARPS=2 TSR_CUDA_DW_PLANES=4 || dw=0
 test_cuda_one dwplanes8 120 TSR_CUDA_DQ_WGMMA=1 TSR_CUDA_DW_PWARPS=3 TSR_CUDA_DW_PLANES=8 || dw=0
 test_cuda_one gemvplanes 120 TSR_CUDA_GEMV_PLANES=4 TSR_CUDA_GEMV_BULK_MIN=1 TSR_CUDA_GEMV_XRING_MIN=9 || gv=0
@@ -36,7 +37,7 @@ bench() { # NAME ROWS ENVS (comma list): one decode line
 few="default:"
 [ $gv = 1 ] && few="$few gpl2:TSR_CUDA_GEMV_PLANES=2 gpl4:TSR_CUDA_GEMV_PLANES=4
   gpl4o:TSR_CUDA_GEMV_PLANES=4,TSR_CUDA_GEMV_HDR_ONCE=1 b1pl4:TSR_CUDA_GEMV_PLANES=4,TSR_CUDA_GEMV_BULK_MIN=1"
-many="pw1: pw2:TSR_CUDA_DW_PWARPS=2"
+many="pw1:TSR_CUDA_DW_PWARPS=1 pw2:TSR_CUDA_DW_PWARPS=2"
 [ $dw = 1 ] && many="$many pl2:TSR_CUDA_DW_PWARPS=2,TSR_CUDA_DW_PLANES=2 pl4:TSR_CUDA_DW_PWARPS=2,TSR_CUDA_DW_PLANES=4"
 for round in 1 2; do
   for v in $few; do bench "${v%%:*}-$round" 1,2,4,8,16,32,64 "${v#*:}"; done

@@ -661,14 +661,15 @@ static bool dw_twords(void)
     return on;
 }
 
-/* The producer's issuing warps (dw_produce): TSR_CUDA_DW_PWARPS=2 (tiles and words apart) or 3 (and the two units'
- * words apart); default 1, one warp issuing every copy. */
+/* The producer's issuing warps (dw_produce): 2 by default, tiles and words apart; TSR_CUDA_DW_PWARPS=1 one warp
+ * issuing every copy, =3 the two units' words apart too. Measured on the H100 (NOTES.md, stop 71): two warps against
+ * one, decode +3-6 % at 96-512 rows and a prefill in 512-token chunks +5.5 %; three the same as two. */
 static int dw_pwarps(void)
 {
     static const int n = [] {
         const char *v = getenv("TSR_CUDA_DW_PWARPS");
-        const int w = v ? atoi(v) : 1;
-        return w >= 1 && w <= 3 ? w : 1;
+        const int w = v ? atoi(v) : 2;
+        return w >= 1 && w <= 3 ? w : 2;
     }();
     return n;
 }
