@@ -12,8 +12,7 @@
 #      (TSR_CUDA_GEMV_HDR_ONCE=1, gemv.cu ft_issue; CTest test_cuda_hdronce), batch 4-32;
 #    - xpair: two units' activations in one copy through its ring (TSR_CUDA_GEMV_XPAIR=1, ft_issue_x; CTest
 #      test_cuda_xpair), alone and with once, at 24 and 64 rows, and with XR from 9 rows at 12 and 16;
-#    - twords: the wgmma product's words as one tensor copy a stage (TSR_CUDA_DW_TWORDS=1, gemm_dq_wgmma.cu; CTest
-#      test_cuda_dwtwords), at 96 and 128 rows;
+#    - twords (measured at stop 71, 7-10 % slower, and removed);
 #    - bulk1: one and two rows on the bulk GEMV with headers once (TSR_CUDA_GEMV_BULK_MIN=1 with once).
 # About 3-4 min on a warm machine (test_cuda ~15 s a run). Carry .parpack (TSR_GPUPACK_SLIM=1
 # tests/parallel/gpu-pack.sh here) and build-probe.
@@ -40,7 +39,6 @@ if test_cuda_one xpair 90 TSR_CUDA_GEMV_XPAIR=1 TSR_CUDA_GEMV_XRING_MIN=9; then
   dec xpo 12,16,24,64 TSR_CUDA_GEMV_XPAIR=1 TSR_CUDA_GEMV_HDR_ONCE=1
   dec xpo9 12,16 TSR_CUDA_GEMV_XPAIR=1 TSR_CUDA_GEMV_HDR_ONCE=1 TSR_CUDA_GEMV_XRING_MIN=9
 fi
-test_cuda_one twords 90 TSR_CUDA_DQ_WGMMA=1 TSR_CUDA_DW_TWORDS=1 && dec tw 96,128 TSR_CUDA_DW_TWORDS=1
 test_cuda_one bulk1 90 TSR_CUDA_GEMV_BULK_MIN=1 TSR_CUDA_GEMV_HDR_ONCE=1 &&
   dec b1once 1,2 TSR_CUDA_GEMV_BULK_MIN=1 TSR_CUDA_GEMV_HDR_ONCE=1
 dec again 1,4,8,16,24,64,96 # the default once more: the spread of the call

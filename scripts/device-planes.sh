@@ -8,7 +8,7 @@
 # 2. the product's least µs a matrix at 96 rows under each;
 # 3. decode at 1-64 rows (the bulk GEMV) and 65-512 (the product), and a 2048-token prefill in chunks of 512,
 #    interleaved over two rounds.
-# About 4-5 min on a warm machine. Carry .parpack (TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh here).
+# About 3-4 min on a warm machine. Carry .parpack (TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh here).
 set -u
 . tests/parallel/gpu-env.sh >/dev/null
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -18,15 +18,11 @@ echo "synth done (at $SECONDS s)"
 dw=1 gv=1
 test_cuda_one default 120 # two producer warps in the product are now the default
 test_cuda_one dwplanes 120 TSR_CUDA_DQ_WGMMA=1 TSR_CUDA_DW_PWARPS=2 TSR_CUDA_DW_PLANES=4 || dw=0
-test_cuda_one dwplanes8 120 TSR_CUDA_DQ_WGMMA=1 TSR_CUDA_DW_PWARPS=3 TSR_CUDA_DW_PLANES=8 || dw=0
 test_cuda_one gemvplanes 120 TSR_CUDA_GEMV_PLANES=4 TSR_CUDA_GEMV_BULK_MIN=1 TSR_CUDA_GEMV_XRING_MIN=9 || gv=0
-test_cuda_one gemvpl2x 120 TSR_CUDA_GEMV_PLANES=2 TSR_CUDA_GEMV_XPAIR=1 TSR_CUDA_GEMV_XRING_MIN=9 || gv=0
 grep -hE '^\[  FAILED|ERROR|FAIL' "$OUT"/t-*.log | head -20
 dq_step $m8 96 d96 TSR_CUDA_DW_PWARPS=2
 if [ $dw = 1 ]; then
-  dq_step $m8 96 pl2-96 TSR_CUDA_DW_PWARPS=2 TSR_CUDA_DW_PLANES=2
   dq_step $m8 96 pl4-96 TSR_CUDA_DW_PWARPS=2 TSR_CUDA_DW_PLANES=4
-  dq_step $m8 96 pl8-96 TSR_CUDA_DW_PWARPS=2 TSR_CUDA_DW_PLANES=8
 fi
 bench() { # NAME ROWS ENVS (comma list): one decode line
   env ${3//,/ } timeout 120 "$bin" bench --model $m8 --device cuda --batch "$2" --prompt-len 64 --gen 32 \
@@ -35,10 +31,9 @@ bench() { # NAME ROWS ENVS (comma list): one decode line
     "(at $SECONDS s)"
 }
 few="default:"
-[ $gv = 1 ] && few="$few gpl2:TSR_CUDA_GEMV_PLANES=2 gpl4:TSR_CUDA_GEMV_PLANES=4
-  gpl4o:TSR_CUDA_GEMV_PLANES=4,TSR_CUDA_GEMV_HDR_ONCE=1 b1pl4:TSR_CUDA_GEMV_PLANES=4,TSR_CUDA_GEMV_BULK_MIN=1"
+[ $gv = 1 ] && few="$few gpl4:TSR_CUDA_GEMV_PLANES=4 b1pl4:TSR_CUDA_GEMV_PLANES=4,TSR_CUDA_GEMV_BULK_MIN=1"
 many="pw1:TSR_CUDA_DW_PWARPS=1 pw2:TSR_CUDA_DW_PWARPS=2"
-[ $dw = 1 ] && many="$many pl2:TSR_CUDA_DW_PWARPS=2,TSR_CUDA_DW_PLANES=2 pl4:TSR_CUDA_DW_PWARPS=2,TSR_CUDA_DW_PLANES=4"
+[ $dw = 1 ] && many="$many pl4:TSR_CUDA_DW_PWARPS=2,TSR_CUDA_DW_PLANES=4"
 for round in 1 2; do
   for v in $few; do bench "${v%%:*}-$round" 1,2,4,8,16,32,64 "${v#*:}"; done
   for v in $many; do

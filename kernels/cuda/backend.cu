@@ -639,7 +639,6 @@ static void release_linear(tsr_linear *L)
     if (d->kind == TSR_LINEAR_EXL2) {
         cuda_release((void *)d->fw);
         cuda_release((void *)d->units);
-        cuda_release((void *)d->wmaps);
         tsr_cuda_forget_unit_order(d->uperm);
         cuda_release((void *)d->uperm);
         cuda_release((void *)d->uinv);

@@ -41,7 +41,6 @@ void *tsr_cuda_scratch_try(int slot, size_t bytes);
 }
 #endif
 
-#define TSR_LINEAR_RUNS 6 /* EXL2's widths: 2, 3, 4, 5, 6 and 8 bits */
 
 /* Device mirror of a linear layer (tsr_linear.dev). */
 struct tsr_linear_dev {
@@ -54,12 +53,6 @@ struct tsr_linear_dev {
     int n_units;            /* Kp = 32 n_units rows in unit order */
     int n_groups;           /* G: the groups of the scale codes (or GPTQ's scales), in unit order (0 where unknown) */
     int uperm_identity;     /* 1: uperm[k] = k for all k < Kp = K (unit order is input order, no padding rows) */
-    /* the wgmma product's words by tensor copy (TSR_CUDA_DW_TWORDS, gemm_dq_wgmma.cu): runs of consecutive units of
-     * one width, run r being units run_u0[r] .. run_u0[r + 1] - 1, and wmaps (device memory: n_runs CUtensorMaps)
-     * their 3D maps; n_runs 0 and wmaps NULL where not asked for, or the matrix has more than TSR_LINEAR_RUNS runs */
-    int n_runs;
-    int run_u0[TSR_LINEAR_RUNS + 1];
-    const void *wmaps;
     const int32_t *uinv;    /* [K]: the unit row of each input row, for a matrix whose producer scatters its staged
                              * activations (o, after the attention merge: stage_ahead.cuh); NULL elsewhere */
     const uint32_t *q_scale;/* [G][Npad/8] 4-bit scale codes (EXL2) */

@@ -119,7 +119,5 @@ tsr_status tsr_cuda_exl2_pack(const tsr_qmatrix *q, const int32_t *cols, int row
     TSR_CUDA_CHECK(cudaFree(qw));
     TSR_CUDA_CHECK(cudaFree(pud));
     TSR_CUDA_CHECK(cudaFree(dcols));
-    if (!tsr_cuda_dw_word_maps(d, units.data(), dev_alloc))
-        return tsr_fail(TSR_ERR_NOMEM, "out of device memory uploading weights");
     return TSR_OK;
 }

@@ -8,19 +8,13 @@ extern "C" {
 #include "runtime/exl2.h"
 }
 
-/* Fills d->fw, d->units, d->uperm and d->n_units from q (EXL2 or GPTQ), and the wgmma product's word maps where asked
- * for (d->n_runs, d->run_u0, d->wmaps: tsr_cuda_dw_word_maps), allocating with dev_alloc (the backend's accounted
- * allocator; the caller frees fw, units, uperm and wmaps). cols (host, q->N entries, or NULL for the
+/* Fills d->fw, d->units, d->uperm and d->n_units from q (EXL2 or GPTQ), allocating with dev_alloc (the backend's
+ * accounted allocator; the caller frees fw, units and uperm). cols (host, q->N entries, or NULL for the
  * file's order): device column j holds file column cols[j]. rows_in_order: the input arrives in stored-row order, so
  * uperm names stored rows instead of q->perm's original ones. A temporary buffer of q's packed size is held while
  * the repacking kernel runs. Returns TSR_ERR_NOMEM when device memory runs out; the device work is synchronized
  * before returning. */
 tsr_status tsr_cuda_exl2_pack(const tsr_qmatrix *q, const int32_t *cols, int rows_in_order, tsr_linear_dev *d,
                               void *(*dev_alloc)(size_t));
-/* Where TSR_CUDA_DW_TWORDS=1 asks for them (gemm_dq_wgmma.cu), d's runs of units of one width (d->n_runs, d->run_u0)
- * and their words' tensor maps in device memory from dev_alloc (d->wmaps), once its words are packed (units: the host
- * copy of d->units); else, or where the matrix has more runs than TSR_LINEAR_RUNS or the driver has no encoder, none
- * (n_runs 0, wmaps NULL). Returns false when dev_alloc fails. */
-bool tsr_cuda_dw_word_maps(tsr_linear_dev *d, const uint2 *units, void *(*dev_alloc)(size_t));
 
 #endif

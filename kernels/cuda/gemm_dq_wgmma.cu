@@ -18,11 +18,11 @@
  * the wgmma's in flight), issues two wgmma's and waits until at most that pair is in flight, so each unit's decode
  * overlaps the tensor cores' work on the one before.
  *
- * The copies: a third warpgroup, whose first warp issues them (its registers go to the consumers by setmaxnreg). A
+ * The copies: a third warpgroup, whose first two warps issue them (its registers go to the consumers by setmaxnreg). A
  * stage's activation tile arrives by one tensor copy into the 128-byte swizzle (wgmma.cuh), DW_AST tiles in flight
  * (DW_AST_FEW at few rows); its words (per unit one piece: the block's four column blocks) by bulk copies, DW_WST
- * stages in flight, or with TSR_CUDA_DW_TWORDS=1 a stage's two units by one tensor copy where they share a width
- * (every copy costs an SM ~0.24 µs up to ~4 KB, NOTES.md, stop 69); the groups' parameters (scale codes, and the
+ * stages in flight (a thread's copies complete about one every 0.3 µs up to a few KB, NOTES.md, stops 69 and 71: so
+ * the first warp issues the tiles and the second the rest, dw_produce); the groups' parameters (scale codes, and the
  * EXL2 scale tables or GPTQ's scales) 16 groups at a time with the words of the stage where they begin (one copy per
  * unit cost 13 %, stop 56). Each is issued as soon as the consumers release the stage that used its buffer.
  * TSR_CUDA_DW_DIAG times parts of the kernel (dw_diag, wrong results). Output: y = product + beta · y, fp32 or fp16,
@@ -57,8 +57,6 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <vector>
 
 #define DW_THREADS   256 /* two warpgroups of consumers */
 #define DW_PRODUCER  128 /* a third warpgroup, of which one warp (or 2-3: dw_produce) issues the copies; its
@@ -99,8 +97,6 @@ struct dw_parts {
     float *part[TSR_GEMV_MAX_PARTS];  /* split z of part p: part[p] + z · M · N, reduced by dw_reduce_kernel */
     CUtensorMap codes[TSR_GEMV_MAX_PARTS];  /* each part's scale codes (GPTQ: zero codes), boxes of DW_GB groups */
     CUtensorMap scales[TSR_GEMV_MAX_PARTS]; /* GPTQ: each part's fp16 scales, boxes of DW_GB groups */
-    int twords; /* a stage's words as one tensor copy where its units share a run (dw_issue_words; every part has
-                 * L.wmaps) */
     int pwarps; /* the producer's issuing warps, 1-3 (dw_produce; TSR_CUDA_DW_PWARPS) */
     int planes; /* the lanes that take turns a stage at each copy, 1, 2, 4 or 8 (dw_produce; TSR_CUDA_DW_PLANES) */
 };
@@ -201,14 +197,6 @@ __device__ __forceinline__ void dw_tma(uint32_t dst, const CUtensorMap *map, int
         "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
         : "memory");
 }
-/* The box at {c0, c1, c2} of a 3D tensor map (in global memory) into dst, counted by bar (a stage's words, twords). */
-__device__ __forceinline__ void dw_tma3(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, uint32_t bar)
-{
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
-                 "%4}], [%5];\n" ::"r"(dst),
-                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-                 : "memory");
-}
 /* bytes (a multiple of 16) from global src to shared dst, counted by bar */
 __device__ __forceinline__ void dw_bulk(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
 {
@@ -251,48 +239,35 @@ template <int R> __device__ __forceinline__ void dw_mma(float (&acc)[R / 2], con
         wg_mma_rs256k(acc, a, b);
 }
 
-/* Where unit 1 of a stage lies in its words' buffer, in words: after DW_CBS column blocks of the widest units, or
- * with twords after those of unit 0's width bits0, where one tensor copy puts it. */
-__device__ __forceinline__ int dw_unit1_at(int twords, int bits0)
-{
-    return twords ? DW_CBS * 32 * bits0 : DW_CBS * (DW_W_UNIT / 4);
-}
+/* Where unit 1 of a stage lies in its words' buffer, in words: after DW_CBS column blocks of the widest units. */
+#define DW_UNIT1_AT (DW_CBS * (DW_W_UNIT / 4))
 
 /* The producer warp: stage s's words and with them, where batch >= 0, the parameters of groups DW_GB batch.. (lane 2
  * the codes, lane 3 the tables or GPTQ scales); their barrier's count. The words of the block's column blocks of unit
- * ui (one piece of memory) come by lane ui's bulk copy into the stage's buffer (unit 1 at dw_unit1_at), or with twords,
- * where both units lie in one run of one width, by one tensor copy from lane 0 (column blocks past the matrix then
- * arrive as zeros): a copy costs an SM ~0.24 µs whatever its size up to ~4 KB (NOTES.md, stop 69), and its issuing
+ * ui (one piece of memory) come by lane ui's bulk copy into the stage's buffer (unit 1 at DW_UNIT1_AT; one tensor copy
+ * of both where they share a width was 7-10 % slower, stop 71): a copy costs an SM ~0.24 µs whatever its size up to ~4 KB (NOTES.md, stop 69), and its issuing
  * thread about as much (stop 71: a block's rate grows with its issuing lanes, 2 KB copies at 0.72, 1.30, 2.11 TB/s
  * from 1, 2, 4 lanes of one warp). Lanes r0..r0 + 3 take the four roles above (0: unit 0, 1: unit 1, 2: codes, 3:
  * tables), the warp issuing those in `roles` (bit r: role r; the others are another warp's), and lane 0 arrives on
  * bar expecting their bytes. */
 template <bool GPTQ>
 __device__ __forceinline__ void dw_issue_words(const tsr_linear_dev &L, const CUtensorMap *codes,
-                                               const CUtensorMap *scales, int twords, const uint2 *rec, int s,
+                                               const CUtensorMap *scales, const uint2 *rec, int s,
                                                int batch, int cb0, uint32_t w_at, uint32_t p_base, uint32_t t_base,
                                                uint32_t bar, int lane, int r0, unsigned roles)
 {
     const int u0 = 2 * s, nu = min(2, L.n_units - u0), cbs = min(DW_CBS, L.Npad / 32 - cb0);
-    const int g0 = DW_GB * batch, slot0 = g0 % DW_P_SLOTS, bits0 = (int)(rec[u0].y >> 24);
-    int run = -1; /* twords: the run of one width that holds both units */
-    if (twords && nu == 2)
-        for (int r = 0; r < L.n_runs; r++)
-            if (u0 >= L.run_u0[r] && u0 + 1 < L.run_u0[r + 1]) run = r;
+    const int g0 = DW_GB * batch, slot0 = g0 % DW_P_SLOTS;
     uint32_t bytes = 0, dst = 0;
     const void *src = NULL;
     const int r = lane - r0; /* the lane's role: 0-3 for lanes r0..r0 + 3, none for the others */
     if (r < 0 || r > 3 || !((roles >> r) & 1u)) {
-    } else if (r <= 1) {
-        if (run >= 0) {
-            if (r == 0) bytes = 2u * DW_CBS * 128u * (uint32_t)bits0, dst = w_at;
-        } else if (r < nu) {
-            const uint2 e = rec[u0 + r];
-            const int bits = (int)(e.y >> 24);
-            bytes = 128u * (uint32_t)(bits * cbs);
-            src = L.fw + e.x + (size_t)cb0 * 32 * bits;
-            dst = w_at + (uint32_t)(r * 4 * dw_unit1_at(twords, bits0));
-        }
+    } else if (r < nu) {
+        const uint2 e = rec[u0 + r];
+        const int bits = (int)(e.y >> 24);
+        bytes = 128u * (uint32_t)(bits * cbs);
+        src = L.fw + e.x + (size_t)cb0 * 32 * bits;
+        dst = w_at + (uint32_t)(r * 4 * DW_UNIT1_AT);
     } else if (r == 2 && batch >= 0) {
         bytes = DW_GB * 64;
     } else if (r == 3 && batch >= 0) {
@@ -305,9 +280,7 @@ __device__ __forceinline__ void dw_issue_words(const tsr_linear_dev &L, const CU
     for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
     if (lane == 0) dw_bar_expect(bar, total);
     __syncwarp();
-    if (r == 0 && run >= 0 && bytes)
-        dw_tma3(dst, (const CUtensorMap *)L.wmaps + run, 0, cb0, u0 - L.run_u0[run], bar);
-    else if (r == 2 && bytes)
+    if (r == 2 && bytes)
         dw_tma(p_base + (uint32_t)slot0 * 64, codes, 4 * cb0, g0, bar);
     else if (r == 3 && bytes && GPTQ)
         dw_tma(dst, scales, 32 * cb0, g0, bar);
@@ -392,7 +365,7 @@ __device__ __forceinline__ void dw_store_staged(const float (&acc)[R / 2], bool 
  * pw: this warp's index in the producer warpgroup. */
 template <bool GPTQ, int DG, int R, int AST>
 __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtensorMap *map, const CUtensorMap *codes,
-                                           const CUtensorMap *scales, int twords, const uint2 *rec, int m0, int cb0,
+                                           const CUtensorMap *scales, const uint2 *rec, int m0, int cb0,
                                            uint32_t a_base, int s0, int n_local, int pwarps, int planes,
                                            int pw)
 {
@@ -415,7 +388,7 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
             if (lane == 0) dw_bar_arrive(full_w + 8 * (t % DW_WST));
             return;
         }
-        dw_issue_words<GPTQ>(L, codes, scales, twords, rec, s, DG == DG_NOPARAMS && t > 0 ? -1 : batch, cb0,
+        dw_issue_words<GPTQ>(L, codes, scales, rec, s, DG == DG_NOPARAMS && t > 0 ? -1 : batch, cb0,
                              a_base + DW_W_OFF + (t % DW_WST) * DW_W_BYTES, a_base + DW_P_OFF, a_base + DW_T_OFF,
                              full_w + 8 * (t % DW_WST), lane, 4 * (t % planes), roles);
     };
@@ -440,7 +413,7 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
  * DG: a diagnostic (dw_diag) in place of the full work. */
 template <bool GPTQ, int CT, int DG, int R, int AST>
 __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, float beta, int y_half, int staged,
-                                       int twords, unsigned char *smem, uint32_t a_base, const uint2 *rec, int m0,
+                                       unsigned char *smem, uint32_t a_base, const uint2 *rec, int m0,
                                        int cb0, unsigned s0, unsigned n_local)
 {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, cbl = warp & 3;
@@ -468,7 +441,7 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
     /* unit u (ui of the range's stage s, whose buffers are the ring's s-th): decode into a, then its two wgmma's */
     auto unit = [&](unsigned s, unsigned u, unsigned ui, bool fresh, uint32_t (&a)[2][4]) {
         const uint32_t *slot = w_ring + (s % DW_WST) * 2 * DW_CBS * (DW_W_UNIT / 4) +
-                               (ui ? dw_unit1_at(twords, (int)(rec[u - 1].y >> 24)) : 0);
+                               (ui ? DW_UNIT1_AT : 0);
         if (DG == DG_NODECODE) { /* ones (wrong results) */
 #pragma unroll
             for (int ks = 0; ks < 2; ks++)
@@ -600,7 +573,7 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         const int pw = (int)(threadIdx.x - DW_THREADS) / 32;
         if (pw < P.pwarps)
-            dw_produce<GPTQ, DG, R, AST>(L, &xmap, &P.codes[p], &P.scales[p], P.twords, rec, m0, cb0, a_base, s0,
+            dw_produce<GPTQ, DG, R, AST>(L, &xmap, &P.codes[p], &P.scales[p], rec, m0, cb0, a_base, s0,
                                          n_local, P.pwarps, P.planes, pw);
         else
             tsr_pdl_wait();
@@ -609,10 +582,10 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     tsr_pdl_wait(); /* before the stores (the kernel before may still read y) */
     if (threadIdx.x < 128)
-        dw_run<GPTQ, 0, DG, R, AST>(L, M, y, beta, y_half, staged, P.twords, smem, a_base, rec, m0, cb0, (unsigned)s0,
+        dw_run<GPTQ, 0, DG, R, AST>(L, M, y, beta, y_half, staged, smem, a_base, rec, m0, cb0, (unsigned)s0,
                                (unsigned)n_local);
     else
-        dw_run<GPTQ, 1, DG, R, AST>(L, M, y, beta, y_half, staged, P.twords, smem, a_base, rec, m0, cb0, (unsigned)s0,
+        dw_run<GPTQ, 1, DG, R, AST>(L, M, y, beta, y_half, staged, smem, a_base, rec, m0, cb0, (unsigned)s0,
                                (unsigned)n_local);
 #endif
 }
@@ -653,14 +626,6 @@ static void dw_map_2d(CUtensorMap *map, CUtensorMapDataType t, const void *base,
         tsr_cuda_fatal(__FILE__, __LINE__, what);
 }
 
-/* Whether a stage's words come as one tensor copy where its two units share a run of one width (dw_issue_words):
- * TSR_CUDA_DW_TWORDS=1 (default 0: a bulk copy a unit). Read when the weights are packed (tsr_cuda_dw_word_maps). */
-static bool dw_twords(void)
-{
-    static const bool on = tsr_cuda_env_on("TSR_CUDA_DW_TWORDS");
-    return on;
-}
-
 /* The producer's issuing warps (dw_produce): 2 by default, tiles and words apart; TSR_CUDA_DW_PWARPS=1 one warp
  * issuing every copy, =3 the two units' words apart too. Measured on the H100 (NOTES.md, stop 71): two warps against
  * one, decode +3-6 % at 96-512 rows and a prefill in 512-token chunks +5.5 %; three the same as two. */
@@ -683,42 +648,6 @@ static int dw_planes(void)
         return k == 2 || k == 4 || k == 8 ? k : 1;
     }();
     return n;
-}
-
-bool tsr_cuda_dw_word_maps(tsr_linear_dev *d, const uint2 *units, void *(*dev_alloc)(size_t))
-{
-    d->n_runs = 0, d->wmaps = NULL;
-    if (!dw_twords() || !dw_encoder() || d->n_units == 0) return true;
-    std::vector<int> bits_of;
-    for (size_t u = 0; u < (size_t)d->n_units; u++) {
-        const int bits = (int)(units[u].y >> 24);
-        if (u > 0 && bits == (int)(units[u - 1].y >> 24)) continue;
-        if ((int)bits_of.size() == TSR_LINEAR_RUNS) return true; /* more runs than the mirror holds: none */
-        d->run_u0[bits_of.size()] = (int)u;
-        bits_of.push_back(bits);
-    }
-    const int n = (int)bits_of.size();
-    d->run_u0[n] = d->n_units; /* n_runs stays 0 until the maps are in place */
-    /* run r as words × column blocks × units: 32 · bits words of a (unit, column block), Npad / 32 column blocks of
-     * 128 · bits bytes, units Npad · 4 · bits bytes apart; boxes of DW_CBS column blocks × 2 units */
-    std::vector<CUtensorMap> maps((size_t)n);
-    for (int r = 0; r < n; r++) {
-        const int bits = bits_of[(size_t)r];
-        const cuuint64_t dims[3] = {(cuuint64_t)(32 * bits), (cuuint64_t)(d->Npad / 32),
-                                    (cuuint64_t)(d->run_u0[r + 1] - d->run_u0[r])};
-        const cuuint64_t strides[2] = {(cuuint64_t)128 * bits, (cuuint64_t)d->Npad * 4 * bits};
-        const cuuint32_t box[3] = {(cuuint32_t)(32 * bits), DW_CBS, 2}, step[3] = {1, 1, 1};
-        if (dw_encoder()(&maps[(size_t)r], CU_TENSOR_MAP_DATA_TYPE_UINT32, 3,
-                         (void *)(d->fw + units[(size_t)d->run_u0[r]].x), dims, strides, box, step,
-                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-            return true; /* a run the encoder refuses (e.g. one unit, shorter than a box): bulk copies throughout */
-    }
-    void *dev = dev_alloc(maps.size() * sizeof(CUtensorMap)); /* cudaMalloc's 256-byte alignment: maps want 64 */
-    if (!dev) return false;
-    TSR_CUDA_CHECK(cudaMemcpy(dev, maps.data(), maps.size() * sizeof(CUtensorMap), cudaMemcpyHostToDevice));
-    d->wmaps = dev, d->n_runs = n;
-    return true;
 }
 
 /* The diagnostic asked for by TSR_CUDA_DW_DIAG=nodecode, copy, copyact, copywords, mma, mmaraw, noparams, actonly or
@@ -1006,9 +935,6 @@ int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, i
     }
     parts.pwarps = dw_pwarps();
     parts.planes = dw_planes();
-    parts.twords = 1; /* where every part has its words' maps */
-    for (int i = 0; i < n; i++)
-        if (!L[i]->wmaps) parts.twords = 0;
     if (L[0]->gptq)
         dw_launch_variant<true>(parts, map, M, L[0]->n_units, beta, y_half, rows);
     else
