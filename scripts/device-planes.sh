@@ -6,8 +6,8 @@
 # 1. test_cuda with the new settings: the product's lanes taking turns a stage (TSR_CUDA_DW_PLANES), the bulk GEMV's
 #    lanes taking turns a unit (TSR_CUDA_GEMV_PLANES, with one row on the bulk GEMV and XR from 9 rows);
 # 2. the product's least µs a matrix at 96 rows under each;
-# 3. decode at 1-64 rows (the bulk GEMV) and 65-512 (the product), and a 2048-token prefill in chunks of 512,
-#    interleaved over two rounds.
+# 3. decode at 1-64 rows (the bulk GEMV) and 65-512 (the product), and a 2048-token prefill in chunks of 512, then
+#    the defaults once more for the call's spread.
 # About 3-4 min on a warm machine. Carry .parpack (TSR_GPUPACK_SLIM=1 tests/parallel/gpu-pack.sh here).
 set -u
 . tests/parallel/gpu-env.sh >/dev/null
@@ -34,7 +34,8 @@ few="default:"
 [ $gv = 1 ] && few="$few gpl4:TSR_CUDA_GEMV_PLANES=4 b1pl4:TSR_CUDA_GEMV_PLANES=4,TSR_CUDA_GEMV_BULK_MIN=1"
 many="pw1:TSR_CUDA_DW_PWARPS=1 pw2:TSR_CUDA_DW_PWARPS=2"
 [ $dw = 1 ] && many="$many pl4:TSR_CUDA_DW_PWARPS=2,TSR_CUDA_DW_PLANES=4"
-for round in 1 2; do
+# one round and the defaults again (device time was short at stop 71): TSR_PLANES_ROUNDS=2 for two
+for round in $(seq "${TSR_PLANES_ROUNDS:-1}"); do
   for v in $few; do bench "${v%%:*}-$round" 1,2,4,8,16,32,64 "${v#*:}"; done
   for v in $many; do
     bench "${v%%:*}-$round" 65,96,128,256,512 "${v#*:}"
@@ -44,4 +45,6 @@ for round in 1 2; do
       --max-tokens 512 2>&1 | tail -1
   done
 done
+bench default-again 1,2,4,8,16,32,64 ""
+bench pw2-again 65,96,128,256,512 TSR_CUDA_DW_PWARPS=2
 echo "end (at $SECONDS s)"
