@@ -59,8 +59,8 @@
 #include <string.h>
 
 #define DW_THREADS   256 /* two warpgroups of consumers */
-#define DW_PRODUCER  128 /* a third warpgroup, of which one warp (or 2-3: dw_produce) issues the copies; its
-                          * registers go to the consumers (setmaxnreg) */
+#define DW_PRODUCER  128 /* a third warpgroup, of which two warps issue the copies (dw_produce); its registers go
+                          * to the consumers (setmaxnreg) */
 #define DW_ROWS      256 /* activation rows per block at most: the wgmma's N (fewer where M fits: dw_rows) */
 #define DW_CBS       4   /* column blocks of 32 per block, one per warp of a warpgroup */
 #define DW_A_BYTES   (DW_ROWS * 128)          /* a stage's activations: 256 rows × 64 halves (a block of fewer
@@ -97,8 +97,7 @@ struct dw_parts {
     float *part[TSR_GEMV_MAX_PARTS];  /* split z of part p: part[p] + z · M · N, reduced by dw_reduce_kernel */
     CUtensorMap codes[TSR_GEMV_MAX_PARTS];  /* each part's scale codes (GPTQ: zero codes), boxes of DW_GB groups */
     CUtensorMap scales[TSR_GEMV_MAX_PARTS]; /* GPTQ: each part's fp16 scales, boxes of DW_GB groups */
-    int pwarps; /* the producer's issuing warps, 1-3 (dw_produce; TSR_CUDA_DW_PWARPS) */
-    int planes; /* the lanes that take turns a stage at each copy, 1, 2, 4 or 8 (dw_produce; TSR_CUDA_DW_PLANES) */
+    int pwarps; /* the producer's issuing warps, 1 or 2 (dw_produce; TSR_CUDA_DW_PWARPS) */
 };
 
 /* The rings: DW_AST activation tiles in flight and DW_WST stages of words, which run DW_WST - DW_AST stages ahead of
@@ -245,32 +244,28 @@ template <int R> __device__ __forceinline__ void dw_mma(float (&acc)[R / 2], con
 /* The producer warp: stage s's words and with them, where batch >= 0, the parameters of groups DW_GB batch.. (lane 2
  * the codes, lane 3 the tables or GPTQ scales); their barrier's count. The words of the block's column blocks of unit
  * ui (one piece of memory) come by lane ui's bulk copy into the stage's buffer (unit 1 at DW_UNIT1_AT; one tensor copy
- * of both where they share a width was 7-10 % slower, stop 71): a copy costs an SM ~0.24 µs whatever its size up to ~4 KB (NOTES.md, stop 69), and its issuing
- * thread about as much (stop 71: a block's rate grows with its issuing lanes, 2 KB copies at 0.72, 1.30, 2.11 TB/s
- * from 1, 2, 4 lanes of one warp). Lanes r0..r0 + 3 take the four roles above (0: unit 0, 1: unit 1, 2: codes, 3:
- * tables), the warp issuing those in `roles` (bit r: role r; the others are another warp's), and lane 0 arrives on
- * bar expecting their bytes. */
+ * of both where they share a width was 7-10 % slower, stop 71). Lane 0 arrives on bar expecting their bytes. A
+ * thread's copies complete about one every 0.3 µs whatever their size up to a few KB (NOTES.md, stops 69 and 71), so
+ * each lane issues one copy a stage at most. */
 template <bool GPTQ>
 __device__ __forceinline__ void dw_issue_words(const tsr_linear_dev &L, const CUtensorMap *codes,
                                                const CUtensorMap *scales, const uint2 *rec, int s,
                                                int batch, int cb0, uint32_t w_at, uint32_t p_base, uint32_t t_base,
-                                               uint32_t bar, int lane, int r0, unsigned roles)
+                                               uint32_t bar, int lane)
 {
     const int u0 = 2 * s, nu = min(2, L.n_units - u0), cbs = min(DW_CBS, L.Npad / 32 - cb0);
     const int g0 = DW_GB * batch, slot0 = g0 % DW_P_SLOTS;
     uint32_t bytes = 0, dst = 0;
     const void *src = NULL;
-    const int r = lane - r0; /* the lane's role: 0-3 for lanes r0..r0 + 3, none for the others */
-    if (r < 0 || r > 3 || !((roles >> r) & 1u)) {
-    } else if (r < nu) {
-        const uint2 e = rec[u0 + r];
+    if (lane < nu) {
+        const uint2 e = rec[u0 + lane];
         const int bits = (int)(e.y >> 24);
         bytes = 128u * (uint32_t)(bits * cbs);
         src = L.fw + e.x + (size_t)cb0 * 32 * bits;
-        dst = w_at + (uint32_t)(r * 4 * DW_UNIT1_AT);
-    } else if (r == 2 && batch >= 0) {
+        dst = w_at + (uint32_t)(lane * 4 * DW_UNIT1_AT);
+    } else if (lane == 2 && batch >= 0) {
         bytes = DW_GB * 64;
-    } else if (r == 3 && batch >= 0) {
+    } else if (lane == 3 && batch >= 0) {
         bytes = GPTQ ? DW_GB * 256 : 64u * (uint32_t)min(DW_GB, L.n_groups - g0);
         src = L.s_table + (size_t)g0 * 16; /* read for EXL2 only: GPTQ's scales come by a tensor copy below */
         dst = t_base + (uint32_t)slot0 * (GPTQ ? 256 : 64);
@@ -280,9 +275,9 @@ __device__ __forceinline__ void dw_issue_words(const tsr_linear_dev &L, const CU
     for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
     if (lane == 0) dw_bar_expect(bar, total);
     __syncwarp();
-    if (r == 2 && bytes)
+    if (lane == 2 && bytes)
         dw_tma(p_base + (uint32_t)slot0 * 64, codes, 4 * cb0, g0, bar);
-    else if (r == 3 && bytes && GPTQ)
+    else if (lane == 3 && bytes && GPTQ)
         dw_tma(dst, scales, 32 * cb0, g0, bar);
     else if (bytes)
         dw_bulk(dst, src, bytes, bar);
@@ -357,17 +352,15 @@ __device__ __forceinline__ void dw_store_staged(const float (&acc)[R / 2], bool 
 /* The producer: stage s's activation tile and the words and parameters of stage s + DW_WST - AST, as soon as the
  * consumers have released stage s - AST (whose tile buffer the one and whose words' buffer the other reuses). The
  * words thus run DW_WST - AST stages ahead of the tiles (AST: DW_AST, or DW_AST_FEW at few rows). With pwarps 1 the
- * producer's warp 0 issues them all; with 2, warp 0 the tiles and warp 1 the words and parameters; with 3, warp 1
- * issues unit 0's words and the parameters and warp 2 unit 1's words (both arrive on the words' full barrier). Each
- * warp waits on the empty barriers itself; none can fall a phase behind, since the consumers need its copies. With
- * `planes` P past 1, stage t's copies come from other lanes than stage t - 1's: its tile from lane t % P, its words'
- * roles from lanes 4 (t % P)... (dw_issue_words), as a thread's copies seem to complete one after another (stop 71).
- * pw: this warp's index in the producer warpgroup. */
+ * producer's warp 0 issues them all (lane 0 the tile and unit 0's words); with 2, warp 0 the tiles and warp 1 the
+ * words and parameters, as a thread's copies seem to complete one after another (stop 71: decode +10-14 % at 65-512
+ * rows). Each warp waits on the empty barriers itself; neither can fall a phase behind, since the consumers need
+ * both's copies. (A third warp for unit 1's words, and lanes taking turns a stage, gained nothing more: stop 71.) pw:
+ * this warp's index in the producer warpgroup. */
 template <bool GPTQ, int DG, int R, int AST>
 __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtensorMap *map, const CUtensorMap *codes,
                                            const CUtensorMap *scales, const uint2 *rec, int m0, int cb0,
-                                           uint32_t a_base, int s0, int n_local, int pwarps, int planes,
-                                           int pw)
+                                           uint32_t a_base, int s0, int n_local, int pwarps, int pw)
 {
     constexpr int AHEAD = DW_WST - AST, A_SLOT = DW_A_RING / AST;
     static_assert(R * 128 <= A_SLOT, "a tile fits its slot");
@@ -377,8 +370,7 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
     /* batches of group parameters issued so far, counted from the batch of the range's first unit (a range never
      * starts at a stage whose two units lie in two batches: dw_split_start) */
     int batches = n_local > 0 ? (int)(rec[2 * s0].y & 0xffffffu) / DW_GB : 0;
-    const bool tiles = pw == 0, issues_words = pwarps == 1 || pw > 0;
-    const unsigned roles = pwarps < 3 ? 0xfu : pw == 1 ? 0xdu : 0x2u;
+    const bool tiles = pw == 0, issues_words = pwarps == 1 || pw == 1;
     /* the ring's buffers are indexed by t, the stage's place in the block's range; the copies by s0 + t */
     auto words = [&](int t) {
         const int s = s0 + t, last = min(2 * s + 1, L.n_units - 1), grp = (int)(rec[last].y & 0xffffffu);
@@ -390,14 +382,14 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
         }
         dw_issue_words<GPTQ>(L, codes, scales, rec, s, DG == DG_NOPARAMS && t > 0 ? -1 : batch, cb0,
                              a_base + DW_W_OFF + (t % DW_WST) * DW_W_BYTES, a_base + DW_P_OFF, a_base + DW_T_OFF,
-                             full_w + 8 * (t % DW_WST), lane, 4 * (t % planes), roles);
+                             full_w + 8 * (t % DW_WST), lane);
     };
     if (issues_words)
         for (int t = 0; t < min(AHEAD, n_copied); t++) words(t);
     tsr_pdl_wait(); /* the weights are constant; the activations are the kernel before's output */
     for (int t = 0; t < n_copied; t++) {
         if (t >= AST) dw_bar_wait(empty + 8 * ((t - AST) % DW_WST), (uint32_t)((t - AST) / DW_WST) & 1u);
-        if (tiles && lane == t % planes) {
+        if (tiles && lane == 0) {
             const uint32_t bar = bars + 8 * (t % AST);
             dw_bar_expect(bar, DG == DG_COPY_WORDS ? 0u : (uint32_t)(R * 128));
             if (DG != DG_COPY_WORDS) dw_tma(a_base + (t % AST) * A_SLOT, map, 64 * (s0 + t), m0, bar);
@@ -559,9 +551,7 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
         beta = 0.0f, y_half = 0;
     }
     if (threadIdx.x == 0) {
-        for (int b = 0; b < DW_AST_FEW; b++) dw_bar_init(bars + 8 * b, 1); /* full: the producer's arrival */
-        for (int b = 0; b < DW_WST; b++) /* the words': that of each warp issuing them */
-            dw_bar_init(bars + 8 * (DW_AST_FEW + b), P.pwarps == 3 ? 2 : 1);
+        for (int b = 0; b < DW_AST_FEW + DW_WST; b++) dw_bar_init(bars + 8 * b, 1); /* full: the producer's arrival */
         for (int b = 0; b < DW_WST; b++)
             dw_bar_init(bars + 8 * (DW_AST_FEW + DW_WST + b), DW_THREADS / 32); /* empty: each consumer warp's */
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -574,7 +564,7 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
         const int pw = (int)(threadIdx.x - DW_THREADS) / 32;
         if (pw < P.pwarps)
             dw_produce<GPTQ, DG, R, AST>(L, &xmap, &P.codes[p], &P.scales[p], rec, m0, cb0, a_base, s0,
-                                         n_local, P.pwarps, P.planes, pw);
+                                         n_local, P.pwarps, pw);
         else
             tsr_pdl_wait();
         return;
@@ -627,27 +617,12 @@ static void dw_map_2d(CUtensorMap *map, CUtensorMapDataType t, const void *base,
 }
 
 /* The producer's issuing warps (dw_produce): 2 by default, tiles and words apart; TSR_CUDA_DW_PWARPS=1 one warp
- * issuing every copy, =3 the two units' words apart too. Measured on the H100 (NOTES.md, stop 71): two warps against
- * one, decode +3-6 % at 96-512 rows and a prefill in 512-token chunks +5.5 %; three the same as two. */
+ * issuing every copy. Measured on the H100 (NOTES.md, stop 71), two warps against one: decode +3-6 % at 96-512 rows
+ * in one call, +10-14 % at 65-512 in another, a prefill in 512-token chunks +5.5 %. */
 static int dw_pwarps(void)
 {
-    static const int n = [] {
-        const char *v = getenv("TSR_CUDA_DW_PWARPS");
-        const int w = v ? atoi(v) : 2;
-        return w >= 1 && w <= 3 ? w : 2;
-    }();
-    return n;
-}
-
-/* The producer's lanes taking turns a stage (dw_produce): TSR_CUDA_DW_PLANES=2, 4 or 8; default 1. */
-static int dw_planes(void)
-{
-    static const int n = [] {
-        const char *v = getenv("TSR_CUDA_DW_PLANES");
-        const int k = v ? atoi(v) : 1;
-        return k == 2 || k == 4 || k == 8 ? k : 1;
-    }();
-    return n;
+    static const bool one = getenv("TSR_CUDA_DW_PWARPS") && atoi(getenv("TSR_CUDA_DW_PWARPS")) == 1;
+    return one ? 1 : 2;
 }
 
 /* The diagnostic asked for by TSR_CUDA_DW_DIAG=nodecode, copy, copyact, copywords, mma, mmaraw, noparams, actonly or
@@ -934,7 +909,6 @@ int tsr_cuda_dq_wgmma(const tsr_linear_dev *const *L, int n, const __half *xp, i
                       CU_TENSOR_MAP_L2_PROMOTION_NONE, what);
     }
     parts.pwarps = dw_pwarps();
-    parts.planes = dw_planes();
     if (L[0]->gptq)
         dw_launch_variant<true>(parts, map, M, L[0]->n_units, beta, y_half, rows);
     else

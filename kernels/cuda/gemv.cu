@@ -55,7 +55,6 @@ struct fg_group {
     int n;
     int hdr_once; /* the bulk kernel: a group's scale codes and table copied with its first unit only (ft_hdr_once) */
     int x_pair;   /* the bulk kernel (XR): two units' activations in one copy (ft_x_pair) */
-    int planes;   /* the bulk kernel: producer lanes taking turns a unit, 1, 2 or 4 (ft_planes) */
 };
 
 /* The part of a grouped launch that block b belongs to: parts take consecutive stretches of their `blocks` blocks,
@@ -550,17 +549,14 @@ __global__ void __launch_bounds__((ft_consumers(NT) + 1) * 32, NT == 1 ? 2 : 1)
     __syncthreads();
     /* the weights are constant: the ring fills before waiting for the kernel that writes x (PDL) and while the
      * block stages x */
-    /* unit i's copies come from producer lane i % planes (a thread's copies seem to complete one after another: stop
-     * 71); the lanes' loops run apart */
-    const int planes = G.planes;
-    const bool producer = warp == NC && lane < planes;
+    const bool producer = warp == NC && lane == 0;
     if (producer)
-        for (int i = lane; i < min(nu, FT_RING); i += planes)
+        for (int i = 0; i < min(nu, FT_RING); i++)
             ft_issue<GPTQ, XR>(L, F, i, cbf, live, M, G.hdr_once, ft_x_bytes(i, nu, M, G.x_pair));
     if (XR) { /* no staging: the activations follow the weights through the ring once the kernel writing them is done */
         tsr_pdl_wait();
         if (producer)
-            for (int i = lane; i < min(nu, FT_RING); i += planes)
+            for (int i = 0; i < min(nu, FT_RING); i++)
                 ft_issue_x(P, F, u0, i, nu, M, G.x_pair);
     } else {
         fg_stage_block<NT == 1 && !HALF>(P, x, M, u0, nu, fg_smem, S0);
@@ -568,7 +564,7 @@ __global__ void __launch_bounds__((ft_consumers(NT) + 1) * 32, NT == 1 ? 2 : 1)
     }
     if (warp == NC) {
         if (producer)
-            for (int i = FT_RING + lane; i < nu; i += planes) {
+            for (int i = FT_RING; i < nu; i++) {
                 mbar_wait(&F.empty[i % FT_RING], (unsigned)(i / FT_RING - 1) & 1u);
                 ft_issue<GPTQ, XR>(L, F, i, cbf, live, M, G.hdr_once, ft_x_bytes(i, nu, M, G.x_pair));
                 if (!XR) continue;
@@ -680,18 +676,6 @@ static int ft_x_pair(void)
 {
     static const int on = tsr_cuda_env_on("TSR_CUDA_GEMV_XPAIR");
     return on;
-}
-
-/* The bulk kernel's producer lanes taking turns a unit (ft_issue from lane i % planes): TSR_CUDA_GEMV_PLANES=2 or 4
- * (FT_RING at most); default 1, one lane issuing every copy. */
-static int ft_planes(void)
-{
-    static const int n = [] {
-        const char *v = getenv("TSR_CUDA_GEMV_PLANES");
-        const int k = v ? atoi(v) : 1;
-        return k == 2 || k == 4 ? k : 1;
-    }();
-    return n;
 }
 
 /* Token tiles of 8 rows in the bulk kernel for M rows (1, 2, 3, 4 or 8; frag_gemv_kernel has no 3-tile instance
@@ -1131,7 +1115,6 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
     G.n = n;
     G.hdr_once = ft_hdr_once();
     G.x_pair = ft_x_pair();
-    G.planes = ft_planes();
     for (int i = 0; i < n; i++) {
         const tsr_linear_dev *L = Ls[i];
         const int col_blocks = (int)tsr_div_up(L->Npad, cols);
