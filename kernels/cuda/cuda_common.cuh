@@ -41,7 +41,6 @@ void *tsr_cuda_scratch_try(int slot, size_t bytes);
 }
 #endif
 
-
 /* Device mirror of a linear layer (tsr_linear.dev). */
 struct tsr_linear_dev {
     int kind;               /* TSR_LINEAR_DENSE or TSR_LINEAR_EXL2 */
