@@ -53,8 +53,6 @@ struct fg_part {
 struct fg_group {
     fg_part p[FG_MAX_PARTS];
     int n;
-    int hdr_once; /* the bulk kernel: a group's scale codes and table copied with its first unit only (ft_hdr_once) */
-    int x_pair;   /* the bulk kernel (XR): two units' activations in one copy (ft_x_pair) */
 };
 
 /* The part of a grouped launch that block b belongs to: parts take consecutive stretches of their `blocks` blocks,
@@ -393,55 +391,35 @@ static_assert(sizeof(ft_shared) % 16 == 0, "XR's activation slots follow ft_shar
  * entries of 8 bytes (fp16; fg_prestage_kernel's layout), so that no block stages its whole K range. */
 #define FT_X_WORDS (FT_MAX_M * 16)
 
-/* XR: slot s's activation area, after ft_shared: M × 16 words a slot, the slots packed, so that the activations
- * of units in consecutive slots (contiguous in fg_prestage_kernel's layout too) can come as one copy. */
-__device__ __forceinline__ uint32_t *ft_xslot(ft_shared &F, int s, int M)
+/* XR: slot s's activation area, after ft_shared. */
+__device__ __forceinline__ uint32_t *ft_xslot(ft_shared &F, int s)
 {
-    return (uint32_t *)(&F + 1) + s * M * 16;
-}
-static_assert(FT_RING % 2 == 0, "x_pair's two slots are neighbours");
-
-/* XR: the activation bytes that slot i % FT_RING's full barrier expects: its unit's, or where `pair` those of
- * units i and i + 1 for even i and none for odd i (their activations came with the even neighbour's, and the
- * consumers, taking the units in order, waited for that barrier first). */
-__device__ __forceinline__ unsigned ft_x_bytes(int i, int nu, int M, int pair)
-{
-    if (!pair) return (unsigned)M * 64u;
-    return (i & 1) ? 0u : (unsigned)M * 64u * (unsigned)min(2, nu - i);
+    return (uint32_t *)(&F + 1) + s * FT_X_WORDS;
 }
 
-/* XR: the activations of block unit i (block units start at unit u0 of the part; where `pair`, also of unit i + 1)
- * into slot i % FT_RING's activation area (and the next slot's); its full barrier already expects them (ft_issue).
- * Where `pair`, odd units copy nothing. */
-__device__ __forceinline__ void ft_issue_x(const fg_part &P, ft_shared &F, int u0, int i, int nu, int M, int pair)
+/* XR: the activations of block unit i (block units start at unit u0 of the part) into slot i % FT_RING's
+ * activation area; its full barrier already expects them (ft_issue). */
+__device__ __forceinline__ void ft_issue_x(const fg_part &P, ft_shared &F, int u0, int i, int M)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const int s = i % FT_RING;
-    const unsigned bytes = ft_x_bytes(i, nu, M, pair);
-    if (bytes) bulk_copy(ft_xslot(F, s, M), P.xs + (size_t)(u0 + i) * 2 * M * 4, bytes, &F.full[s]);
+    bulk_copy(ft_xslot(F, s), P.xs + (size_t)(u0 + i) * 2 * M * 4, (unsigned)M * 64u, &F.full[s]);
 #endif
 }
 
 /* Producer: unit i of the block (record m) into its ring slot, arming the slot's full barrier (XR: also for the
- * unit's activations, which ft_issue_x copies, after the PDL wait for the first slots). The group's scale codes and
- * table (its header) come with its first unit in the block where `once` (ft_hdr_once), else with every unit. The
- * consumers decode a header only where the group changes (ft_run), and each bulk copy costs an SM about 0.24 µs
- * whatever its size up to ~4 KB (scripts/bulk-probe.cu: 2 KB copies stream at ~1 TB/s over the chip, 8 KB ones at
- * 3.1), so two copies fewer a unit is most of a unit's time where groups span several units. */
+ * unit's activations, which ft_issue_x copies, after the PDL wait for the first slots). */
 template <bool GPTQ, bool XR>
-__device__ __forceinline__ void ft_issue(const tsr_linear_dev &L, ft_shared &F, int i, int cbf, int live, int M,
-                                         int once, unsigned xbytes)
+__device__ __forceinline__ void ft_issue(const tsr_linear_dev &L, ft_shared &F, int i, int cbf, int live, int M)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const uint2 m = F.meta[i];
     const int bits = GPTQ ? 4 : (int)(m.y >> 24), grp = (int)(m.y & 0xffffffu), s = i % FT_RING;
-    const bool hdr = !once || i == 0 || grp != (int)(F.meta[i - 1].y & 0xffffffu);
     uint32_t *slot = F.ring[s];
     const unsigned wbytes = (unsigned)live * 128u * (unsigned)bits, cbytes = (unsigned)live * 16u;
     const unsigned tbytes = GPTQ ? (unsigned)live * 64u : 64u;
-    mbar_expect_tx(&F.full[s], wbytes + (hdr ? cbytes + tbytes : 0u) + (XR ? xbytes : 0u));
+    mbar_expect_tx(&F.full[s], wbytes + cbytes + tbytes + (XR ? (unsigned)M * 64u : 0u));
     bulk_copy(slot, L.fw + m.x + (size_t)cbf * 32 * bits, wbytes, &F.full[s]);
-    if (!hdr) return;
     const uint32_t *codes = (GPTQ ? L.g_zeros : L.q_scale) + (size_t)grp * (L.Npad / 8) + 4 * cbf;
     bulk_copy(slot + FT_SLOT_WORDS, codes, cbytes, &F.full[s]);
     const void *tab = GPTQ ? (const void *)(L.g_scales + (size_t)grp * L.Npad + 32 * cbf)
@@ -511,7 +489,7 @@ __device__ __forceinline__ void ft_run(const tsr_linear_dev &L, ft_shared &F, co
             }
             if (XR) { /* the unit's activations sit in its slot's activation area */
                 fg_bsrc xb = bs;
-                xb.p = (const uint2 *)ft_xslot(F, s, M);
+                xb.p = (const uint2 *)ft_xslot(F, s);
                 fg_unit<B, GPTQ, NT, PK, FOLD>(slot + 2 * w * 32 * B, xb, 0, M, lane, sc, acc);
             } else {
                 fg_unit<B, GPTQ, NT, PK, FOLD>(slot + 2 * w * 32 * B, bs, i, M, lane, sc, acc);
@@ -552,12 +530,12 @@ __global__ void __launch_bounds__((ft_consumers(NT) + 1) * 32, NT == 1 ? 2 : 1)
     const bool producer = warp == NC && lane == 0;
     if (producer)
         for (int i = 0; i < min(nu, FT_RING); i++)
-            ft_issue<GPTQ, XR>(L, F, i, cbf, live, M, G.hdr_once, ft_x_bytes(i, nu, M, G.x_pair));
+            ft_issue<GPTQ, XR>(L, F, i, cbf, live, M);
     if (XR) { /* no staging: the activations follow the weights through the ring once the kernel writing them is done */
         tsr_pdl_wait();
         if (producer)
             for (int i = 0; i < min(nu, FT_RING); i++)
-                ft_issue_x(P, F, u0, i, nu, M, G.x_pair);
+                ft_issue_x(P, F, u0, i, M);
     } else {
         fg_stage_block<NT == 1 && !HALF>(P, x, M, u0, nu, fg_smem, S0);
         __syncthreads();
@@ -566,13 +544,8 @@ __global__ void __launch_bounds__((ft_consumers(NT) + 1) * 32, NT == 1 ? 2 : 1)
         if (producer)
             for (int i = FT_RING; i < nu; i++) {
                 mbar_wait(&F.empty[i % FT_RING], (unsigned)(i / FT_RING - 1) & 1u);
-                ft_issue<GPTQ, XR>(L, F, i, cbf, live, M, G.hdr_once, ft_x_bytes(i, nu, M, G.x_pair));
-                if (!XR) continue;
-                /* a pair's second slot must be free too (its next unit's weights come in the next round, after a
-                 * wait that this one has already satisfied) */
-                if (G.x_pair && !(i & 1) && i + 1 < nu)
-                    mbar_wait(&F.empty[(i + 1) % FT_RING], (unsigned)((i + 1) / FT_RING - 1) & 1u);
-                ft_issue_x(P, F, u0, i, nu, M, G.x_pair);
+                ft_issue<GPTQ, XR>(L, F, i, cbf, live, M);
+                if (XR) ft_issue_x(P, F, u0, i, M);
             }
         tsr_pdl_trigger();
         return;
@@ -657,24 +630,6 @@ static bool fg_imma(bool gptq)
 static bool fg_prestage_exact(void)
 {
     static const bool on = !tsr_cuda_env_off("TSR_CUDA_GEMV_PRESTAGE");
-    return on;
-}
-
-/* Whether the bulk kernel copies a group's header (scale codes, table) with its first unit only (ft_issue):
- * TSR_CUDA_GEMV_HDR_ONCE=1 (default 0: with every unit; written at stop 69 and not yet run on a GPU, NOTES.md). */
-static int ft_hdr_once(void)
-{
-    static const int on = tsr_cuda_env_on("TSR_CUDA_GEMV_HDR_ONCE");
-    return on;
-}
-
-/* Whether the bulk kernel with activations through the ring (ft_xring) copies two units' activations at once
- * (ft_issue_x): TSR_CUDA_GEMV_XPAIR=1 (default 0: one copy a unit; written at stop 70 and not yet run on a GPU). At
- * 17-64 rows a unit's activations are 1-4 KB, and a copy of up to ~4 KB costs an SM what a copy of 2 KB does
- * (scripts/bulk-probe.cu, NOTES.md stop 69). */
-static int ft_x_pair(void)
-{
-    static const int on = tsr_cuda_env_on("TSR_CUDA_GEMV_XPAIR");
     return on;
 }
 
@@ -897,7 +852,7 @@ static int ft_plan(int col_blocks, int n_units, int M, bool gptq, int target, in
 }
 
 /* Whether M rows take frag_gemv_bulk_kernel: with sm_90 code (tsr_cuda_sm90), from TSR_CUDA_GEMV_BULK_MIN
- * (default 3, at least 1) up to TSR_CUDA_GEMV_BULK rows (default and most FT_MAX_M; 0 keeps frag_gemv_kernel for
+ * (default 3, at least 2) up to TSR_CUDA_GEMV_BULK rows (default and most FT_MAX_M; 0 keeps frag_gemv_kernel for
  * all). One and two rows stay with frag_gemv_kernel: 2-4 % faster at one row when the bulk kernel came (NOTES.md,
  * stop 18), 7-9 % at two rows since the one-row kernel's later gains; from 3 rows the bulk kernel is as fast or
  * faster (stop 27). */
@@ -909,7 +864,7 @@ bool tsr_cuda_gemv_bulk(int M)
         most = !tsr_cuda_sm90() ? 0 : e ? min(atoi(e), FT_MAX_M) : FT_MAX_M;
         if (most < 0) most = 0;
         const char *l = getenv("TSR_CUDA_GEMV_BULK_MIN");
-        if (l && atoi(l) >= 1) least = atoi(l);
+        if (l && atoi(l) >= 2) least = atoi(l);
     }
     return M >= least && M <= most;
 }
@@ -1113,8 +1068,6 @@ void tsr_cuda_gemv(const tsr_linear_dev *const *Ls, int n, const float *x, int M
     const int ub = bulk ? ft_plan(all_col_blocks, Ls[0]->n_units, M, Ls[0]->gptq != 0, target, fg_target())
                         : fg_plan(all_col_blocks, Ls[0]->n_units, M, target, fg_target());
     G.n = n;
-    G.hdr_once = ft_hdr_once();
-    G.x_pair = ft_x_pair();
     for (int i = 0; i < n; i++) {
         const tsr_linear_dev *L = Ls[i];
         const int col_blocks = (int)tsr_div_up(L->Npad, cols);
