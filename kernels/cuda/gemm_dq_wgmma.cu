@@ -58,7 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DW_THREADS   256 /* two warpgroups of consumers */
+#define DW_THREADS   256 /* two warpgroups of consumers: one pair (KP pairs, dw_kpairs) */
 #define DW_PRODUCER  128 /* a third warpgroup, of which two warps issue the copies (dw_produce); its registers go
                           * to the consumers (setmaxnreg) */
 #define DW_ROWS      256 /* activation rows per block at most: the wgmma's N (fewer where M fits: dw_rows) */
@@ -313,29 +313,35 @@ __device__ __forceinline__ void dw_store(const float (&acc)[R / 2], const tsr_li
  * col0: the block's first column. */
 #define DW_EPI_STRIDE 132
 static_assert((size_t)DW_ROWS * DW_EPI_STRIDE * 4 <= DW_P_OFF, "the staged sums fit the first two rings");
-__device__ __forceinline__ void dw_consumers_sync(void)
+template <int KP> __device__ __forceinline__ void dw_consumers_sync(void)
 {
-    asm volatile("bar.sync 1, %0;\n" ::"n"(DW_THREADS) : "memory");
+    asm volatile("bar.sync 1, %0;\n" ::"n"(KP * DW_THREADS) : "memory");
 }
-template <int R>
+template <int R, int KP>
 __device__ __forceinline__ void dw_store_staged(const float (&acc)[R / 2], bool owns, float *stage,
                                                 const tsr_linear_dev &L, int M, void *y, float beta, int y_half,
-                                                int m0, int col0, int c_local, int lane)
+                                                int m0, int col0, int c_local, int lane, int kp)
 {
     const int g = lane >> 2, t4 = lane & 3, tid = (int)threadIdx.x;
-    dw_consumers_sync(); /* the other warpgroup's wgmma's have finished reading the rings */
-    if (owns) {
+    dw_consumers_sync<KP>(); /* the other warpgroups' wgmma's have finished reading the rings */
+    /* pair 0 lays its sums out; with two pairs, pair 1 then adds its own (the same order in every run) */
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+    for (int k = 0; k < KP; k++) {
+        if (owns && kp == k) {
 #pragma unroll
-            for (int j = 0; j < R / 8; j++)
-                stage[(8 * j + 2 * t4 + (i & 1)) * DW_EPI_STRIDE + c_local + g + 8 * (i >> 1)] = acc[4 * j + i];
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < R / 8; j++) {
+                    float *at = stage + (8 * j + 2 * t4 + (i & 1)) * DW_EPI_STRIDE + c_local + g + 8 * (i >> 1);
+                    *at = k ? *at + acc[4 * j + i] : acc[4 * j + i];
+                }
+        }
+        dw_consumers_sync<KP>();
     }
-    dw_consumers_sync();
     const int q = tid & 31, n0 = col0 + 4 * q; /* this thread's 4 columns */
     if (n0 >= L.N) return;
     const bool vec = L.N % 4 == 0 && n0 + 4 <= L.N && ((uintptr_t)y & (y_half ? 7 : 15)) == 0;
-    for (int r = tid >> 5; r < R; r += DW_THREADS / 32) {
+    for (int r = tid >> 5; r < R; r += KP * DW_THREADS / 32) {
         const int m = m0 + r;
         if (m >= M) continue;
         const float4 v = *(const float4 *)(stage + r * DW_EPI_STRIDE + 4 * q);
@@ -398,15 +404,16 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
     }
 }
 
-/* The block's work for the warps of warpgroup CT (16-column tile CT of each column block): per stage, wait for its
- * tile and words, decode and multiply its two units, and release the stage before (whose wgmma's have finished) to
- * the producer on its empty barrier (two pairs left in flight, with four register sets, measured the same, stop 56);
- * then store the sums, staged through shared memory (dw_store_staged) or, with staged 0, as they lie (dw_store).
+/* The block's work for the warps of warpgroup CT (16-column tile CT of each column block) of consumer pair kp of KP:
+ * per stage of the pair's (every KP-th, from kp), wait for its tile and words, decode and multiply its two units,
+ * and release the pair's stage before (whose wgmma's have finished) to the producer on its empty barrier (two pairs
+ * left in flight, with four register sets, measured the same, stop 56); then store the sums, staged through shared
+ * memory (dw_store_staged, which adds the pairs' sums) or, with staged 0 and one pair, as they lie (dw_store).
  * DG: a diagnostic (dw_diag) in place of the full work. */
-template <bool GPTQ, int CT, int DG, int R, int AST>
+template <bool GPTQ, int CT, int DG, int R, int AST, int KP>
 __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, float beta, int y_half, int staged,
                                        unsigned char *smem, uint32_t a_base, const uint2 *rec, int m0,
-                                       int cb0, unsigned s0, unsigned n_local)
+                                       int cb0, unsigned s0, unsigned n_local, unsigned kp)
 {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, cbl = warp & 3;
     const int cb = cb0 + cbl;
@@ -484,7 +491,7 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
         grp = g;
         return fresh;
     };
-    for (unsigned s = 0; s < n_local; s++) {
+    for (unsigned s = kp; s < n_local; s += KP) {
         const unsigned u0 = 2 * (s0 + s);
         if (!DG_RECOPY(DG) || s < AST) {
             dw_bar_wait(bars + 8 * (s % AST), (uint32_t)(s / AST) & 1u);
@@ -495,7 +502,7 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
             continue;
         }
         unit(s, u0, 0, fresh_group(u0), ax);
-        if (!DG_RECOPY(DG) && s > 0) release(s - 1); /* the wait left only unit u0's pair in flight */
+        if (!DG_RECOPY(DG) && s >= KP) release(s - KP); /* the wait left only unit u0's pair in flight */
         if (u0 + 1 < n_units) {
             unit(s, u0 + 1, 1, fresh_group(u0 + 1), ay);
         }
@@ -505,8 +512,9 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
     /* nostore returns on a condition the compiler cannot decide (M > 0 always holds here), else ptxas drops the decode
      * and the wgmma's whose sums nothing stores (it did so at stop 64: NOTES.md, stop 65) */
     if (DG_COPY_ONLY(DG) || (DG == DG_NOSTORE && M > 0)) return;
-    if (staged)
-        dw_store_staged<R>(acc, owns, (float *)smem, L, M, y, beta, y_half, m0, 32 * cb0, 32 * cbl + 16 * CT, lane);
+    if (staged || KP > 1)
+        dw_store_staged<R, KP>(acc, owns, (float *)smem, L, M, y, beta, y_half, m0, 32 * cb0, 32 * cbl + 16 * CT,
+                               lane, (int)kp);
     else if (owns)
         dw_store<R>(acc, L, M, y, beta, y_half, m0, 32 * cb + 16 * CT, lane);
 }
@@ -524,9 +532,16 @@ __device__ __forceinline__ int dw_split_start(const uint2 *rec, int n_units, int
     return s;
 }
 
-template <bool GPTQ, int DG, int R, int AST = DW_AST> /* the default: nvcc 13's host stubs name DW_AST's kernels
-                                                        * without it */
-__global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
+/* Registers a thread after setmaxnreg, for the producer warpgroup and the consumers: one pair 40 and 232 (the
+ * accumulator of 256 rows takes 128); two pairs 32 and 120 (at most 128 rows: 64), the 65,536 of an SM either way. */
+template <int KP> struct dw_regs {
+    static constexpr int producer = KP == 1 ? 40 : 32, consumer = KP == 1 ? 232 : 120;
+    static_assert(128 * producer + 2 * 128 * KP * consumer <= 65536, "the SM's registers");
+};
+
+template <bool GPTQ, int DG, int R, int AST = DW_AST, int KP = 1> /* the defaults: nvcc 13's host stubs name the
+                                                                    * kernels without them */
+__global__ void __launch_bounds__(KP * DW_THREADS + DW_PRODUCER, 1)
     dq_wgmma_kernel(const __grid_constant__ dw_parts P, const __grid_constant__ CUtensorMap xmap, int M, float beta,
                     int y_half, int staged)
 {
@@ -553,15 +568,17 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
     if (threadIdx.x == 0) {
         for (int b = 0; b < DW_AST_FEW + DW_WST; b++) dw_bar_init(bars + 8 * b, 1); /* full: the producer's arrival */
         for (int b = 0; b < DW_WST; b++)
-            dw_bar_init(bars + 8 * (DW_AST_FEW + DW_WST + b), DW_THREADS / 32); /* empty: each consumer warp's */
+            dw_bar_init(bars + 8 * (DW_AST_FEW + DW_WST + b), DW_THREADS / 32); /* empty: each warp's of the pair
+                                                                                    * that consumes the stage */
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     const int s0 = dw_split_start(rec, L.n_units, n_stages, P.splits, split);
     const int n_local = dw_split_start(rec, L.n_units, n_stages, P.splits, split + 1) - s0;
-    if (threadIdx.x >= DW_THREADS) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        const int pw = (int)(threadIdx.x - DW_THREADS) / 32;
+    static_assert(KP == 1 || (KP == 2 && R <= 128 && DG == DG_NONE), "two pairs hold at most 128 rows' sums");
+    if (threadIdx.x >= KP * DW_THREADS) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(dw_regs<KP>::producer) : "memory");
+        const int pw = (int)(threadIdx.x - KP * DW_THREADS) / 32;
         if (pw < P.pwarps)
             dw_produce<GPTQ, DG, R, AST>(L, &xmap, &P.codes[p], &P.scales[p], rec, m0, cb0, a_base, s0,
                                          n_local, P.pwarps, pw);
@@ -569,14 +586,15 @@ __global__ void __launch_bounds__(DW_THREADS + DW_PRODUCER, 1)
             tsr_pdl_wait();
         return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(dw_regs<KP>::consumer) : "memory");
     tsr_pdl_wait(); /* before the stores (the kernel before may still read y) */
-    if (threadIdx.x < 128)
-        dw_run<GPTQ, 0, DG, R, AST>(L, M, y, beta, y_half, staged, smem, a_base, rec, m0, cb0, (unsigned)s0,
-                               (unsigned)n_local);
+    const unsigned wg = threadIdx.x / 128, kp = wg >> 1; /* warpgroup 2 kp + CT */
+    if (!(wg & 1))
+        dw_run<GPTQ, 0, DG, R, AST, KP>(L, M, y, beta, y_half, staged, smem, a_base, rec, m0, cb0, (unsigned)s0,
+                                        (unsigned)n_local, kp);
     else
-        dw_run<GPTQ, 1, DG, R, AST>(L, M, y, beta, y_half, staged, smem, a_base, rec, m0, cb0, (unsigned)s0,
-                               (unsigned)n_local);
+        dw_run<GPTQ, 1, DG, R, AST, KP>(L, M, y, beta, y_half, staged, smem, a_base, rec, m0, cb0, (unsigned)s0,
+                                        (unsigned)n_local, kp);
 #endif
 }
 
@@ -622,6 +640,16 @@ static void dw_map_2d(CUtensorMap *map, CUtensorMapDataType t, const void *base,
 static int dw_pwarps(void)
 {
     static const bool one = getenv("TSR_CUDA_DW_PWARPS") && atoi(getenv("TSR_CUDA_DW_PWARPS")) == 1;
+    return one ? 1 : 2;
+}
+
+/* Pairs of consumer warpgroups where a block takes at most 128 rows: 2 by default, the pairs taking turns a stage
+ * (each its own accumulator, added in the epilogue), so that twice the warps decode and keep wgmma's in flight;
+ * TSR_CUDA_DW_KPAIRS=1 one pair, as at every row count above 128 (whose accumulators leave no registers for a
+ * second pair). */
+static int dw_kpairs(void)
+{
+    static const bool one = getenv("TSR_CUDA_DW_KPAIRS") && atoi(getenv("TSR_CUDA_DW_KPAIRS")) == 1;
     return one ? 1 : 2;
 }
 
@@ -768,10 +796,11 @@ __global__ void dw_reduce4_kernel(const __grid_constant__ dw_reduce_args a, floa
     dw_put4(a.y[p], e, v, beta, y_half);
 }
 
-template <bool GPTQ, int DG = DG_NONE, int R = DW_ROWS, int AST = DW_AST>
+template <bool GPTQ, int DG = DG_NONE, int R = DW_ROWS, int AST = DW_AST, int KP = 1>
 static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int n_units, float beta, bool y_half)
 {
-    void (*kernel)(dw_parts, CUtensorMap, int, float, int, int) = dq_wgmma_kernel<GPTQ, DG, R, AST>;
+    void (*kernel)(dw_parts, CUtensorMap, int, float, int, int) = dq_wgmma_kernel<GPTQ, DG, R, AST, KP>;
+    const unsigned threads = KP * DW_THREADS + DW_PRODUCER;
     /* the epilogue: through shared memory (dw_store_staged), or with TSR_CUDA_DW_EPI=0 the accumulators stored as
      * they lie (dw_store; comparisons) */
     static const int staged = !tsr_cuda_env_off("TSR_CUDA_DW_EPI");
@@ -786,11 +815,11 @@ static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int 
      * while the kernel before it finishes */
     static const bool pdl = !tsr_cuda_env_off("TSR_CUDA_DW_PDL");
     if (pdl) {
-        tsr_launch_smem(kernel, grid, dim3(DW_THREADS + DW_PRODUCER), dw_smem_bytes(n_units), parts, map, M, beta,
-                        (int)y_half, staged);
+        tsr_launch_smem(kernel, grid, dim3(threads), dw_smem_bytes(n_units), parts, map, M, beta, (int)y_half,
+                        staged);
     } else {
-        kernel<<<grid, DW_THREADS + DW_PRODUCER, dw_smem_bytes(n_units), tsr_cuda_stream()>>>(parts, map, M, beta,
-                                                                                              (int)y_half, staged);
+        kernel<<<grid, threads, dw_smem_bytes(n_units), tsr_cuda_stream()>>>(parts, map, M, beta, (int)y_half,
+                                                                             staged);
         TSR_CUDA_LAUNCHED();
     }
     if (parts.splits == 1) return;
@@ -851,6 +880,15 @@ static void dw_launch_variant(const dw_parts &parts, const CUtensorMap &map, int
      * rows, o and the head 1-3 % faster, the rest unchanged (H100, NOTES.md, stop 68); TSR_CUDA_DW_AST=4 gives the
      * ring of DW_AST tiles at every row count (comparisons) */
     static const bool few = !(getenv("TSR_CUDA_DW_AST") && atoi(getenv("TSR_CUDA_DW_AST")) == DW_AST);
+    /* and there, for EXL2, two pairs of consumer warpgroups taking turns a stage (dw_kpairs; GPTQ's instances of it
+     * have ptxas serialize their wgmma's, C7515) */
+    if constexpr (!GPTQ) {
+        const bool pairs = few && dw_kpairs() == 2;
+        if (pairs && rows == 96)
+            return dw_launch<false, DG_NONE, 96, DW_AST_FEW, 2>(parts, map, M, n_units, beta, y_half);
+        if (pairs && rows == 128)
+            return dw_launch<false, DG_NONE, 128, DW_AST_FEW, 2>(parts, map, M, n_units, beta, y_half);
+    }
     if (few && rows == 96) return dw_launch<GPTQ, DG_NONE, 96, DW_AST_FEW>(parts, map, M, n_units, beta, y_half);
     if (few && rows == 128) return dw_launch<GPTQ, DG_NONE, 128, DW_AST_FEW>(parts, map, M, n_units, beta, y_half);
     switch (rows) {
