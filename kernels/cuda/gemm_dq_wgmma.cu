@@ -16,7 +16,9 @@
  * (128 registers) and decodes 8 of the 16 registers of its words per unit. K advances in stages of two units (64
  * rows). Per unit a warpgroup decodes its A fragments into one of two register sets (the other may still be read by
  * the wgmma's in flight), issues two wgmma's and waits until at most that pair is in flight, so each unit's decode
- * overlaps the tensor cores' work on the one before.
+ * overlaps the tensor cores' work on the one before. Where asked (dw_pairs_asked, off by default, not yet measured),
+ * a block runs a second pair of consumer warpgroups, taking turns a stage with the first (at most 128 rows) or taking
+ * the tile's second half of rows (192 or 256).
  *
  * The copies: a third warpgroup, whose first two warps issue them (its registers go to the consumers by setmaxnreg). A
  * stage's activation tile arrives by one tensor copy into the 128-byte swizzle (wgmma.cuh), DW_AST tiles in flight
@@ -58,7 +60,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DW_THREADS   256 /* two warpgroups of consumers: one pair (KP pairs, dw_kpairs) */
+#define DW_THREADS   256 /* two warpgroups of consumers: one pair (two where asked: dw_pairs_asked) */
 #define DW_PRODUCER  128 /* a third warpgroup, of which two warps issue the copies (dw_produce); its registers go
                           * to the consumers (setmaxnreg) */
 #define DW_ROWS      256 /* activation rows per block at most: the wgmma's N (fewer where M fits: dw_rows) */
@@ -317,22 +319,25 @@ template <int KP> __device__ __forceinline__ void dw_consumers_sync(void)
 {
     asm volatile("bar.sync 1, %0;\n" ::"n"(KP * DW_THREADS) : "memory");
 }
-template <int R, int KP>
-__device__ __forceinline__ void dw_store_staged(const float (&acc)[R / 2], bool owns, float *stage,
+template <int R, int KP, bool RS, int RA = RS ? R / KP : R>
+__device__ __forceinline__ void dw_store_staged(const float (&acc)[RA / 2], bool owns, float *stage,
                                                 const tsr_linear_dev &L, int M, void *y, float beta, int y_half,
                                                 int m0, int col0, int c_local, int lane, int kp)
 {
     const int g = lane >> 2, t4 = lane & 3, tid = (int)threadIdx.x;
     dw_consumers_sync<KP>(); /* the other warpgroups' wgmma's have finished reading the rings */
-    /* pair 0 lays its sums out; with two pairs, pair 1 then adds its own (the same order in every run) */
+    /* pairs by rows (RS) lay out their own rows at once; pairs by stages one after the other, pair 0 its sums and
+     * pair 1 then adding its own (the same order in every run) */
+    constexpr int ROUNDS = RS ? 1 : KP;
 #pragma unroll
-    for (int k = 0; k < KP; k++) {
-        if (owns && kp == k) {
+    for (int k = 0; k < ROUNDS; k++) {
+        if (owns && (RS || kp == k)) {
+            float *rows = stage + (RS ? kp * RA : 0) * DW_EPI_STRIDE;
 #pragma unroll
             for (int i = 0; i < 4; i++)
 #pragma unroll
-                for (int j = 0; j < R / 8; j++) {
-                    float *at = stage + (8 * j + 2 * t4 + (i & 1)) * DW_EPI_STRIDE + c_local + g + 8 * (i >> 1);
+                for (int j = 0; j < RA / 8; j++) {
+                    float *at = rows + (8 * j + 2 * t4 + (i & 1)) * DW_EPI_STRIDE + c_local + g + 8 * (i >> 1);
                     *at = k ? *at + acc[4 * j + i] : acc[4 * j + i];
                 }
         }
@@ -405,12 +410,13 @@ __device__ __forceinline__ void dw_produce(const tsr_linear_dev &L, const CUtens
 }
 
 /* The block's work for the warps of warpgroup CT (16-column tile CT of each column block) of consumer pair kp of KP:
- * per stage of the pair's (every KP-th, from kp), wait for its tile and words, decode and multiply its two units,
- * and release the pair's stage before (whose wgmma's have finished) to the producer on its empty barrier (two pairs
- * left in flight, with four register sets, measured the same, stop 56); then store the sums, staged through shared
- * memory (dw_store_staged, which adds the pairs' sums) or, with staged 0 and one pair, as they lie (dw_store).
+ * per stage of the pair's (with pairs by stages every KP-th, from kp; by rows, RS, every stage, for rows kp R / KP..
+ * of the tile), wait for its tile and words, decode and multiply its two units, and release the pair's stage before
+ * (whose wgmma's have finished) to the producer on its empty barrier (two pairs left in flight, with four register
+ * sets, measured the same, stop 56); then store the sums, staged through shared memory (dw_store_staged, which adds
+ * the pairs' sums by stages) or, with staged 0 and one pair, as they lie (dw_store).
  * DG: a diagnostic (dw_diag) in place of the full work. */
-template <bool GPTQ, int CT, int DG, int R, int AST, int KP>
+template <bool GPTQ, int CT, int DG, int R, int AST, int KP, bool RS>
 __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, float beta, int y_half, int staged,
                                        unsigned char *smem, uint32_t a_base, const uint2 *rec, int m0,
                                        int cb0, unsigned s0, unsigned n_local, unsigned kp)
@@ -425,9 +431,10 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
     const uint64_t d0 = wg_desc(a_base, 0); /* the first tile's descriptor; others add their offset / 16 */
     unsigned grp = ~0u;                     /* the group of the unit being decoded */
 
-    float acc[R / 2];
+    constexpr int RA = RS ? R / KP : R, STEP = RS ? 1 : KP; /* the rows a pair multiplies; its stages' stride */
+    float acc[RA / 2];
 #pragma unroll
-    for (int i = 0; i < R / 2; i++) acc[i] = 0.0f;
+    for (int i = 0; i < RA / 2; i++) acc[i] = 0.0f;
     uint32_t ax[2][4], ay[2][4]; /* A fragments of a stage's first and second unit; a warp past the matrix's columns
                                   * multiplies these zeros (its rows of the product are not stored) */
 #pragma unroll
@@ -471,10 +478,12 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
                 });
             }
         }
-        const uint64_t d = (d0 & ~0xffffffffull) | (uint32_t)(d0 + (((s % AST) * (DW_A_RING / AST) + ui * 64) >> 4));
+        const uint32_t rows_at = RS ? kp * RA * 128 : 0; /* whole 1024-byte atoms of the swizzle */
+        const uint64_t d = (d0 & ~0xffffffffull) |
+                           (uint32_t)(d0 + (((s % AST) * (DW_A_RING / AST) + rows_at + ui * 64) >> 4));
         wg_arrive();
-        dw_mma<R>(acc, a[0], d);
-        dw_mma<R>(acc, a[1], d + 2);
+        dw_mma<RA>(acc, a[0], d);
+        dw_mma<RA>(acc, a[1], d + 2);
         wg_commit();
         wg_wait<1>();
     };
@@ -491,7 +500,7 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
         grp = g;
         return fresh;
     };
-    for (unsigned s = kp; s < n_local; s += KP) {
+    for (unsigned s = RS ? 0 : kp; s < n_local; s += STEP) {
         const unsigned u0 = 2 * (s0 + s);
         if (!DG_RECOPY(DG) || s < AST) {
             dw_bar_wait(bars + 8 * (s % AST), (uint32_t)(s / AST) & 1u);
@@ -502,7 +511,7 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
             continue;
         }
         unit(s, u0, 0, fresh_group(u0), ax);
-        if (!DG_RECOPY(DG) && s >= KP) release(s - KP); /* the wait left only unit u0's pair in flight */
+        if (!DG_RECOPY(DG) && s >= STEP) release(s - STEP); /* the wait left only unit u0's pair in flight */
         if (u0 + 1 < n_units) {
             unit(s, u0 + 1, 1, fresh_group(u0 + 1), ay);
         }
@@ -512,11 +521,16 @@ __device__ __forceinline__ void dw_run(const tsr_linear_dev &L, int M, void *y, 
     /* nostore returns on a condition the compiler cannot decide (M > 0 always holds here), else ptxas drops the decode
      * and the wgmma's whose sums nothing stores (it did so at stop 64: NOTES.md, stop 65) */
     if (DG_COPY_ONLY(DG) || (DG == DG_NOSTORE && M > 0)) return;
-    if (staged || KP > 1)
-        dw_store_staged<R, KP>(acc, owns, (float *)smem, L, M, y, beta, y_half, m0, 32 * cb0, 32 * cbl + 16 * CT,
-                               lane, (int)kp);
-    else if (owns)
-        dw_store<R>(acc, L, M, y, beta, y_half, m0, 32 * cb + 16 * CT, lane);
+    if constexpr (KP > 1) {
+        dw_store_staged<R, KP, RS>(acc, owns, (float *)smem, L, M, y, beta, y_half, m0, 32 * cb0, 32 * cbl + 16 * CT,
+                                   lane, (int)kp);
+    } else {
+        if (staged)
+            dw_store_staged<R, 1, false>(acc, owns, (float *)smem, L, M, y, beta, y_half, m0, 32 * cb0,
+                                         32 * cbl + 16 * CT, lane, 0);
+        else if (owns)
+            dw_store<R>(acc, L, M, y, beta, y_half, m0, 32 * cb + 16 * CT, lane);
+    }
 }
 #endif
 
@@ -539,8 +553,9 @@ template <int KP> struct dw_regs {
     static_assert(128 * producer + 2 * 128 * KP * consumer <= 65536, "the SM's registers");
 };
 
-template <bool GPTQ, int DG, int R, int AST = DW_AST, int KP = 1> /* the defaults: nvcc 13's host stubs name the
-                                                                    * kernels without them */
+template <bool GPTQ, int DG, int R, int AST = DW_AST, int KP = 1, bool RS = false> /* the defaults: nvcc 13's host
+                                                                                      * stubs name the kernels
+                                                                                      * without them */
 __global__ void __launch_bounds__(KP * DW_THREADS + DW_PRODUCER, 1)
     dq_wgmma_kernel(const __grid_constant__ dw_parts P, const __grid_constant__ CUtensorMap xmap, int M, float beta,
                     int y_half, int staged)
@@ -568,14 +583,15 @@ __global__ void __launch_bounds__(KP * DW_THREADS + DW_PRODUCER, 1)
     if (threadIdx.x == 0) {
         for (int b = 0; b < DW_AST_FEW + DW_WST; b++) dw_bar_init(bars + 8 * b, 1); /* full: the producer's arrival */
         for (int b = 0; b < DW_WST; b++)
-            dw_bar_init(bars + 8 * (DW_AST_FEW + DW_WST + b), DW_THREADS / 32); /* empty: each warp's of the pair
-                                                                                    * that consumes the stage */
+            dw_bar_init(bars + 8 * (DW_AST_FEW + DW_WST + b), (RS ? KP : 1) * DW_THREADS / 32); /* empty: each
+                                                             * warp's of the pairs that consume the stage */
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     const int s0 = dw_split_start(rec, L.n_units, n_stages, P.splits, split);
     const int n_local = dw_split_start(rec, L.n_units, n_stages, P.splits, split + 1) - s0;
-    static_assert(KP == 1 || (KP == 2 && R <= 128 && DG == DG_NONE), "two pairs hold at most 128 rows' sums");
+    static_assert(KP == 1 || (KP == 2 && (RS ? R == 192 || R == 256 : R <= 128) && DG == DG_NONE),
+                  "two pairs hold at most 128 rows' sums each, and pairs by rows 96 or 128 rows");
     if (threadIdx.x >= KP * DW_THREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(dw_regs<KP>::producer) : "memory");
         const int pw = (int)(threadIdx.x - KP * DW_THREADS) / 32;
@@ -590,10 +606,10 @@ __global__ void __launch_bounds__(KP * DW_THREADS + DW_PRODUCER, 1)
     tsr_pdl_wait(); /* before the stores (the kernel before may still read y) */
     const unsigned wg = threadIdx.x / 128, kp = wg >> 1; /* warpgroup 2 kp + CT */
     if (!(wg & 1))
-        dw_run<GPTQ, 0, DG, R, AST, KP>(L, M, y, beta, y_half, staged, smem, a_base, rec, m0, cb0, (unsigned)s0,
+        dw_run<GPTQ, 0, DG, R, AST, KP, RS>(L, M, y, beta, y_half, staged, smem, a_base, rec, m0, cb0, (unsigned)s0,
                                         (unsigned)n_local, kp);
     else
-        dw_run<GPTQ, 1, DG, R, AST, KP>(L, M, y, beta, y_half, staged, smem, a_base, rec, m0, cb0, (unsigned)s0,
+        dw_run<GPTQ, 1, DG, R, AST, KP, RS>(L, M, y, beta, y_half, staged, smem, a_base, rec, m0, cb0, (unsigned)s0,
                                         (unsigned)n_local, kp);
 #endif
 }
@@ -643,14 +659,16 @@ static int dw_pwarps(void)
     return one ? 1 : 2;
 }
 
-/* Pairs of consumer warpgroups where a block takes at most 128 rows: 2 by default, the pairs taking turns a stage
- * (each its own accumulator, added in the epilogue), so that twice the warps decode and keep wgmma's in flight;
- * TSR_CUDA_DW_KPAIRS=1 one pair, as at every row count above 128 (whose accumulators leave no registers for a
- * second pair). */
-static int dw_kpairs(void)
+/* Two pairs of consumer warpgroups instead of one (EXL2), so that twice the warps decode and keep wgmma's in flight
+ * (stop 71 left the product at 65-256 rows bound by its consumers, NOTES.md), each pair at 120 registers:
+ * - TSR_CUDA_DW_KPAIRS=2, where a block takes at most 128 rows: the pairs take turns a stage, each with its own
+ *   accumulator, added in the epilogue;
+ * - TSR_CUDA_DW_RPAIRS=2, in blocks of 192 or 256 rows: each pair multiplies every stage's weights by half the rows
+ *   (m64n96k16 or m64n128k16), so that each weight is decoded twice, once a pair.
+ * Both are off by default: written at stop 72, when no GPU was lent to measure them (scripts/device-kpairs.sh). */
+static bool dw_pairs_asked(const char *name)
 {
-    static const bool one = getenv("TSR_CUDA_DW_KPAIRS") && atoi(getenv("TSR_CUDA_DW_KPAIRS")) == 1;
-    return one ? 1 : 2;
+    return getenv(name) && atoi(getenv(name)) == 2;
 }
 
 /* The diagnostic asked for by TSR_CUDA_DW_DIAG=nodecode, copy, copyact, copywords, mma, mmaraw, noparams, actonly or
@@ -796,10 +814,10 @@ __global__ void dw_reduce4_kernel(const __grid_constant__ dw_reduce_args a, floa
     dw_put4(a.y[p], e, v, beta, y_half);
 }
 
-template <bool GPTQ, int DG = DG_NONE, int R = DW_ROWS, int AST = DW_AST, int KP = 1>
+template <bool GPTQ, int DG = DG_NONE, int R = DW_ROWS, int AST = DW_AST, int KP = 1, bool RS = false>
 static void dw_launch(const dw_parts &parts, const CUtensorMap &map, int M, int n_units, float beta, bool y_half)
 {
-    void (*kernel)(dw_parts, CUtensorMap, int, float, int, int) = dq_wgmma_kernel<GPTQ, DG, R, AST, KP>;
+    void (*kernel)(dw_parts, CUtensorMap, int, float, int, int) = dq_wgmma_kernel<GPTQ, DG, R, AST, KP, RS>;
     const unsigned threads = KP * DW_THREADS + DW_PRODUCER;
     /* the epilogue: through shared memory (dw_store_staged), or with TSR_CUDA_DW_EPI=0 the accumulators stored as
      * they lie (dw_store; comparisons) */
@@ -880,14 +898,18 @@ static void dw_launch_variant(const dw_parts &parts, const CUtensorMap &map, int
      * rows, o and the head 1-3 % faster, the rest unchanged (H100, NOTES.md, stop 68); TSR_CUDA_DW_AST=4 gives the
      * ring of DW_AST tiles at every row count (comparisons) */
     static const bool few = !(getenv("TSR_CUDA_DW_AST") && atoi(getenv("TSR_CUDA_DW_AST")) == DW_AST);
-    /* and there, for EXL2, two pairs of consumer warpgroups taking turns a stage (dw_kpairs; GPTQ's instances of it
+    /* two pairs of consumer warpgroups where asked (dw_pairs_asked; EXL2 only: GPTQ's instances of pairs by stages
      * have ptxas serialize their wgmma's, C7515) */
     if constexpr (!GPTQ) {
-        const bool pairs = few && dw_kpairs() == 2;
-        if (pairs && rows == 96)
+        static const bool kpairs = dw_pairs_asked("TSR_CUDA_DW_KPAIRS"), rpairs = dw_pairs_asked("TSR_CUDA_DW_RPAIRS");
+        if (few && kpairs && rows == 96)
             return dw_launch<false, DG_NONE, 96, DW_AST_FEW, 2>(parts, map, M, n_units, beta, y_half);
-        if (pairs && rows == 128)
+        if (few && kpairs && rows == 128)
             return dw_launch<false, DG_NONE, 128, DW_AST_FEW, 2>(parts, map, M, n_units, beta, y_half);
+        if (rpairs && rows == 192)
+            return dw_launch<false, DG_NONE, 192, DW_AST, 2, true>(parts, map, M, n_units, beta, y_half);
+        if (rpairs && rows == 256)
+            return dw_launch<false, DG_NONE, 256, DW_AST, 2, true>(parts, map, M, n_units, beta, y_half);
     }
     if (few && rows == 96) return dw_launch<GPTQ, DG_NONE, 96, DW_AST_FEW>(parts, map, M, n_units, beta, y_half);
     if (few && rows == 128) return dw_launch<GPTQ, DG_NONE, 128, DW_AST_FEW>(parts, map, M, n_units, beta, y_half);

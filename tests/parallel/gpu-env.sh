@@ -66,7 +66,8 @@ run_test_cuda() {
     imma:TSR_CUDA_GEMV_IMMA=1 immaoff:TSR_CUDA_GEMV_IMMA=0 smem99:TSR_CUDA_SMEM_OPTIN=101376 \
     splits3:TSR_CUDA_ATTN_SPLITS=3 mergeold:TSR_CUDA_MERGE_ITEM=0 rcoff:TSR_CUDA_RESIDUAL_CLUSTER=0 \
     kvqexact:TSR_CUDA_ATTN_KVQ=0 flashoff:TSR_CUDA_FLASH=0 dwast4:TSR_CUDA_DW_AST=4 \
-    dwpw1:TSR_CUDA_DQ_WGMMA=1,TSR_CUDA_DW_PWARPS=1 dwkp1:TSR_CUDA_DQ_WGMMA=1,TSR_CUDA_DW_KPAIRS=1 $2; do
+    dwpw1:TSR_CUDA_DQ_WGMMA=1,TSR_CUDA_DW_PWARPS=1 \
+    dwpairs:TSR_CUDA_DQ_WGMMA=1,TSR_CUDA_DW_KPAIRS=2,TSR_CUDA_DW_RPAIRS=2 $2; do
     name=${v%%:*}; envs=${v#*:}
     if [ -n "${TSR_TEST_UNTIL:-}" ] && [ "$SECONDS" -ge "$TSR_TEST_UNTIL" ]; then
       echo "test_cuda ($name): not run (TSR_TEST_UNTIL=$TSR_TEST_UNTIL s reached)"; continue
