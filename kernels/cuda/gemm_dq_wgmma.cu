@@ -547,7 +547,8 @@ __device__ __forceinline__ int dw_split_start(const uint2 *rec, int n_units, int
 }
 
 /* Registers a thread after setmaxnreg, for the producer warpgroup and the consumers: one pair 40 and 232 (the
- * accumulator of 256 rows takes 128); two pairs 32 and 120 (at most 128 rows: 64), the 65,536 of an SM either way. */
+ * accumulator of 256 rows takes 128); two pairs 32 and 120 (a pair's accumulator at most 128 rows: 64), the 65,536 of
+ * an SM either way. */
 template <int KP> struct dw_regs {
     static constexpr int producer = KP == 1 ? 40 : 32, consumer = KP == 1 ? 232 : 120;
     static_assert(128 * producer + 2 * 128 * KP * consumer <= 65536, "the SM's registers");
