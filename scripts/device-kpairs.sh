@@ -27,16 +27,9 @@ for rows in 96 256; do
   dq_step $m8 $rows "p1-$rows"
   dq_step $m8 $rows "p2-$rows" $two
 done
+rows=65,96,128,192,256,384,512
 for round in 1 2; do
-  for v in one: two:${two// /,}; do
-    name=${v%%:*} envs=${v#*:}
-    env ${envs//,/ } timeout 120 "$bin" bench --model $m8 --device cuda --batch 65,96,128,192,256,384,512 \
-      --prompt-len 64 --gen 32 > "$OUT/ab-$name-$round.log" 2>&1
-    echo "decode $name $round rc=$? $(awk '$1 ~ /^[0-9]+$/ && $3 ~ /^[0-9.]+$/ {printf "%s:%s ", $1, $3}' \
-      "$OUT/ab-$name-$round.log") (at $SECONDS s)"
-    printf 'prefill %-4s %s ' "$name" "$round"
-    env ${envs//,/ } timeout 90 "$bin" bench --model $m8 --device cuda --batch 1 --prompt-len 2048 --gen 8 \
-      --max-tokens 512 2>&1 | tail -1
-  done
+  decode_ab $m8 $rows one $round
+  decode_ab $m8 $rows two $round $two
 done
 echo "end (at $SECONDS s)"

@@ -30,16 +30,9 @@ for rows in 96 256; do
   dq_step $m8 $rows "p1-$rows" TSR_CUDA_DW_PWARPS=1
   dq_step $m8 $rows "p2-$rows"
 done
+rows=65,96,128,192,256,384,512
 for round in 1 2; do
-  for v in pw1:TSR_CUDA_DW_PWARPS=1 pw2:; do
-    name=${v%%:*} envs=${v#*:}
-    env ${envs} timeout 120 "$bin" bench --model $m8 --device cuda --batch 65,96,128,192,256,384,512 \
-      --prompt-len 64 --gen 32 > "$OUT/ab-$name-$round.log" 2>&1
-    echo "decode $name $round rc=$? $(awk '$1 ~ /^[0-9]+$/ && $3 ~ /^[0-9.]+$/ {printf "%s:%s ", $1, $3}' \
-      "$OUT/ab-$name-$round.log") (at $SECONDS s)"
-    printf 'prefill %-8s %s ' "$name" "$round"
-    env ${envs} timeout 90 "$bin" bench --model $m8 --device cuda --batch 1 --prompt-len 2048 --gen 8 \
-      --max-tokens 512 2>&1 | tail -1
-  done
+  decode_ab $m8 $rows pw1 $round TSR_CUDA_DW_PWARPS=1
+  decode_ab $m8 $rows pw2 $round
 done
 echo "end (at $SECONDS s)"

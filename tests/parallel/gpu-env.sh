@@ -123,3 +123,18 @@ dq_step() {
   rc=$?
   echo "M $rows $name rc=$rc $(dq_times "$OUT/f-$name.log" "$rows")"
 }
+# decode_ab MODEL ROWS NAME ROUND [ENV=V ...]: one round of an A/B under the settings given: decode at ROWS (a
+# --batch list; 64-token prompts, 32 tokens) with its log to $OUT/ab-NAME-ROUND.log and one line of "rows:tok/s"
+# pairs, then a 2048-token prefill in 512-token chunks (the bench's summary line)
+decode_ab() {
+  local model=$1 rows=$2 name=$3 round=$4 rc
+  shift 4
+  env "$@" timeout 120 "$bin" bench --model "$model" --device cuda --batch "$rows" --prompt-len 64 --gen 32 \
+    > "$OUT/ab-$name-$round.log" 2>&1
+  rc=$?
+  echo "decode $name $round rc=$rc $(awk '$1 ~ /^[0-9]+$/ && $3 ~ /^[0-9.]+$/ {printf "%s:%s ", $1, $3}' \
+    "$OUT/ab-$name-$round.log") (at $SECONDS s)"
+  printf 'prefill %-8s %s ' "$name" "$round"
+  env "$@" timeout 90 "$bin" bench --model "$model" --device cuda --batch 1 --prompt-len 2048 --gen 8 \
+    --max-tokens 512 2>&1 | tail -1
+}
